@@ -1,0 +1,126 @@
+"""Configuration: frozen dataclasses built once from flags > APPLIANCE_* env > defaults.
+
+This is the only module that reads the environment. Every field of `EngineConfig` and
+`ServerConfig` is a command-line flag (`--n-slots`) and an environment variable
+(`APPLIANCE_N_SLOTS`); the field's metadata holds its help text, so `appliance serve --help`
+documents every setting by construction.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ENV_PREFIX = "APPLIANCE_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine process needs to load a model and schedule requests."""
+
+    model: str | None = _opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    model_alias: str | None = _opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
+    n_ctx: int = _opt(8192, "context positions per slot (prompt + output); 0 = the model's trained context")
+    n_slots: int = _opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
+    n_threads: int = _opt(0, "threads for decode (0 = physical cores)")
+    n_threads_batch: int = _opt(0, "threads for prefill (0 = same as --n-threads)")
+    n_batch: int = _opt(512, "most tokens passed to one llama_decode call")
+    n_ubatch: int = _opt(512, "physical micro-batch size inside llama.cpp")
+    prefill_chunk: int = _opt(512, "prefill chunk, aligned to absolute positions, so a long prompt "
+                              "never holds other streams for more than one chunk")
+    step_token_budget: int = _opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
+    flash_attn: bool = _opt(False, "use llama.cpp's flash attention")
+    max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
+    max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
+    seed: int = _opt(0, "default sampling seed for requests that give none")
+
+    def resolved_threads(self) -> tuple[int, int]:
+        import psutil
+
+        n = self.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        return n, self.n_threads_batch or n
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the HTTP server needs."""
+
+    host: str = _opt("127.0.0.1", "address to bind (0.0.0.0 exposes the server to the network)")
+    port: int = _opt(8080, "port to listen on")
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route")
+    cors_origins: str = _opt("", "comma-separated origins allowed by CORS (empty = CORS off)")
+    http_threads: int = _opt(64, "HTTP worker threads (more than slots + queue, so waiting clients "
+                              "never block /health)")
+    max_body_bytes: int = _opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
+    engine_start_timeout: float = _opt(300.0, "seconds to wait for the engine to load at start")
+    shutdown_grace: float = _opt(30.0, "seconds SIGTERM waits for in-flight requests")
+    log_level: str = _opt("info", "logging level: debug, info, warning, error")
+
+
+@dataclass(frozen=True)
+class Config:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_value(kind: Any, raw: str, name: str) -> Any:
+    kind = str(kind)
+    if "bool" in kind:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected a boolean, got {raw!r}")
+    try:
+        if "int" in kind:
+            return int(raw)
+        if "float" in kind:
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected {kind}, got {raw!r}") from None
+    return raw
+
+
+def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
+    """One flag per field; defaults are None so that 'not given' falls through to env."""
+    for cls in classes:
+        group = parser.add_argument_group(cls.__name__.replace("Config", "").lower())
+        for f in dataclasses.fields(cls):
+            env = ENV_PREFIX + f.name.upper()
+            default = f"default: {f.default}" if f.default not in (None, "") else "no default"
+            help_text = f"{f.metadata['help']} [env {env}; {default}]"
+            if "bool" in str(f.type):
+                group.add_argument(_flag(f.name), dest=f.name, default=None,
+                                   action=argparse.BooleanOptionalAction, help=help_text)
+            else:
+                group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
+                                   help=help_text)
+
+
+def _build(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+    values = {}
+    for f in dataclasses.fields(cls):
+        given = flags.get(f.name)
+        if given is not None:
+            values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name)
+        elif ENV_PREFIX + f.name.upper() in env:
+            values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name)
+    return cls(**values)
+
+
+def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Build the config: flags win over APPLIANCE_* environment variables, which win over defaults."""
+    flags = flags or {}
+    env = os.environ if env is None else env
+    return Config(engine=_build(EngineConfig, flags, env), server=_build(ServerConfig, flags, env))

@@ -1,0 +1,95 @@
+"""Chat templates: the GGUF's own Jinja template, rendered in jinja2's immutable sandbox.
+
+The environment mirrors what Hugging Face's `apply_chat_template` gives templates
+(trim_blocks, lstrip_blocks, loop controls, a `tojson` that takes `indent`, `raise_exception`,
+`strftime_now`), so a model's template renders here as it does there. A model without a
+template gets ChatML. A template that raises (for example "roles must alternate") is the
+client's mistake: an InvalidRequest, never a crash.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Sequence
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..errors import InvalidRequest
+from .types import ChatMessage
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class TemplateError(InvalidRequest):
+    """The chat template refused these messages."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"the model's chat template refused the messages: {message}")
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source or CHATML
+        self.is_default = source is None
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self.template = _compile(self.source)
+        except jinja2.TemplateError as e:
+            # a broken template in a GGUF: serve with ChatML rather than not at all
+            self.source, self.is_default = CHATML, True
+            self.template = _compile(CHATML)
+            self.load_warning = f"the model's chat template does not compile ({e}); using ChatML"
+        else:
+            self.load_warning = None
+
+    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+               **kwargs: Any) -> str:
+        msgs = [_message_dict(m) for m in messages]
+        try:
+            return self.template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                        bos_token=self.bos_token, eos_token=self.eos_token,
+                                        **kwargs)
+        except TemplateError:
+            raise
+        except jinja2.exceptions.SecurityError as e:
+            raise InvalidRequest(f"the chat template tried an unsafe operation: {e}") from None
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
+            raise TemplateError(f"the model's chat template failed on these messages: "
+                                f"{type(e).__name__}: {e}") from None
+
+
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    d: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None else ""}
+    if m.name is not None:
+        d["name"] = m.name
+    return d

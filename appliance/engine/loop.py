@@ -1,0 +1,107 @@
+"""The engine process's main loop: commands in, one scheduler step, events out.
+
+Prompt preparation lives here, on the engine side of the boundary: the chat template is
+rendered and the text tokenized next to the model, and token ids from a client are checked
+against the vocabulary, so the server never tokenizes.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..config import EngineConfig
+from ..errors import ApplianceError, EngineFailure, InvalidToken
+from ..models import resolve
+from .chat import ChatTemplate
+from .runners.llamacpp import LlamaCppRunner
+from .scheduler import Scheduler
+from .types import Error, Event, Request
+
+log = logging.getLogger("appliance.engine")
+
+STATS_INTERVAL_S = 0.1
+
+
+class EngineLoop:
+    def __init__(self, cfg: EngineConfig) -> None:
+        ref = resolve(cfg.model, cfg.model_alias)
+        t0 = time.perf_counter()
+        self.runner = LlamaCppRunner(cfg, ref.path, ref.alias)
+        self.info = self.runner.info
+        self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
+        if self.template.load_warning:
+            log.warning("%s", self.template.load_warning)
+        self.outbox: list[Event] = []
+        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append)
+        log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
+                 ref.path.name, self.info.arch, time.perf_counter() - t0, self.info.n_slots,
+                 self.info.n_ctx, self.info.kv_bytes / 2**20, self.info.settings)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.scheduler.stats(), "kv_bytes": self.info.kv_bytes}
+
+    # -- prompts -------------------------------------------------------------------------
+    def prompt_ids(self, req: Request) -> list[int]:
+        if req.prompt_ids is not None:
+            bad = [t for t in req.prompt_ids if not 0 <= t < self.info.n_vocab]
+            if bad:
+                raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
+                                   f"[0, {self.info.n_vocab})", param="prompt")
+            return list(req.prompt_ids)
+        if req.messages is not None:
+            text = self.template.render(req.messages, req.add_generation_prompt,
+                                        **dict(req.template_kwargs))
+        else:
+            text = req.prompt or ""
+        ids = self.runner.tokenize(text, add_special=True, parse_special=True)
+        bos = self.info.bos_id
+        if len(ids) > 1 and bos is not None and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]  # the template wrote a BOS and the tokenizer added one
+        return ids
+
+    def submit(self, req: Request) -> None:
+        try:
+            ids = self.prompt_ids(req)
+        except ApplianceError as e:
+            self.outbox.append(Error(req.id, *e.to_wire()))
+            return
+        self.scheduler.submit(req, ids)
+
+    # -- loop ----------------------------------------------------------------------------
+    def run(self, cmd: Connection, evt: Connection) -> None:
+        last_stats = 0.0
+        while True:
+            timeout = 0.0 if self.scheduler.has_work() else 0.25
+            while cmd.poll(timeout):
+                timeout = 0.0
+                try:
+                    msg = cmd.recv()
+                except EOFError:
+                    return  # the server is gone
+                if msg[0] == "submit":
+                    self.submit(msg[1])
+                elif msg[0] == "abort":
+                    self.scheduler.abort(msg[1])
+                elif msg[0] == "stop":
+                    self.runner.close()
+                    return
+            if self.scheduler.has_work():
+                self._step()
+            now = time.monotonic()
+            stats_due = now - last_stats > STATS_INTERVAL_S
+            if self.outbox or stats_due:
+                evt.send(("events", self.outbox[:], self.stats() if stats_due else None))
+                self.outbox.clear()
+                last_stats = now if stats_due else last_stats
+
+    def _step(self) -> None:
+        try:
+            self.scheduler.step()
+        except ApplianceError as e:
+            log.error("step failed: %s", e.message)
+            self.scheduler.fail_all(e)
+        except Exception as e:  # a bug must fail the requests, not hang them
+            log.exception("step failed")
+            self.scheduler.fail_all(EngineFailure(f"internal engine error: {type(e).__name__}"))

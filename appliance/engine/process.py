@@ -1,0 +1,270 @@
+"""The engine process and its supervisor.
+
+    server process                                   engine process (spawned)
+    EngineClient.submit(Request) --- cmd pipe --->   engine_main: render template, tokenize,
+    EngineClient.abort(id)                           Scheduler.step() over the runner
+    router thread  <------- event pipe ----------    one message per step: [events...]
+      -> per-request queue.Queue
+
+The model lives only in the engine process, so a native crash (a malformed GGUF, a kernel bug)
+kills that process and not the server. The supervisor thread notices the closed pipe, ends
+every in-flight request with `EngineCrashed`, and starts a new engine; `state` says
+"restarting" with the reason until the new one is ready.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Iterator
+
+from ..config import EngineConfig
+from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
+from .runners.base import RunnerInfo
+from .types import Accepted, Delta, Done, Error, Event, Request
+
+log = logging.getLogger("appliance.engine")
+
+_TERMINAL = (Done, Error)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine side
+
+
+def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: str = "INFO") -> None:
+    """Entry point of the engine process: load, then loop over commands and scheduler steps."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the engine stops
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
+    from .loop import EngineLoop  # heavy imports (llama_cpp, numpy) happen only in this process
+
+    try:
+        loop = EngineLoop(cfg)
+    except ApplianceError as e:
+        evt.send(("load_failed", e.to_wire()))
+        return
+    evt.send(("ready", loop.info, loop.stats()))
+    loop.run(cmd, evt)
+
+
+# ---------------------------------------------------------------------------------------------
+# server side
+
+
+@dataclass(frozen=True)
+class EngineState:
+    status: str            # starting | ready | restarting | failed | stopped
+    reason: str
+    pid: int | None
+    restarts: int
+
+
+class RequestStream:
+    """Events of one request: `accepted()` first, then iterate Deltas until Done."""
+
+    def __init__(self, client: "EngineClient", request_id: str) -> None:
+        self.client = client
+        self.id = request_id
+        self.queue: queue.Queue[Event] = queue.Queue()
+        self.finished = False
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None when `timeout` passes first. An Error event raises."""
+        try:
+            ev = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(ev, _TERMINAL):
+            self.finished = True
+        if isinstance(ev, Error):
+            raise from_wire(ev.kind, ev.message, ev.fields)
+        return ev
+
+    def accepted(self, timeout: float | None = None) -> Accepted:
+        ev = self.get(timeout)
+        if not isinstance(ev, Accepted):
+            self.abort()
+            raise EngineUnavailable("the engine did not accept the request in time")
+        return ev
+
+    def __iter__(self) -> Iterator[Delta | Done]:
+        while not self.finished:
+            ev = self.get()
+            if isinstance(ev, (Delta, Done)):
+                yield ev
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.client.abort(self.id)
+
+
+class EngineClient:
+    """Owns the engine process: starts it, routes its events, restarts it when it dies."""
+
+    def __init__(self, cfg: EngineConfig, log_level: str = "info") -> None:
+        self.cfg = cfg
+        self.log_level = log_level
+        self.info: RunnerInfo | None = None
+        self.stats: dict[str, Any] = {}
+        self._ctx = mp.get_context("spawn")
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, RequestStream] = {}
+        self._cmd: Connection | None = None
+        self._proc: Any = None
+        self._state = EngineState("starting", "loading the model", None, 0)
+        self._ready = threading.Event()
+        self._closing = False
+        self._ids = itertools.count()
+        self._supervisor = threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self, timeout: float | None = None) -> "EngineClient":
+        self._supervisor.start()
+        if timeout is not None:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready.wait(0.1):
+                return
+            if self._state.status == "failed":
+                raise EngineUnavailable(self._state.reason)
+        raise EngineUnavailable(f"the engine did not load within {timeout:.0f} s")
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closing = True
+        self._send(("stop",), quiet=True)
+        proc = self._proc
+        if proc is not None:
+            proc.join(timeout)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        self._state = EngineState("stopped", "the server is shutting down", None, self._state.restarts)
+        self._supervisor.join(timeout)
+
+    # -- requests ------------------------------------------------------------------------
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{time.time_ns():x}{next(self._ids):04x}"
+
+    def submit(self, req: Request) -> RequestStream:
+        stream = RequestStream(self, req.id)
+        with self._lock:
+            if self._state.status != "ready":
+                raise EngineUnavailable(f"the engine is {self._state.status}: {self._state.reason}")
+            self._streams[req.id] = stream
+        if not self._send(("submit", req)):
+            with self._lock:
+                self._streams.pop(req.id, None)
+            raise EngineUnavailable("the engine process is not reachable; it is being restarted")
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+        self._send(("abort", request_id), quiet=True)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._streams)
+
+    def _send(self, msg: tuple, quiet: bool = False) -> bool:
+        with self._send_lock:
+            if self._cmd is None:
+                return False
+            try:
+                self._cmd.send(msg)
+                return True
+            except (OSError, ValueError):
+                if not quiet:
+                    log.warning("engine command pipe is closed")
+                return False
+
+    # -- supervision ---------------------------------------------------------------------
+    def _supervise(self) -> None:
+        backoff = 0.5
+        while not self._closing:
+            cmd_parent, cmd_child = self._ctx.Pipe(duplex=False)
+            evt_parent, evt_child = self._ctx.Pipe(duplex=False)
+            proc = self._ctx.Process(target=engine_main, name="appliance-engine", daemon=True,
+                                     args=(self.cfg, cmd_parent, evt_child, self.log_level))
+            proc.start()
+            cmd_parent.close()
+            evt_child.close()
+            with self._send_lock:
+                self._cmd, self._proc = cmd_child, proc
+            self._state = EngineState(self._state.status, self._state.reason, proc.pid, self._state.restarts)
+            was_ready, failure = self._route(evt_parent)
+            proc.join(5)
+            code = proc.exitcode
+            with self._send_lock:
+                self._cmd = None
+            cmd_child.close()
+            evt_parent.close()
+            self._ready.clear()
+            reason = failure or f"the engine process exited with code {code}"
+            self._fail_in_flight(f"{reason} while this request was running; the engine is restarting")
+            if self._closing:
+                break
+            if not was_ready:
+                # it never loaded: restarting would fail the same way
+                self._state = EngineState("failed", failure or f"the engine process died while loading "
+                                          f"the model (exit code {code})", None, self._state.restarts)
+                log.error("engine failed to start: %s", self._state.reason)
+                return
+            self._state = EngineState("restarting", reason, None, self._state.restarts + 1)
+            log.error("%s; restarting the engine", reason)
+            time.sleep(backoff)
+
+    def _route(self, conn: Connection) -> tuple[bool, str | None]:
+        """Read the engine's messages until its pipe closes. Returns (was ready, load failure)."""
+        was_ready = False
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return was_ready, None
+            kind = msg[0]
+            if kind == "events":
+                self._dispatch(msg[1])
+                if msg[2] is not None:
+                    self.stats = msg[2]
+            elif kind == "ready":
+                self.info, self.stats = msg[1], msg[2]
+                was_ready = True
+                self._state = EngineState("ready", "", self._state.pid, self._state.restarts)
+                self._ready.set()
+            elif kind == "load_failed":
+                err = from_wire(*msg[1])
+                return False, err.message
+
+    def _dispatch(self, events: list[Event]) -> None:
+        with self._lock:
+            for ev in events:
+                stream = self._streams.get(ev.request_id)
+                if stream is None:
+                    continue  # aborted: nobody listens
+                stream.queue.put(ev)
+                if isinstance(ev, _TERMINAL):
+                    del self._streams[ev.request_id]
+
+    def _fail_in_flight(self, message: str) -> None:
+        with self._lock:
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            kind, msg, fields = EngineCrashed(message).to_wire()
+            stream.queue.put(Error(stream.id, kind, msg, fields))

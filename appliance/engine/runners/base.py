@@ -1,0 +1,68 @@
+"""The ModelRunner protocol: what the scheduler needs from a backend, and nothing more.
+
+A runner owns the weights and a KV pool of `n_slots` sequences of `n_ctx` positions each. The
+scheduler decides what runs; the runner only computes. A `Span` asks for the logits of some of
+its last positions; the runner returns them as float32 rows, valid until the next `forward`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    backend: str
+    model_path: str
+    model_name: str
+    arch: str
+    n_vocab: int
+    n_ctx: int                   # positions per slot
+    n_ctx_train: int
+    n_slots: int
+    eog_ids: frozenset[int]      # end-of-generation tokens (eos, eot, <|im_end|>, ...)
+    bos_id: int | None
+    add_bos: bool
+    chat_template: str | None
+    bos_text: str
+    eos_text: str
+    kv_bytes: int                # the whole pool, n_slots x n_ctx positions
+    settings: dict[str, Any] = field(default_factory=dict)   # threads, batch sizes, flash attn
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens for one slot at absolute positions start_pos.., with logits for the last `n_logits`."""
+
+    slot: int
+    tokens: tuple[int, ...]
+    start_pos: int
+    n_logits: int = 1
+
+
+class ModelRunner(Protocol):
+    info: RunnerInfo
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        """The bytes of these tokens' pieces, concatenated (may end inside a UTF-8 sequence)."""
+
+    def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
+        """Run the spans; returns one [n_logits, n_vocab] float32 array per span, in order."""
+
+    def truncate(self, slot: int, n_keep: int) -> None:
+        """Drop the slot's KV at positions >= n_keep."""
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make positions [0, n) of dst equal to src's (dst's other positions are dropped)."""
+
+    def save(self, slot: int) -> bytes:
+        """The slot's sequence state (its KV), restorable into any slot of a same-config runner."""
+
+    def restore(self, slot: int, blob: bytes) -> None: ...
+
+    def close(self) -> None: ...

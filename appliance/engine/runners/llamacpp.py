@@ -1,0 +1,226 @@
+"""The llama.cpp runner, on llama-cpp-python's low-level API.
+
+One llama context holds `n_slots` sequences (one sequence id per slot, one KV stream each:
+`kv_unified` off, which measured 2-3x faster here than a shared buffer). Logits are kept only
+for the rows the scheduler asks for.
+
+Batch invariance: llama.cpp splits a multi-sequence batch into micro-batches that take the
+same number of tokens from every sequence, so mixing one slot's 512-token prompt chunk with
+another slot's one-token decode would cut the chunk differently from a run where it is alone,
+and change its KV and so its output. `forward` therefore issues one `llama_decode` for all the
+one-token spans together (decode rows, computed row by row) and one per prompt chunk: a
+request's tokens are computed in the same shapes whatever else is running.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as L
+
+from ...config import EngineConfig
+from ...errors import EngineFailure, ModelLoadError
+from .base import RunnerInfo, Span
+
+log = logging.getLogger("appliance.llamacpp")
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    lvl = _LEVELS.get(level, logging.DEBUG)
+    if lvl >= logging.WARNING and log.isEnabledFor(lvl):
+        log.log(lvl, "%s", text.decode(errors="replace").rstrip())
+
+
+def _meta(model: L.llama_model_p, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(4096)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else None
+
+
+def file_fingerprint(path: Path, head_bytes: int = 1 << 20) -> str:
+    """A cheap identity for a model file: size + sha256 of its first MiB (the header)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(head_bytes))
+    return f"{path.stat().st_size}:{h.hexdigest()[:16]}"
+
+
+class LlamaCppRunner:
+    def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
+        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
+        if not self.model:
+            raise ModelLoadError(f"{model_path}: llama.cpp could not load this file as a GGUF model")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        n_ctx_train = L.llama_model_n_ctx_train(self.model)
+        n_ctx = cfg.n_ctx or n_ctx_train
+        threads, threads_batch = cfg.resolved_threads()
+
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx * cfg.n_slots
+        cp.n_seq_max = cfg.n_slots
+        cp.kv_unified = False
+        cp.n_batch = cfg.n_batch
+        cp.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
+        cp.n_threads, cp.n_threads_batch = threads, threads_batch
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of "
+                                 f"{cfg.n_slots} x {n_ctx} positions")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_batch = cfg.n_batch
+        self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
+        self._piece = ctypes.create_string_buffer(256)
+        n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
+        self.info = RunnerInfo(
+            backend="llama.cpp", model_path=str(model_path), model_name=model_name,
+            arch=_meta(self.model, "general.architecture") or "unknown",
+            n_vocab=self.n_vocab, n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train,
+            n_slots=cfg.n_slots, eog_ids=self._eog_ids(),
+            bos_id=self._opt_token(L.llama_vocab_bos(self.vocab)),
+            add_bos=bool(L.llama_vocab_get_add_bos(self.vocab)),
+            chat_template=self._chat_template(),
+            bos_text=self._text(L.llama_vocab_bos(self.vocab)),
+            eos_text=self._text(L.llama_vocab_eos(self.vocab)),
+            kv_bytes=self._kv_bytes(n_ctx_seq * cfg.n_slots),
+            settings={"n_threads": threads, "n_threads_batch": threads_batch,
+                      "n_batch": cfg.n_batch, "n_ubatch": cp.n_ubatch,
+                      "flash_attn": cfg.flash_attn, "kv_type": "f16",
+                      "llama_cpp_python": L.__version__},
+            fingerprint=file_fingerprint(model_path),
+        )
+
+    # -- model facts ---------------------------------------------------------------------
+    def _opt_token(self, tok: int) -> int | None:
+        return tok if 0 <= tok < self.n_vocab else None
+
+    def _text(self, tok: int) -> str:
+        return self.detokenize([tok]).decode(errors="replace") if self._opt_token(tok) is not None else ""
+
+    def _eog_ids(self) -> frozenset[int]:
+        return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
+
+    def _chat_template(self) -> str | None:
+        raw = L.llama_model_chat_template(self.model, None)
+        return raw.decode(errors="replace") if raw else None
+
+    def _kv_bytes(self, positions: int) -> int:
+        """f16 K and V for every layer and position: what llama.cpp allocates for the pool."""
+        n_layer = L.llama_model_n_layer(self.model)
+        n_head = L.llama_model_n_head(self.model)
+        n_head_kv = L.llama_model_n_head_kv(self.model)
+        head_dim = L.llama_model_n_embd(self.model) // n_head
+        return positions * n_layer * 2 * n_head_kv * head_dim * 2
+
+    # -- text ----------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        out = bytearray()
+        for tok in ids:
+            n = L.llama_token_to_piece(self.vocab, tok, self._piece, len(self._piece), 0, True)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, tok, big, -n, 0, True)
+                out += big.raw[:n]
+            else:
+                out += self._piece.raw[:n]
+        return bytes(out)
+
+    # -- compute -------------------------------------------------------------------------
+    def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
+        out: list[np.ndarray | None] = [None] * len(spans)
+        singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1]
+        if singles:
+            self._decode([spans[i] for i in singles], [out, singles])
+        for i, s in enumerate(spans):
+            if len(s.tokens) > 1:
+                self._decode([s], [out, [i]])
+        return out  # type: ignore[return-value]
+
+    def _decode(self, spans: Sequence[Span], sink: list) -> None:
+        """One llama_decode per n_batch tokens; logits rows copied out before the next call."""
+        out, where = sink
+        rows: list[tuple[int, int]] = []   # (span index in `spans`, batch row)
+        b, n = self.batch, 0
+        pieces = []
+        for k, s in enumerate(spans):
+            for j, tok in enumerate(s.tokens):
+                if n == self.n_batch:
+                    pieces.append(self._run(n, rows))
+                    rows, n = [], 0
+                want = j >= len(s.tokens) - s.n_logits
+                b.token[n], b.pos[n], b.n_seq_id[n] = tok, s.start_pos + j, 1
+                b.seq_id[n][0], b.logits[n] = s.slot, want
+                if want:
+                    rows.append((k, n))
+                n += 1
+        pieces.append(self._run(n, rows))
+        per_span: dict[int, list[np.ndarray]] = {}
+        for got in pieces:
+            for k, row in got:
+                per_span.setdefault(k, []).append(row)
+        for k, s in enumerate(spans):
+            got = per_span.get(k, [])
+            out[where[k]] = np.stack(got) if got else np.empty((0, self.n_vocab), np.float32)
+
+    def _run(self, n: int, rows: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
+        self.batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineFailure(f"llama_decode failed with code {rc} on a batch of {n} tokens")
+        return [(k, np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, r),
+                                          shape=(self.n_vocab,)).copy()) for k, r in rows]
+
+    # -- KV ------------------------------------------------------------------------------
+    def truncate(self, slot: int, n_keep: int) -> None:
+        L.llama_memory_seq_rm(self.mem, slot, n_keep, -1)
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    def save(self, slot: int) -> bytes:
+        size = L.llama_state_seq_get_size(self.ctx, slot)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ctx, buf, size, slot)
+        return bytes(buf[:n])
+
+    def restore(self, slot: int, blob: bytes) -> None:
+        L.llama_memory_seq_rm(self.mem, slot, -1, -1)
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if L.llama_state_seq_set_data(self.ctx, buf, len(blob), slot) == 0:
+            raise EngineFailure(f"llama.cpp refused a saved state of {len(blob)} bytes for slot {slot}")
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            L.llama_model_free(self.model)
+            self.ctx = None

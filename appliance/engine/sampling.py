@@ -1,0 +1,152 @@
+"""Logits -> token. Each step is a small pure function on a float32 logits row.
+
+Order (llama.cpp's default chain): penalties -> top_k -> top_p -> min_p -> temperature ->
+draw. Greedy is argmax with the lowest id on ties (np.argmax returns the first maximum), so a
+greedy run is a function of the logits alone. Stop strings are matched on the detokenized
+text by `StopMatcher`, which holds back any tail that could still become a stop string so a
+stop is never leaked into the output.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from .types import SamplingParams
+
+NEG_INF = np.float32(-np.inf)
+
+
+def greedy(logits: np.ndarray) -> int:
+    return int(np.argmax(logits))
+
+
+def apply_penalties(logits: np.ndarray, recent: list[int], presence: float, frequency: float,
+                    repetition: float) -> np.ndarray:
+    """OpenAI presence/frequency and CTRL-style repetition penalties over `recent` tokens.
+
+    Returns a new array; `logits` is left untouched (it may be a view of the engine's buffer).
+    """
+    if not recent or (presence == 0.0 and frequency == 0.0 and repetition == 1.0):
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    counts = Counter(recent)
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    n = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+    vals = out[ids]
+    if repetition != 1.0:
+        vals = np.where(vals > 0, vals / repetition, vals * repetition)
+    vals = vals - n * frequency - presence
+    out[ids] = vals
+    return out
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep the k largest logits (ties at the boundary all kept); k <= 0 keeps everything."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k)[-k]
+    return np.where(logits >= kth, logits, NEG_INF).astype(np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    m = np.max(logits)
+    e = np.exp((logits - m).astype(np.float64))
+    return e / e.sum()
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose probability reaches p.
+
+    Exact, without sorting the whole vocabulary: grow a candidate set of the k largest until
+    its mass reaches p (the nucleus is then inside it), then sort only those.
+    """
+    if p >= 1.0:
+        return logits
+    probs = softmax(logits)
+    n = probs.shape[-1]
+    k = min(64, n)
+    while True:
+        cand = np.argpartition(probs, n - k)[n - k:] if k < n else np.arange(n)
+        if probs[cand].sum() >= p or k == n:
+            break
+        k = min(n, k * 4)
+    order = cand[np.argsort(-probs[cand], kind="stable")]
+    cum = np.cumsum(probs[order])
+    keep = order[: int(np.searchsorted(cum, p) + 1)]
+    out = np.full_like(logits, NEG_INF, dtype=np.float32)
+    out[keep] = logits[keep]
+    return out
+
+
+def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Drop tokens whose probability is below min_p x the most likely token's."""
+    if min_p <= 0.0:
+        return logits
+    threshold = np.max(logits) + np.log(min_p)
+    return np.where(logits >= threshold, logits, NEG_INF).astype(np.float32)
+
+
+def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    probs = softmax(logits / np.float32(temperature))
+    return int(rng.choice(probs.shape[-1], p=probs))
+
+
+class Sampler:
+    """Per-request sampling state: the seeded generator and the penalty window."""
+
+    def __init__(self, params: SamplingParams, seed: int) -> None:
+        self.params = params
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.recent: list[int] = []
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        window = self.recent[-p.penalty_last_n:] if p.penalty_last_n > 0 else self.recent
+        x = apply_penalties(logits, window, p.presence_penalty, p.frequency_penalty,
+                            p.repetition_penalty)
+        if p.greedy:
+            tok = greedy(x)
+        else:
+            x = min_p_filter(top_p_filter(top_k_filter(x, p.top_k), p.top_p), p.min_p)
+            tok = draw(x, p.temperature, self.rng)
+        self.recent.append(tok)
+        return tok
+
+
+@dataclass
+class StopResult:
+    text: str        # text safe to emit now
+    stopped: bool    # a stop string was found; text ends just before it
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text without leaking them or any prefix of them."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+
+    def feed(self, text: str) -> StopResult:
+        if not self.stops:
+            return StopResult(text, False)
+        buf = self.pending + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            at = min(i for i, _ in hits)
+            self.pending = ""
+            return StopResult(buf[:at], True)
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), 0, -1):
+                if buf.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return StopResult(buf[: len(buf) - hold], False)
+
+    def flush(self) -> str:
+        """At the end of generation, what was held back was not a stop after all."""
+        out, self.pending = self.pending, ""
+        return out

@@ -1,0 +1,263 @@
+"""The scheduler: slots, admission, continuous batching, cancellation, the context limit.
+
+Design
+------
+The runner holds `n_slots` sequences. A request is validated at submit (its prompt plus its
+`max_tokens` must fit one slot's `n_ctx`, else `ContextOverflow` before any work) and waits in
+a bounded FIFO queue; past `max_queue` it is refused with `QueueFull`.
+
+Each `step()` is one iteration of continuous batching:
+  1. cancelled requests leave (queue or slot) -- so an abort takes effect within one step;
+  2. waiting requests take free slots (their KV truncated to empty);
+  3. every decoding request contributes one token (its last sample) to the batch;
+  4. prefilling requests, oldest first, contribute one prompt chunk each while the step's
+     prompt-token budget lasts. Chunks are aligned to a fixed grid of absolute positions
+     (`prefill_chunk`), so a prompt is always cut at the same places whatever else runs: its KV,
+     and so its output, does not depend on the other requests;
+  5. one `runner.forward` over all of that, then sampling for every row that was asked for.
+A long prompt therefore never holds other streams for more than one chunk per step, and a new
+request joins the running batch at the next step.
+
+Invariant: a request in a slot has exactly `n_past` positions in that slot's KV.
+"""
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..errors import ApplianceError, ContextOverflow, QueueFull
+from .runners.base import ModelRunner, Span
+from .sampling import Sampler, StopMatcher
+from .types import Accepted, Delta, Done, Error, Event, Request, Timings, Usage
+
+log = logging.getLogger("appliance.scheduler")
+
+
+@dataclass
+class Active:
+    """A request from admission to its last event."""
+
+    req: Request
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    stop: StopMatcher
+    utf8: codecs.IncrementalDecoder
+    t_submit: float
+    slot: int = -1
+    n_past: int = 0                  # positions of this request in its slot's KV
+    out: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    stopped: bool = False            # a stop string ended the output
+    t_admit: float = 0.0
+    t_prefill: float = 0.0           # start of the first prefill chunk
+    prompt_ms: float = 0.0
+    decode_ms: float = 0.0
+    decode_steps: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    decode_rows: int
+    prefill_tokens: int
+    ms: float
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None]) -> None:
+        self.runner = runner
+        self.cfg = cfg
+        self.emit = emit
+        self.n_ctx = runner.info.n_ctx
+        self.waiting: deque[Active] = deque()
+        self.slots: list[Active | None] = [None] * runner.info.n_slots
+        self.by_id: dict[str, Active] = {}
+        self.steps = 0
+        self.decode_rows_seen: Counter[int] = Counter()
+        self.tokens_generated = 0
+
+    # -- requests in ---------------------------------------------------------------------
+    def submit(self, req: Request, prompt: list[int]) -> None:
+        """Validate and queue; emits Accepted, or Error and nothing else."""
+        try:
+            act = self._admit_check(req, prompt)
+        except ApplianceError as e:
+            kind, message, fields = e.to_wire()
+            self.emit(Error(req.id, kind, message, fields))
+            return
+        self.waiting.append(act)
+        self.by_id[req.id] = act
+        self.emit(Accepted(req.id, len(prompt), 0))
+
+    def _admit_check(self, req: Request, prompt: list[int]) -> Active:
+        n = len(prompt)
+        if n == 0:
+            raise ContextOverflow("the prompt is empty after tokenization", n_prompt_tokens=0,
+                                  n_ctx=self.n_ctx)
+        p = req.params
+        max_tokens = p.max_tokens or self.cfg.max_tokens_default or (self.n_ctx - n)
+        if n + max_tokens > self.n_ctx or max_tokens < 1:
+            raise ContextOverflow(
+                f"this request needs {n} prompt tokens + {max_tokens} max_tokens, more than the "
+                f"context of {self.n_ctx} tokens per slot",
+                param="messages" if req.messages is not None else "prompt",
+                n_prompt_tokens=n, n_ctx=self.n_ctx, max_tokens=max_tokens)
+        if len(self.waiting) >= self.cfg.max_queue:
+            raise QueueFull(f"all {len(self.slots)} slots are busy and {len(self.waiting)} requests "
+                            "are waiting; retry later", retry_after=1)
+        seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(8), "little")
+        return Active(req=req, prompt=list(prompt), max_tokens=max_tokens, sampler=Sampler(p, seed),
+                      stop=StopMatcher(p.stop), t_submit=time.perf_counter(),
+                      utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def abort(self, request_id: str) -> None:
+        act = self.by_id.get(request_id)
+        if act is not None:
+            act.cancelled = True
+
+    def fail_all(self, err: ApplianceError) -> None:
+        """End every request with `err` (the runner failed under them); the slots are emptied."""
+        for act in list(self.waiting) + [a for a in self.slots if a is not None]:
+            self.emit(Error(act.req.id, *err.to_wire()))
+            self.by_id.pop(act.req.id, None)
+        self.waiting.clear()
+        self.slots = [None] * len(self.slots)
+
+    # -- state ---------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.slots)
+
+    def stats(self) -> dict:
+        return {
+            "steps": self.steps, "slots_busy": sum(s is not None for s in self.slots),
+            "n_slots": len(self.slots), "queue_depth": len(self.waiting),
+            "tokens_generated": self.tokens_generated,
+            "max_decode_batch": max(self.decode_rows_seen, default=0),
+            "decode_batches": {str(k): v for k, v in sorted(self.decode_rows_seen.items())},
+        }
+
+    # -- one iteration -------------------------------------------------------------------
+    def step(self) -> StepStats:
+        self._drop_cancelled()
+        self._fill_slots()
+        spans, owners = self._plan()
+        if not spans:
+            return StepStats(0, 0, 0.0)
+        t0 = time.perf_counter()
+        decoding = [not a.prefilling for a in owners]
+        for act in owners:
+            if act.n_past == 0:
+                act.t_prefill = t0
+        logits = self.runner.forward(spans)
+        for act, span in zip(owners, spans):
+            act.n_past += len(span.tokens)
+        sampled = [(a, lg[-1]) for a, s, lg in zip(owners, spans, logits) if s.n_logits]
+        for act, row in sampled:
+            self._on_logits(act, row)
+        ms = 1000.0 * (time.perf_counter() - t0)
+        for act, dec in zip(owners, decoding):
+            if dec:
+                act.decode_ms += ms
+                act.decode_steps += 1
+        for act, _ in sampled:
+            reason = self._finished(act)
+            if reason is not None:
+                self._finish(act, reason)
+        n_decode = sum(decoding)
+        self.steps += 1
+        if n_decode:
+            self.decode_rows_seen[n_decode] += 1
+        n_prefill = sum(len(s.tokens) for s, dec in zip(spans, decoding) if not dec)
+        return StepStats(n_decode, n_prefill, ms)
+
+    def _drop_cancelled(self) -> None:
+        for act in [a for a in self.waiting if a.cancelled]:
+            self.waiting.remove(act)
+            self._finish(act, "cancelled")
+        for act in self.slots:
+            if act is not None and act.cancelled:
+                self._finish(act, "cancelled")
+
+    def _fill_slots(self) -> None:
+        for i, occupant in enumerate(self.slots):
+            if occupant is None and self.waiting:
+                act = self.waiting.popleft()
+                self.runner.truncate(i, 0)
+                act.slot, act.n_past, act.t_admit = i, 0, time.perf_counter()
+                self.slots[i] = act
+
+    def _plan(self) -> tuple[list[Span], list[Active]]:
+        spans: list[Span] = []
+        owners: list[Active] = []
+        for act in self.slots:
+            if act is not None and not act.prefilling:
+                spans.append(Span(act.slot, (act.out[-1],), act.n_past, 1))
+                owners.append(act)
+        budget = self.cfg.step_token_budget
+        chunk = self.cfg.prefill_chunk
+        for act in sorted((a for a in self.slots if a is not None and a.prefilling),
+                          key=lambda a: a.t_submit):
+            end = min(len(act.prompt), (act.n_past // chunk + 1) * chunk)
+            n = end - act.n_past
+            if n > budget and budget < self.cfg.step_token_budget:
+                break  # chunks are never split: the next step takes it whole
+            last = end == len(act.prompt)
+            spans.append(Span(act.slot, tuple(act.prompt[act.n_past:end]), act.n_past, 1 if last else 0))
+            owners.append(act)
+            budget -= n
+            if budget <= 0:
+                break
+        return spans, owners
+
+    # -- tokens out ----------------------------------------------------------------------
+    def _on_logits(self, act: Active, row: np.ndarray) -> None:
+        if not act.out:
+            act.prompt_ms = 1000.0 * (time.perf_counter() - act.t_prefill)
+        tok = act.sampler(row)
+        act.out.append(tok)
+        if tok in self.runner.info.eog_ids and not act.req.params.ignore_eos:
+            return
+        self.tokens_generated += 1
+        text = act.utf8.decode(self.runner.detokenize([tok]))
+        res = act.stop.feed(text)
+        if res.text:
+            self.emit(Delta(act.req.id, res.text, (tok,)))
+        act.stopped = res.stopped
+
+    def _finished(self, act: Active) -> str | None:
+        if act.stopped:
+            return "stop"
+        last = act.out[-1]
+        if last in self.runner.info.eog_ids and not act.req.params.ignore_eos:
+            return "stop"
+        if len(act.out) >= act.max_tokens or len(act.prompt) + len(act.out) >= self.n_ctx:
+            return "length"
+        return None
+
+    def _finish(self, act: Active, reason: str) -> None:
+        if reason != "cancelled" and not act.stopped:
+            tail = act.stop.flush() + act.utf8.decode(b"", final=True)
+            if tail:
+                self.emit(Delta(act.req.id, tail, ()))
+        if act.slot >= 0 and self.slots[act.slot] is act:
+            self.slots[act.slot] = None
+        self.by_id.pop(act.req.id, None)
+        n_out = sum(1 for t in act.out if t not in self.runner.info.eog_ids or act.req.params.ignore_eos)
+        usage = Usage(len(act.prompt), n_out, 0)
+        queue_ms = 1000.0 * ((act.t_admit or time.perf_counter()) - act.t_submit)
+        timings = Timings(prompt_n=len(act.prompt), cache_n=0, prompt_ms=act.prompt_ms,
+                          predicted_n=act.decode_steps, predicted_ms=act.decode_ms,
+                          queue_ms=queue_ms, n_ctx=self.n_ctx)
+        self.emit(Done(act.req.id, reason, usage, timings))

@@ -1,0 +1,141 @@
+"""Typed data crossing the server <-> engine boundary: requests in, events out.
+
+Every request's first event is `Accepted` or `Error`; then `Delta`s; then exactly one `Done` or
+`Error`. Everything here is a frozen dataclass so it pickles across the process boundary and
+cannot be changed on the way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """OpenAI's knobs plus llama.cpp's. temperature <= 0 means greedy (argmax, lowest id on ties)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str | None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """Exactly one of `messages` (chat), `prompt` (text) or `prompt_ids` (tokens) is set.
+
+    The engine renders the chat template and tokenizes: the server never does.
+    """
+
+    id: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+    messages: tuple[ChatMessage, ...] | None = None
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    add_generation_prompt: bool = True
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Engine-measured times for one request (names follow llama-server's `timings`).
+
+    prompt_ms: from the first prefill chunk to the first sampled token.
+    predicted_ms: wall time of the batched steps that produced this request's later tokens;
+    predicted_n counts those steps, so predicted_per_second is the engine's decode rate.
+    """
+
+    prompt_n: int
+    cache_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    queue_ms: float
+    n_ctx: int
+    tokens_per_step: float = 1.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_n": self.prompt_n, "cache_n": self.cache_n,
+            "prompt_ms": round(self.prompt_ms, 3),
+            "prompt_per_second": round(self.prompt_per_second, 3),
+            "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
+            "predicted_per_second": round(self.predicted_per_second, 3),
+            "queue_ms": round(self.queue_ms, 3), "tokens_per_step": self.tokens_per_step,
+            "n_ctx": self.n_ctx, "depth": self.prompt_n + self.predicted_n + 1,
+        }
+
+
+@dataclass(frozen=True)
+class Accepted:
+    request_id: str
+    n_prompt_tokens: int
+    n_cached: int = 0
+
+
+@dataclass(frozen=True)
+class Delta:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Done:
+    request_id: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+@dataclass(frozen=True)
+class Error:
+    """An error for one request; `kind` names a class in appliance.errors."""
+
+    request_id: str
+    kind: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+Event = Accepted | Delta | Done | Error

@@ -1,0 +1,125 @@
+"""The web layer: `create_app(config)` builds the Flask app over an engine client.
+
+Per-app state lives in `app.extensions["appliance"]`; typed errors are mapped to HTTP once,
+here. Nothing in `appliance/` imports this package.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Response, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from appliance import __version__
+from appliance.config import Config
+from appliance.engine.process import EngineClient
+from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
+                              NotFound, PayloadTooLarge, QueueFull, Unauthorized)
+
+log = logging.getLogger("appliance.web")
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+@dataclass
+class AppState:
+    config: Config
+    engine: EngineClient
+    started: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        info = self.engine.info
+        return f"appliance-{__version__}-{info.fingerprint if info else ''}"
+
+
+def create_app(config: Config, engine: EngineClient | None = None) -> Flask:
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
+    app.json.sort_keys = False
+    if engine is None:
+        engine = EngineClient(config.engine, config.server.log_level).start()
+    app.extensions["appliance"] = AppState(config, engine)
+
+    from .api import bp as api_bp
+    from .ui import bp as ui_bp
+
+    app.register_blueprint(api_bp)
+    app.register_blueprint(ui_bp)
+    app.before_request(_guard)
+    app.after_request(_cors)
+    app.register_error_handler(ApplianceError, _error_response)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+    return app
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _host_name(host: str) -> str:
+    if host.startswith("["):
+        return host.split("]")[0] + "]"
+    return host.rsplit(":", 1)[0]
+
+
+def _guard() -> Response | None:
+    cfg = current_app.extensions["appliance"].config.server
+    if request.method == "OPTIONS" and cfg.cors_origins:
+        return Response(status=204)
+    if _is_loopback(cfg.host):
+        # DNS rebinding: a page on another origin resolving its name to 127.0.0.1
+        if _host_name(request.host or "").lower() not in LOCAL_HOSTS:
+            raise Forbidden(f"Host '{request.host}' is not allowed on a server bound to {cfg.host}")
+    if cfg.api_key:
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else request.cookies.get("appliance_key", "")
+        if not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
+            raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY'")
+    return None
+
+
+def _cors(resp: Response) -> Response:
+    cfg = current_app.extensions["appliance"].config.server
+    origin = request.headers.get("Origin")
+    allowed = {o.strip() for o in cfg.cors_origins.split(",") if o.strip()}
+    if origin and (origin in allowed or "*" in allowed):
+        resp.headers["Access-Control-Allow-Origin"] = origin
+        resp.headers["Vary"] = "Origin"
+        resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+        resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    return resp
+
+
+def _error_response(e: ApplianceError) -> tuple[Any, int, dict[str, str]]:
+    headers = {}
+    if isinstance(e, QueueFull) or e.status == 503:
+        headers["Retry-After"] = str(e.fields.get("retry_after", 1))
+    if e.status >= 500:
+        log.warning("%s %s -> %d %s", request.method, request.path, e.status, e.message)
+    return jsonify(e.body()), e.status, headers
+
+
+def _http_error(e: HTTPException):
+    mapped = {404: NotFound(f"no route for {request.method} {request.path}"),
+              405: MethodNotAllowed(f"{request.method} is not allowed on {request.path}"),
+              413: PayloadTooLarge("the request body is larger than the server accepts")}
+    err = mapped.get(e.code or 500) or InvalidRequest(e.description or e.name)
+    if e.code and e.code < 500 and e.code not in mapped:
+        err.status = e.code
+    return _error_response(err)
+
+
+def _unexpected(e: Exception):
+    log.exception("unhandled error on %s %s", request.method, request.path)
+    return _error_response(EngineFailure("internal server error"))

@@ -1,0 +1,174 @@
+"""The API blueprint: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+A request is validated (wire.py), submitted to the engine, and answered only after the engine
+has accepted it, so a prompt over the context is a plain HTTP 400 before any stream byte.
+While waiting for events the handler checks whether the client is still there; a client that
+leaves aborts its request, which frees its slot within one scheduler step.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from appliance.engine.process import EngineClient, RequestStream
+from appliance.engine.types import Delta, Done
+from appliance.errors import ApplianceError, EngineUnavailable
+
+from . import wire
+
+bp = Blueprint("api", __name__)
+
+POLL_S = 0.25  # how often a waiting handler checks that its client is still connected
+
+
+def _state():
+    return current_app.extensions["appliance"]
+
+
+def _engine() -> EngineClient:
+    return _state().engine
+
+
+def _served() -> set[str]:
+    info = _engine().info
+    return {info.model_name, info.model_name + ".gguf"} if info else set()
+
+
+def _n_ctx() -> int:
+    info = _engine().info
+    if info is None:
+        raise EngineUnavailable(f"the engine is {_engine().state.status}: {_engine().state.reason}")
+    return info.n_ctx
+
+
+def _client_gone() -> Callable[[], bool]:
+    probe = request.environ.get("waitress.client_disconnected")
+    return probe if probe is not None else (lambda: False)
+
+
+def _wait(stream: RequestStream, gone: Callable[[], bool]):
+    """The next event, checking the client between polls; None if the client left."""
+    while True:
+        ev = stream.get(timeout=POLL_S)
+        if ev is not None:
+            return ev
+        if gone():
+            stream.abort()
+            return None
+
+
+def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
+    if _state().draining:
+        raise EngineUnavailable("the server is shutting down")
+    gone = _client_gone()
+    stream = _engine().submit(parsed.request)
+    try:
+        ev = _wait(stream, gone)  # Accepted, or raises the engine's error
+    except ApplianceError:
+        raise
+    if ev is None:
+        raise EngineUnavailable("client disconnected")
+    return stream, gone
+
+
+def _complete(chat: bool) -> Any:
+    body = wire.parse_json_body(request.get_data(cache=False), request.content_type)
+    prefix = "chatcmpl" if chat else "cmpl"
+    parse = wire.parse_chat if chat else wire.parse_completion
+    parsed = parse(body, _engine().new_id(prefix), _served(), _n_ctx())
+    stream, gone = _submit(parsed)
+    fingerprint = _state().fingerprint
+    if parsed.stream:
+        return Response(_sse(stream, gone, wire.ChunkWriter(parsed, chat, fingerprint)),
+                        mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    parts: list[str] = []
+    try:
+        while True:
+            ev = _wait(stream, gone)
+            if ev is None:
+                return Response(status=499)  # nobody is listening
+            if isinstance(ev, Delta):
+                parts.append(ev.text)
+            elif isinstance(ev, Done):
+                break
+    finally:
+        stream.abort()
+    build = wire.chat_response if chat else wire.completion_response
+    return jsonify(build(parsed, "".join(parts), ev, fingerprint))
+
+
+def _sse(stream: RequestStream, gone: Callable[[], bool], writer: wire.ChunkWriter) -> Iterator[bytes]:
+    try:
+        first = writer.first()
+        if first:
+            yield first
+        while True:
+            try:
+                ev = _wait(stream, gone)
+            except ApplianceError as e:  # after the status line: the error travels in the stream
+                yield writer.error(e.body())
+                return
+            if ev is None:
+                return
+            if isinstance(ev, Delta):
+                yield writer.delta(ev.text)
+            elif isinstance(ev, Done):
+                yield writer.last(ev)
+                return
+    finally:
+        stream.abort()  # a no-op when finished; frees the slot when the client left
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    return _complete(chat=True)
+
+
+@bp.post("/v1/completions")
+def completions():
+    return _complete(chat=False)
+
+
+def _model_card() -> dict[str, Any]:
+    info = _engine().info
+    return {"id": info.model_name, "object": "model", "created": _state().started, "owned_by": "appliance",
+            "context_length": info.n_ctx,
+            "meta": {"arch": info.arch, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
+                     "n_slots": info.n_slots, "backend": info.backend}}
+
+
+@bp.get("/v1/models")
+def models():
+    _n_ctx()
+    return jsonify({"object": "list", "data": [_model_card()]})
+
+
+@bp.get("/v1/models/<path:model_id>")
+def model(model_id: str):
+    _n_ctx()
+    if model_id not in _served():
+        wire.check_model({"model": model_id}, _served())
+    return jsonify(_model_card())
+
+
+@bp.get("/health")
+def health():
+    engine = _engine()
+    st = engine.state
+    body: dict[str, Any] = {"status": st.status if not _state().draining else "draining",
+                            "engine_pid": st.pid, "restarts": st.restarts,
+                            "uptime_s": round(time.time() - _state().started, 1)}
+    if st.status == "ready" and not _state().draining and engine.info is not None:
+        info = engine.info
+        body.update(status="ok", model=info.model_name, n_ctx=info.n_ctx, n_slots=info.n_slots,
+                    kv_bytes=info.kv_bytes, settings=info.settings, engine=engine.stats,
+                    in_flight=engine.in_flight())
+        return jsonify(body)
+    body["reason"] = st.reason or "the server is shutting down"
+    resp = jsonify(body)
+    resp.status_code = 503
+    resp.headers["Retry-After"] = "1"
+    return resp

@@ -1,0 +1,71 @@
+"""Serving the app with waitress, and shutting down gracefully.
+
+waitress: pure Python, a thread per active request (so `http_threads` streams can be open while
+only `n_slots` decode), it writes every SSE chunk as it is yielded (send_bytes=1), and with a
+request lookahead it notices a client that hangs up while its request waits, which is how an
+abandoned request frees its slot.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from waitress import create_server
+
+from appliance.config import Config
+
+from . import create_app
+
+log = logging.getLogger("appliance.server")
+
+
+def serve(config: Config) -> int:
+    from appliance.engine.process import EngineClient
+
+    srv_cfg = config.server
+    engine = EngineClient(config.engine, srv_cfg.log_level).start()
+    try:
+        engine.wait_ready(srv_cfg.engine_start_timeout)
+    except Exception as e:
+        log.error("%s", getattr(e, "message", e))
+        engine.close()
+        return 1
+    info = engine.info
+    log.info("model %s: %d slots x %d tokens of context, KV pool %.1f MiB (%d bytes), %s",
+             info.model_name, info.n_slots, info.n_ctx, info.kv_bytes / 2**20, info.kv_bytes, info.settings)
+    app = create_app(config, engine)
+    server = create_server(app, host=srv_cfg.host, port=srv_cfg.port, threads=srv_cfg.http_threads,
+                           channel_request_lookahead=4, connection_limit=max(100, 2 * srv_cfg.http_threads),
+                           ident="appliance")
+    host = f"[{srv_cfg.host}]" if ":" in srv_cfg.host else srv_cfg.host
+    print(f"appliance: serving {info.model_name} at http://{host}:{server.effective_port}  "
+          f"(chat page at /, OpenAI API at /v1)", flush=True)
+
+    def drain(signum, _frame):
+        state = app.extensions["appliance"]
+        if state.draining:
+            return
+        state.draining = True
+        log.info("signal %d: refusing new requests, finishing %d in flight (up to %.0f s)",
+                 signum, engine.in_flight(), srv_cfg.shutdown_grace)
+        threading.Thread(target=_finish, args=(server, engine, srv_cfg.shutdown_grace), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, drain)
+    signal.signal(signal.SIGINT, drain)
+    try:
+        server.run()
+    except (OSError, ValueError):
+        pass  # the socket map was closed by _finish
+    finally:
+        engine.close()
+    return 0
+
+
+def _finish(server, engine, grace: float) -> None:
+    deadline = time.monotonic() + grace
+    while engine.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)  # let the last chunks reach their sockets
+    server.close()

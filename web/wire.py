@@ -1,0 +1,290 @@
+"""The OpenAI wire format <-> engine types. Validation lives here, once, for both endpoints.
+
+Every client mistake becomes an `InvalidRequest` naming the offending parameter, so the API
+answers a 400 (never a 500, which SDKs retry) and nothing reaches the engine. Parameters this
+version does not implement yet (tools, structured output, logprobs) are refused by name rather
+than silently ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from appliance.engine.types import ChatMessage, Done, Request, SamplingParams
+from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_STOPS = 16
+# accepted and ignored: they change nothing for a single local model
+IGNORED = {"user", "store", "metadata", "service_tier", "parallel_tool_calls", "cache_prompt",
+           "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
+NOT_YET = {"tools": "tool calls", "functions": "function calls", "response_format": "structured output",
+           "logprobs": "logprobs", "top_logprobs": "logprobs", "logit_bias": "logit_bias",
+           "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
+           "echo": "echo", "suffix": "suffix"}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    request: Request
+    stream: bool
+    include_usage: bool
+    model: str
+
+
+def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
+    if content_type is None or content_type.split(";")[0].strip().lower() != "application/json":
+        raise UnsupportedMediaType("the body must be JSON: send 'Content-Type: application/json'")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"the body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(f"the body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+# -- typed getters ------------------------------------------------------------------------------
+
+def _num(body: dict, key: str, lo: float, hi: float, default: float | None) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InvalidRequest(f"'{key}' must be a number", param=key)
+    if not lo <= v <= hi:
+        raise InvalidRequest(f"'{key}' must be between {lo} and {hi}, got {v}", param=key)
+    return float(v)
+
+
+def _int(body: dict, key: str, lo: int, hi: int | None, default: int | None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidRequest(f"'{key}' must be an integer", param=key)
+    if v < lo or (hi is not None and v > hi):
+        bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise InvalidRequest(f"'{key}' must be {bound}, got {v}", param=key)
+    return v
+
+
+def _bool(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise InvalidRequest(f"'{key}' must be true or false", param=key)
+    return v
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise InvalidRequest("'stop' must be a string or a list of strings", param="stop")
+    if len(v) > MAX_STOPS:
+        raise InvalidRequest(f"'stop' takes at most {MAX_STOPS} strings", param="stop")
+    return tuple(s for s in v if s)
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for key, what in NOT_YET.items():
+        v = body.get(key)
+        if v in (None, False, [], {}) or (key == "response_format" and v == {"type": "text"}):
+            continue
+        raise InvalidRequest(f"'{key}' ({what}) is not supported by this server version", param=key)
+    n = body.get("n", 1)
+    if n != 1:
+        raise InvalidRequest("only n=1 is supported", param="n")
+
+
+def check_model(body: dict, served: set[str]) -> str:
+    model = body.get("model")
+    if model is None:
+        return next(iter(sorted(served)))
+    if not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string", param="model")
+    if model not in served:
+        raise ModelNotFound(f"the model '{model}' does not exist; this server serves "
+                            f"{', '.join(sorted(served))}", param="model")
+    return model
+
+
+def sampling_params(body: dict, n_ctx: int, default_max_tokens: int | None) -> SamplingParams:
+    max_tokens = _int(body, "max_completion_tokens", 1, n_ctx, None)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1, n_ctx, default_max_tokens)
+    return SamplingParams(
+        temperature=_num(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_num(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
+        top_k=_int(body, "top_k", 0, None, 0),
+        min_p=_num(body, "min_p", 0.0, 1.0, 0.0),
+        presence_penalty=_num(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=_num(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        repetition_penalty=_num(body, "repetition_penalty", 0.01, 10.0,
+                                _num(body, "repeat_penalty", 0.01, 10.0, 1.0)),
+        seed=_int(body, "seed", -(2**63), 2**64 - 1, None),
+        max_tokens=max_tokens, stop=_stops(body),
+        ignore_eos=_bool(body, "ignore_eos", False),
+    )
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = _bool(body, "stream", False)
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not stream:
+        raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
+    if not isinstance(opts, dict):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    return stream, _bool(opts, "include_usage", False)
+
+
+def _content(msg: dict, i: int) -> str | None:
+    c = msg.get("content")
+    if c is None or isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        parts = []
+        for part in c:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"messages[{i}].content: only text parts are supported",
+                                     param=f"messages[{i}].content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts",
+                         param=f"messages[{i}].content")
+
+
+def _messages(body: dict) -> tuple[ChatMessage, ...]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise InvalidRequest("'messages' is required", param="messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {role!r}",
+                                 param=f"messages[{i}].role")
+        if m.get("tool_calls"):
+            raise InvalidRequest("'tool_calls' in messages is not supported by this server version",
+                                 param=f"messages[{i}].tool_calls")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidRequest(f"messages[{i}].name must be a string", param=f"messages[{i}].name")
+        out.append(ChatMessage("system" if role == "developer" else role, _content(m, i), name))
+    return tuple(out)
+
+
+def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
+    model = check_model(body, served)
+    _refuse_unsupported(body)
+    stream, include_usage = _stream_flags(body)
+    messages = _messages(body)
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise InvalidRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    req = Request(id=request_id, params=sampling_params(body, n_ctx, None), messages=messages,
+                  template_kwargs=tuple(sorted(kwargs.items())))
+    return ParsedRequest(req, stream, include_usage, model)
+
+
+def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
+    model = check_model(body, served)
+    _refuse_unsupported(body)
+    stream, include_usage = _stream_flags(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        text, ids = prompt, None
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        text, ids = None, tuple(prompt)
+    elif prompt is None:
+        raise InvalidRequest("'prompt' is required", param="prompt")
+    else:
+        raise InvalidRequest("'prompt' must be a string or a non-empty list of token ids "
+                             "(batches of several prompts are not supported)", param="prompt")
+    req = Request(id=request_id, params=sampling_params(body, n_ctx, 16), prompt=text, prompt_ids=ids)
+    return ParsedRequest(req, stream, include_usage, model)
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+def usage_dict(done: Done) -> dict[str, Any]:
+    u = done.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def chat_response(p: ParsedRequest, text: str, done: Done, fingerprint: str) -> dict[str, Any]:
+    return {
+        "id": p.request.id, "object": "chat.completion", "created": int(time.time()), "model": p.model,
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": done.finish_reason}],
+        "usage": usage_dict(done), "timings": done.timings.as_dict(),
+    }
+
+
+def completion_response(p: ParsedRequest, text: str, done: Done, fingerprint: str) -> dict[str, Any]:
+    return {
+        "id": p.request.id, "object": "text_completion", "created": int(time.time()), "model": p.model,
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}],
+        "usage": usage_dict(done), "timings": done.timings.as_dict(),
+    }
+
+
+class ChunkWriter:
+    """Builds the SSE chunks of one streamed response, chat or completion."""
+
+    def __init__(self, p: ParsedRequest, chat: bool, fingerprint: str) -> None:
+        self.p, self.chat = p, chat
+        self.base = {"id": p.request.id, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
+
+    def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
+        body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def first(self) -> bytes | None:
+        return self._chunk(self._choice("", None, role=True)) if self.chat else None
+
+    def delta(self, text: str) -> bytes:
+        return self._chunk(self._choice(text, None))
+
+    def last(self, done: Done) -> bytes:
+        out = self._chunk(self._choice(None if self.chat else "", done.finish_reason),
+                          timings=done.timings.as_dict())
+        if self.p.include_usage:
+            out += self._chunk(None, usage=usage_dict(done))
+        return out + b"data: [DONE]\n\n"
+
+    @staticmethod
+    def error(body: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
