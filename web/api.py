@@ -44,19 +44,31 @@ def _n_ctx() -> int:
 
 
 def _client_gone() -> Callable[[], bool]:
+    """A check that the client hung up, cheap enough to call on every event (throttled)."""
     probe = request.environ.get("waitress.client_disconnected")
-    return probe if probe is not None else (lambda: False)
+    if probe is None:
+        return lambda: False
+    last = [time.monotonic()]
+
+    def gone() -> bool:
+        now = time.monotonic()
+        if now - last[0] < POLL_S:
+            return False
+        last[0] = now
+        return probe()
+
+    return gone
 
 
 def _wait(stream: RequestStream, gone: Callable[[], bool]):
-    """The next event, checking the client between polls; None if the client left."""
+    """The next event, checking that the client is still there; None if it left."""
     while True:
         ev = stream.get(timeout=POLL_S)
-        if ev is not None:
-            return ev
         if gone():
             stream.abort()
             return None
+        if ev is not None:
+            return ev
 
 
 def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:

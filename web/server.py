@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from waitress import create_server
+from waitress import create_server, wasyncore
 
 from appliance.config import Config
 
@@ -43,6 +43,8 @@ def serve(config: Config) -> int:
     print(f"appliance: serving {info.model_name} at http://{host}:{server.effective_port}  "
           f"(chat page at /, OpenAI API at /v1)", flush=True)
 
+    stopping = threading.Event()
+
     def drain(signum, _frame):
         state = app.extensions["appliance"]
         if state.draining:
@@ -50,22 +52,27 @@ def serve(config: Config) -> int:
         state.draining = True
         log.info("signal %d: refusing new requests, finishing %d in flight (up to %.0f s)",
                  signum, engine.in_flight(), srv_cfg.shutdown_grace)
-        threading.Thread(target=_finish, args=(server, engine, srv_cfg.shutdown_grace), daemon=True).start()
+        threading.Thread(target=_finish, args=(engine, srv_cfg.shutdown_grace, stopping), daemon=True).start()
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
+    socket_map = getattr(server, "map", None) or server._map
     try:
-        server.run()
-    except (OSError, ValueError):
-        pass  # the socket map was closed by _finish
+        # waitress's own run() loops until every socket is closed; this loop also stops
+        # when draining is over, while still answering (503) whoever connects meanwhile
+        while not stopping.is_set():
+            wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
     finally:
+        server.task_dispatcher.shutdown()
+        wasyncore.close_all(socket_map)
         engine.close()
+    log.info("stopped")
     return 0
 
 
-def _finish(server, engine, grace: float) -> None:
+def _finish(engine, grace: float, stopping: threading.Event) -> None:
     deadline = time.monotonic() + grace
     while engine.in_flight() and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(0.2)  # let the last chunks reach their sockets
-    server.close()
+    time.sleep(0.3)  # let the last chunks reach their sockets
+    stopping.set()

@@ -104,8 +104,8 @@ def _refuse_unsupported(body: dict) -> None:
         if v in (None, False, [], {}) or (key == "response_format" and v == {"type": "text"}):
             continue
         raise InvalidRequest(f"'{key}' ({what}) is not supported by this server version", param=key)
-    n = body.get("n", 1)
-    if n != 1:
+    n = body.get("n")
+    if n is not None and n != 1:  # null means the default, as for every other parameter
         raise InvalidRequest("only n=1 is supported", param="n")
 
 
@@ -127,7 +127,7 @@ def sampling_params(body: dict, n_ctx: int, default_max_tokens: int | None) -> S
         max_tokens = _int(body, "max_tokens", 1, n_ctx, default_max_tokens)
     return SamplingParams(
         temperature=_num(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_num(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
+        top_p=_num(body, "top_p", 0.0, 1.0, 1.0),
         top_k=_int(body, "top_k", 0, None, 0),
         min_p=_num(body, "min_p", 0.0, 1.0, 0.0),
         presence_penalty=_num(body, "presence_penalty", -2.0, 2.0, 0.0),

@@ -103,7 +103,8 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         p = self.params
-        window = self.recent[-p.penalty_last_n:] if p.penalty_last_n > 0 else self.recent
+        # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
+        window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]
         x = apply_penalties(logits, window, p.presence_penalty, p.frequency_penalty,
                             p.repetition_penalty)
         if p.greedy:

@@ -1,0 +1,211 @@
+"""Scheduler behaviour with a fake runner: admission, chunked prefill, queue bound,
+cancellation, the context limit, finishing rules."""
+from __future__ import annotations
+
+import pytest
+
+from appliance.config import EngineConfig
+from appliance.engine.scheduler import Scheduler
+from appliance.engine.types import Accepted, Delta, Done, Error, Request, SamplingParams
+
+from .fake_runner import EOG, FakeRunner
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def make(n_slots=2, n_ctx=4096, **cfg):
+    runner = FakeRunner(n_slots=n_slots, n_ctx=n_ctx)
+    events = []
+    sched = Scheduler(runner, EngineConfig(n_slots=n_slots, n_ctx=n_ctx, **cfg), events.append)
+    return sched, runner, events
+
+
+def req(rid, max_tokens=4, **kw):
+    return Request(id=rid, params=SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw), prompt="x")
+
+
+def of(events, rid, kind=None):
+    return [e for e in events if e.request_id == rid and (kind is None or isinstance(e, kind))]
+
+
+def run(sched, limit=1000):
+    for _ in range(limit):
+        if not sched.has_work():
+            return
+        sched.step()
+    raise AssertionError("scheduler did not finish")
+
+
+def test_first_event_is_accepted_then_deltas_then_done():
+    sched, _, events = make()
+    sched.submit(req("a", max_tokens=3), [1, 2, 3])
+    run(sched)
+    evs = of(events, "a")
+    assert isinstance(evs[0], Accepted) and evs[0].n_prompt_tokens == 3
+    assert isinstance(evs[-1], Done) and evs[-1].finish_reason == "length"
+    # the fake model counts up from the last prompt token
+    assert [d.token_ids for d in of(events, "a", Delta)] == [(4,), (5,), (6,)]
+    assert "".join(d.text for d in of(events, "a", Delta)) == "efg"
+    assert evs[-1].usage.completion_tokens == 3 and evs[-1].usage.prompt_tokens == 3
+
+
+def test_requests_beyond_slots_wait_and_are_admitted_in_order():
+    sched, runner, events = make(n_slots=2)
+    for rid in "abc":
+        sched.submit(req(rid, max_tokens=5), [1, 2])
+    sched.step()
+    assert {a.req.id for a in sched.slots if a} == {"a", "b"}
+    assert [a.req.id for a in sched.waiting] == ["c"]
+    run(sched)
+    assert all(of(events, rid, Done) for rid in "abc")
+    # c produced nothing before a slot was freed
+    first_done = min(events.index(of(events, rid, Done)[0]) for rid in "ab")
+    assert events.index(of(events, "c", Delta)[0]) > first_done
+
+
+def test_new_request_joins_running_batch():
+    sched, runner, _ = make(n_slots=2)
+    sched.submit(req("a", max_tokens=10), [1, 2])
+    sched.step()
+    sched.step()
+    sched.submit(req("b", max_tokens=10), [3, 4])
+    sched.step()
+    last = runner.calls[-1]
+    # a's decode row and b's prompt went into the same step
+    assert {s.slot for s in last} == {0, 1}
+    sched.step()
+    assert sorted(len(s.tokens) for s in runner.calls[-1]) == [1, 1]
+    assert sched.stats()["max_decode_batch"] == 2
+
+
+def test_long_prompt_is_chunked_on_a_fixed_grid_and_never_stalls_decode():
+    sched, runner, events = make(n_slots=2, prefill_chunk=256, step_token_budget=256)
+    sched.submit(req("a", max_tokens=50), [1, 2, 3])
+    sched.step()  # a prefilled
+    prompt = [i % 50 for i in range(700)]
+    sched.submit(req("b", max_tokens=2), prompt)
+    chunks = []
+    while sched.slots[1] is None or sched.slots[1].prefilling:
+        n_before = len(of(events, "a", Delta))
+        sched.step()
+        call = runner.calls[-1]
+        chunks += [(s.start_pos, len(s.tokens)) for s in call if s.slot == 1]
+        assert len(of(events, "a", Delta)) == n_before + 1, "a decodes one token every step"
+    assert chunks == [(0, 256), (256, 256), (512, 188)]
+
+
+def test_chunk_grid_is_absolute_whatever_else_runs():
+    def chunks_of(other_prompt_len):
+        sched, runner, _ = make(n_slots=2, prefill_chunk=128, step_token_budget=128)
+        if other_prompt_len:
+            sched.submit(req("x", max_tokens=3), list(range(other_prompt_len)))
+        sched.submit(req("b", max_tokens=1), [i % 60 for i in range(300)])
+        run(sched)
+        slot_b = 1 if other_prompt_len else 0
+        return [(s.start_pos, len(s.tokens)) for call in runner.calls for s in call
+                if s.slot == slot_b and len(s.tokens) > 1]
+
+    assert chunks_of(0) == chunks_of(200) == [(0, 128), (128, 128), (256, 44)]
+
+
+def test_queue_bound_refuses_with_queue_full():
+    sched, _, events = make(n_slots=1, max_queue=1)
+    sched.submit(req("a"), [1])
+    sched.submit(req("b"), [1])
+    sched.step()  # a takes the slot, b waits
+    sched.submit(req("c"), [1])
+    sched.submit(req("d"), [1])
+    err = of(events, "d", Error)
+    assert err and err[0].kind == "QueueFull"
+    assert of(events, "c", Accepted)
+    assert not of(events, "d", Accepted)
+
+
+def test_context_limit_refused_before_any_work():
+    sched, runner, events = make(n_ctx=64)
+    sched.submit(req("a", max_tokens=10), list(range(60)))
+    (err,) = of(events, "a")
+    assert isinstance(err, Error) and err.kind == "ContextOverflow"
+    assert err.fields["n_prompt_tokens"] == 60 and err.fields["n_ctx"] == 64
+    assert not sched.has_work() and runner.calls == []
+
+
+def test_without_max_tokens_output_stops_at_the_context_end():
+    sched, _, events = make(n_ctx=16)
+    sched.submit(Request(id="a", params=GREEDY, prompt="x"), [1, 2, 3, 4, 5, 6])
+    run(sched)
+    done = of(events, "a", Done)[0]
+    assert done.finish_reason == "length" and done.usage.total_tokens == 16
+
+
+def test_cancel_frees_the_slot_within_one_step():
+    sched, runner, events = make(n_slots=1)
+    sched.submit(req("a", max_tokens=1000), [1, 2])
+    sched.submit(req("b", max_tokens=2), [5])
+    sched.step()
+    sched.step()
+    sched.abort("a")
+    sched.step()
+    assert of(events, "a", Done)[0].finish_reason == "cancelled"
+    assert sched.slots[0] is not None and sched.slots[0].req.id == "b"
+    assert runner.calls[-1][0].tokens == (5,) and runner.calls[-1][0].start_pos == 0
+
+
+def test_cancel_while_waiting():
+    sched, _, events = make(n_slots=1)
+    sched.submit(req("a", max_tokens=5), [1])
+    sched.submit(req("b", max_tokens=5), [1])
+    sched.abort("b")
+    run(sched)
+    assert of(events, "b", Done)[0].finish_reason == "cancelled"
+    assert not of(events, "b", Delta)
+
+
+def test_end_of_generation_token_stops_and_is_not_emitted():
+    sched, _, events = make()
+    sched.submit(req("a", max_tokens=10), [EOG - 2])
+    run(sched)
+    assert [d.token_ids for d in of(events, "a", Delta)] == [(EOG - 1,)]
+    done = of(events, "a", Done)[0]
+    assert done.finish_reason == "stop" and done.usage.completion_tokens == 1
+
+
+def test_stop_string_ends_output_and_is_not_leaked():
+    sched, _, events = make()
+    # output tokens 2,3,4,5... detokenize to "cdef..."
+    sched.submit(req("a", max_tokens=10, stop=("ef",)), [1])
+    run(sched)
+    assert "".join(d.text for d in of(events, "a", Delta)) == "cd"
+    assert of(events, "a", Done)[0].finish_reason == "stop"
+
+
+def test_timings_count_decode_steps():
+    sched, _, events = make()
+    sched.submit(req("a", max_tokens=5), [1, 2, 3])
+    run(sched)
+    t = of(events, "a", Done)[0].timings
+    assert t.prompt_n == 3 and t.predicted_n == 4  # the first token comes from the prefill
+    assert t.predicted_ms > 0 and t.prompt_ms > 0
+
+
+def test_runner_failure_fails_every_request():
+    from appliance.errors import EngineFailure
+
+    sched, _, events = make(n_slots=1)
+    sched.submit(req("a"), [1])
+    sched.submit(req("b"), [1])
+    sched.step()
+    sched.fail_all(EngineFailure("boom"))
+    assert of(events, "a", Error) and of(events, "b", Error)
+    assert not sched.has_work()
+
+
+@pytest.mark.parametrize("n_slots", [1, 3])
+def test_every_request_gets_exactly_one_terminal_event(n_slots):
+    sched, _, events = make(n_slots=n_slots)
+    for i in range(7):
+        sched.submit(req(f"r{i}", max_tokens=1 + i % 3), [i + 1] * (1 + i))
+    sched.abort("r3")
+    run(sched)
+    for i in range(7):
+        assert len([e for e in of(events, f"r{i}") if isinstance(e, (Done, Error))]) == 1

@@ -1,0 +1,140 @@
+"""Configuration: defaults < APPLIANCE_* env < flags, typed parsing, and --help coverage."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+import pytest
+
+from appliance import config
+from appliance.cli import build_parser
+from appliance.config import Config, EngineConfig, ServerConfig
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["serve"]
+
+
+def flags_of(argv: list[str]) -> dict:
+    args = build_parser().parse_args(["serve", *argv])
+    d = vars(args)
+    d.pop("func"), d.pop("command")
+    return d
+
+
+def test_defaults_with_empty_env():
+    cfg = config.load({}, env={})
+    assert cfg == Config()
+    assert cfg.engine.n_ctx == 8192 and cfg.engine.n_slots == 4 and cfg.engine.model is None
+    assert cfg.engine.flash_attn is False
+    assert cfg.server.host == "127.0.0.1" and cfg.server.port == 8080
+    assert cfg.server.api_key is None and cfg.server.engine_start_timeout == 300.0
+
+
+def test_unrelated_env_is_ignored():
+    cfg = config.load({}, env={"N_SLOTS": "9", "APPLIANCE": "x", "PORT": "1"})
+    assert cfg == Config()
+
+
+def test_env_overrides_defaults_with_types():
+    env = {"APPLIANCE_N_SLOTS": "8", "APPLIANCE_PORT": "9000", "APPLIANCE_SHUTDOWN_GRACE": "2.5",
+           "APPLIANCE_API_KEY": "sekret", "APPLIANCE_MODEL": "/m/x.gguf"}
+    cfg = config.load({}, env=env)
+    assert cfg.engine.n_slots == 8 and isinstance(cfg.engine.n_slots, int)
+    assert cfg.server.port == 9000
+    assert cfg.server.shutdown_grace == 2.5 and isinstance(cfg.server.shutdown_grace, float)
+    assert cfg.server.api_key == "sekret"
+    assert cfg.engine.model == "/m/x.gguf"
+    assert cfg.engine.n_ctx == 8192  # untouched
+
+
+def test_load_reads_os_environ_by_default(monkeypatch):
+    monkeypatch.setenv("APPLIANCE_N_CTX", "1024")
+    assert config.load({}).engine.n_ctx == 1024
+
+
+def test_flags_override_env():
+    env = {"APPLIANCE_N_SLOTS": "8", "APPLIANCE_HOST": "0.0.0.0", "APPLIANCE_FLASH_ATTN": "1"}
+    flags = flags_of(["--n-slots", "2", "--no-flash-attn"])
+    cfg = config.load(flags, env=env)
+    assert cfg.engine.n_slots == 2
+    assert cfg.engine.flash_attn is False
+    assert cfg.server.host == "0.0.0.0"  # not given as a flag: env still applies
+
+
+def test_flags_not_given_are_none_so_env_applies():
+    flags = flags_of([])
+    assert all(v is None for v in flags.values())
+    assert config.load(flags, env={"APPLIANCE_SEED": "7"}).engine.seed == 7
+
+
+def test_flag_values_are_parsed():
+    cfg = config.load(flags_of(["--port", "1234", "--engine-start-timeout", "9.5", "--flash-attn"]),
+                      env={})
+    assert cfg.server.port == 1234 and cfg.server.engine_start_timeout == 9.5
+    assert cfg.engine.flash_attn is True
+
+
+@pytest.mark.parametrize("raw,want", [
+    ("1", True), ("true", True), ("TRUE", True), ("yes", True), ("on", True), (" On ", True),
+    ("0", False), ("false", False), ("no", False), ("off", False), ("OFF", False),
+])
+def test_bool_from_env(raw, want):
+    assert config.load({}, env={"APPLIANCE_FLASH_ATTN": raw}).engine.flash_attn is want
+
+
+@pytest.mark.parametrize("name,raw", [
+    ("APPLIANCE_FLASH_ATTN", "maybe"),
+    ("APPLIANCE_N_SLOTS", "four"),
+    ("APPLIANCE_N_CTX", "1.5"),
+    ("APPLIANCE_SHUTDOWN_GRACE", "soon"),
+    ("APPLIANCE_PORT", ""),
+])
+def test_bad_env_value_names_the_variable(name, raw):
+    with pytest.raises(ValueError, match=re.escape(name)):
+        config.load({}, env={name: raw})
+
+
+def test_bad_flag_value_raises_value_error():
+    with pytest.raises(ValueError, match="N_SLOTS"):
+        config.load(flags_of(["--n-slots", "x"]), env={})
+
+
+def test_config_is_frozen():
+    cfg = config.load({}, env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.engine.n_slots = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.server.port = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.engine = EngineConfig()  # type: ignore[misc]
+
+
+def test_every_field_is_a_flag_with_its_env_name(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # keep each help entry on predictable lines
+    help_text = serve_parser().format_help()
+    flat = " ".join(help_text.split())
+    for cls in (EngineConfig, ServerConfig):
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            env = "APPLIANCE_" + f.name.upper()
+            assert re.search(re.escape(flag) + r"(?![\w-])", help_text), flag
+            assert f"env {env};" in flat, env
+
+
+def test_every_field_parses_from_its_flag():
+    parser = serve_parser()
+    dests = {a.dest for a in parser._actions}
+    for cls in (EngineConfig, ServerConfig):
+        for f in dataclasses.fields(cls):
+            assert f.name in dests, f.name
+
+
+def test_serve_help_exits_cleanly(capsys):
+    with pytest.raises(SystemExit) as ei:
+        build_parser().parse_args(["serve", "--help"])
+    assert ei.value.code == 0
+    assert "--n-slots" in capsys.readouterr().out

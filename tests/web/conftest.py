@@ -1,0 +1,75 @@
+"""A real server for the end-to-end tests: `appliance serve` in a subprocess, one per module."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import requests
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log_path: str
+
+    def health(self) -> dict:
+        return requests.get(self.url + "/health", timeout=5).json()
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(tmp_path, *args: str, timeout: float = 180.0):
+    port = free_port()
+    log_path = str(tmp_path / f"server-{port}.log")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", str(port), *args],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            try:
+                if requests.get(server.url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy after {timeout} s:\n{server.log()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def wait_until(pred, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    return pred()

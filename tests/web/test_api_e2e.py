@@ -1,0 +1,210 @@
+"""End to end through HTTP with the official `openai` client, against `appliance serve` on the
+embedded SmolLM2-135M model: one server for the whole module."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+import openai
+import pytest
+import requests
+
+from .conftest import running_server
+
+N_CTX = 1024
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "List three uses of copper.",
+    "Explain in one sentence what a compiler does.",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("srv"), "--n-ctx", str(N_CTX), "--n-slots", "4") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def chat(client, model, q, **kw):
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 40)
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": q}], **kw)
+
+
+def stream_text(client, model, q, **kw):
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 40)
+    parts, chunks = [], []
+    for chunk in client.chat.completions.create(model=model, stream=True,
+                                                messages=[{"role": "user", "content": q}], **kw):
+        chunks.append(chunk)
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts), chunks
+
+
+def test_models_lists_the_served_model_with_its_context(server, client):
+    models = client.models.list().data
+    assert len(models) == 1 and models[0].id == "SmolLM2-135M-Instruct-Q4_1"
+    raw = requests.get(server.url + "/v1/models").json()
+    assert raw["data"][0]["context_length"] == N_CTX
+
+
+def test_health_reports_the_engine(server):
+    h = server.health()
+    assert h["status"] == "ok" and h["n_ctx"] == N_CTX and h["n_slots"] == 4
+    assert h["kv_bytes"] > 0 and h["engine_pid"] > 0
+    assert h["settings"]["n_batch"] == 512
+
+
+def test_chat_non_streamed(client, model):
+    r = chat(client, model, QUESTIONS[0])
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10 and 0 < r.usage.completion_tokens <= 40
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    t = r.model_extra["timings"]
+    assert t["prompt_n"] == r.usage.prompt_tokens and t["predicted_per_second"] > 0
+
+
+def test_chat_streamed_with_usage_matches_non_streamed(client, model):
+    text, chunks = stream_text(client, model, QUESTIONS[1], stream_options={"include_usage": True})
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and "timings" in finals[0].model_extra
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert text == chat(client, model, QUESTIONS[1]).choices[0].message.content
+
+
+def test_stream_ends_with_done_marker(server, model):
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": True}
+    with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == b"data: [DONE]"
+    assert all(ln.startswith(b"data: ") for ln in lines)
+
+
+def test_completion(client, model):
+    r = client.completions.create(model=model, prompt="The first three planets are", max_tokens=12,
+                                  temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text
+    assert r.usage.completion_tokens <= 12
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt="The first three planets are", max_tokens=12, temperature=0, stream=True)
+        if c.choices)
+    assert streamed == r.choices[0].text
+
+
+def test_temperature_zero_is_deterministic(client, model):
+    a = chat(client, model, QUESTIONS[3], max_tokens=60).choices[0].message.content
+    b = chat(client, model, QUESTIONS[3], max_tokens=60).choices[0].message.content
+    assert a == b
+
+
+def test_seed_reproduces_sampled_output(client, model):
+    kw = {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "max_tokens": 40}
+    a = chat(client, model, QUESTIONS[1], **kw).choices[0].message.content
+    b = chat(client, model, QUESTIONS[1], **kw).choices[0].message.content
+    others = {chat(client, model, QUESTIONS[1], **{**kw, "seed": s}).choices[0].message.content
+              for s in (1, 2, 3)}
+    assert a == b
+    assert len(others | {a}) > 1, "different seeds should give different samples"
+
+
+def test_max_tokens_is_honoured(client, model):
+    r = chat(client, model, "Count from one to one hundred in words.", max_tokens=7)
+    assert r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
+
+
+def test_stop_string_is_honoured_and_not_leaked(client, model):
+    q = "Write a short sentence about the sea."
+    text = chat(client, model, q, max_tokens=40).choices[0].message.content
+    assert len(text) > 12
+    stop = text[8:12]  # a stop string taken from the greedy output itself
+    expected = text[: text.index(stop)]
+    r = chat(client, model, q, max_tokens=40, stop=[stop, "@@never@@"])
+    assert r.choices[0].message.content == expected
+    assert r.choices[0].finish_reason == "stop"
+    streamed, _ = stream_text(client, model, q, stop=[stop])
+    assert streamed == expected
+
+
+def test_prompt_over_the_context_is_a_400_with_counts(client, model, server):
+    long = "word " * (N_CTX + 50)
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, long)
+    err = e.value.body
+    assert err["code"] == "context_length_exceeded"
+    assert err["n_prompt_tokens"] > N_CTX and err["n_ctx"] == N_CTX
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": long}]}
+    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.headers["Content-Type"].startswith("application/json")
+    assert r.json()["error"]["n_ctx"] == N_CTX
+    # prompt fits, but not with its max_tokens
+    with pytest.raises(openai.BadRequestError):
+        chat(client, model, "word " * (N_CTX - 100), max_tokens=200)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_concurrent_greedy_streams_match_alone_and_share_batches(client, model, server, n):
+    alone = [stream_text(client, model, q, max_tokens=48)[0] for q in QUESTIONS[:n]]
+    before = server.health()["engine"]["decode_batches"].get(str(n), 0)
+    with cf.ThreadPoolExecutor(n) as pool:
+        together = list(pool.map(lambda q: stream_text(client, model, q, max_tokens=48)[0], QUESTIONS[:n]))
+    assert together == alone
+    after = server.health()["engine"]["decode_batches"].get(str(n), 0)
+    assert after > before, "the streams should have decoded together in one batch"
+
+
+def test_bad_input_gets_openai_shaped_4xx_and_server_keeps_serving(server, client, model):
+    url = server.url + "/v1/chat/completions"
+    cases = [
+        (dict(data=b"{not json", headers={"Content-Type": "application/json"}), 400),
+        (dict(data=b"\xff\xfe", headers={"Content-Type": "application/json"}), 400),
+        (dict(data=b'{"messages": []}', headers={"Content-Type": "text/plain"}), 415),
+        (dict(json=[1, 2]), 400),
+        (dict(json={"messages": []}), 400),
+        (dict(json={"messages": [{"role": "wizard", "content": "hi"}]}), 400),
+        (dict(json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}), 404),
+        (dict(json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), 400),
+        (dict(json={"messages": [{"role": "user", "content": "hi"}], "temperature": 7}), 400),
+        (dict(json={"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}), 400),
+        (dict(data=b'{"messages": [{"role":"user","content":"' + b"x" * (9 << 20) + b'"}]}',
+              headers={"Content-Type": "application/json"}), 413),
+    ]
+    for kwargs, status in cases:
+        r = requests.post(url, timeout=30, **kwargs)
+        assert r.status_code == status, (kwargs.get("json"), r.text[:200])
+        err = r.json()["error"]
+        assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    r = requests.post(server.url + "/v1/completions", json={"prompt": [1, 2, 10**9]}, timeout=30)
+    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+    assert requests.get(server.url + "/v1/nothing").status_code == 404
+    assert requests.get(server.url + "/v1/chat/completions").status_code == 405
+    assert chat(client, model, "Say hi.", max_tokens=3).choices[0].message.content
+
+
+def test_foreign_host_header_is_refused(server):
+    r = requests.get(server.url + "/v1/models", headers={"Host": "evil.example:8080"})
+    assert r.status_code == 403
+
+
+def test_chat_page_is_served(server):
+    page = requests.get(server.url + "/")
+    assert page.status_code == 200 and "SmolLM2-135M-Instruct-Q4_1" in page.text
+    js = requests.get(server.url + "/static/chat.js")
+    assert js.status_code == 200 and "/v1/chat/completions" in js.text and "timings" in js.text

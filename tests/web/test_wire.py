@@ -1,0 +1,351 @@
+"""The OpenAI wire format: body parsing, validation (400 with the right param), SSE chunks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from appliance.engine.types import ChatMessage, Done, SamplingParams, Timings, Usage
+from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
+from web.wire import ChunkWriter, parse_chat, parse_completion, parse_json_body
+
+MODEL = "smollm2"
+SERVED = {MODEL}
+N_CTX = 2048
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**body):
+    body.setdefault("messages", USER)
+    return parse_chat(body, "chatcmpl-1", SERVED, N_CTX)
+
+
+def completion(**body):
+    body.setdefault("prompt", "Once upon")
+    return parse_completion(body, "cmpl-1", SERVED, N_CTX)
+
+
+def chat_error(**body) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as ei:
+        chat(**body)
+    assert ei.value.status == 400
+    return ei.value
+
+
+# -- parse_json_body -----------------------------------------------------------------------------
+
+def test_json_body_parses_an_object():
+    assert parse_json_body(b'{"a": 1}', "application/json") == {"a": 1}
+    assert parse_json_body(b'{"a": 1}', "Application/JSON; charset=utf-8") == {"a": 1}
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded",
+                                   "application/jsonx"])
+def test_json_body_wrong_content_type_is_415(ctype):
+    with pytest.raises(UnsupportedMediaType) as ei:
+        parse_json_body(b'{"a": 1}', ctype)
+    assert ei.value.status == 415
+
+
+def test_json_body_invalid_utf8():
+    with pytest.raises(InvalidRequest) as ei:
+        parse_json_body(b'{"a": "\xff\xfe"}', "application/json")
+    assert ei.value.status == 400 and "UTF-8" in ei.value.message
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b'{"a": }', b"{'a': 1}", b'{"a": 1} x'])
+def test_json_body_malformed(raw):
+    with pytest.raises(InvalidRequest) as ei:
+        parse_json_body(raw, "application/json")
+    assert ei.value.status == 400 and "not valid JSON" in ei.value.message
+
+
+@pytest.mark.parametrize("raw,kind", [(b"[1, 2]", "list"), (b'"s"', "str"), (b"3", "int"),
+                                      (b"null", "NoneType")])
+def test_json_body_must_be_an_object(raw, kind):
+    with pytest.raises(InvalidRequest) as ei:
+        parse_json_body(raw, "application/json")
+    assert kind in ei.value.message
+
+
+# -- parse_chat: errors -------------------------------------------------------------------------
+
+def test_missing_messages():
+    with pytest.raises(InvalidRequest) as ei:
+        parse_chat({"model": MODEL}, "r", SERVED, N_CTX)
+    assert ei.value.param == "messages"
+
+
+@pytest.mark.parametrize("messages", [[], {}, "hi"])
+def test_empty_or_non_list_messages(messages):
+    assert chat_error(messages=messages).param == "messages"
+
+
+def test_unknown_role():
+    e = chat_error(messages=[{"role": "user", "content": "a"}, {"role": "wizard", "content": "b"}])
+    assert e.param == "messages[1].role"
+
+
+def test_missing_role():
+    assert chat_error(messages=[{"content": "a"}]).param == "messages[0].role"
+
+
+def test_non_object_message():
+    assert chat_error(messages=[{"role": "user", "content": "a"}, "b"]).param == "messages[1]"
+
+
+def test_non_text_content_part():
+    e = chat_error(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    assert e.param == "messages[0].content"
+
+
+def test_bad_content_type():
+    assert chat_error(messages=[{"role": "user", "content": 5}]).param == "messages[0].content"
+
+
+@pytest.mark.parametrize("value", [0, -1, N_CTX + 1, True, 1.5, "10"])
+def test_bad_max_tokens(value):
+    assert chat_error(max_tokens=value).param == "max_tokens"
+
+
+def test_bad_max_completion_tokens():
+    assert chat_error(max_completion_tokens=0).param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("key,value", [
+    ("temperature", 3), ("temperature", -0.1), ("temperature", "hot"), ("temperature", True),
+    ("top_p", 1.5), ("top_p", -0.5), ("min_p", 2), ("top_k", -1), ("top_k", 2.5),
+    ("presence_penalty", 2.5), ("frequency_penalty", -3), ("seed", "x"),
+    ("stop", 5), ("stop", ["a", 1]), ("stop", [str(i) for i in range(17)]),
+    ("stream", "yes"),
+])
+def test_bad_sampling_values_name_the_param(key, value):
+    assert chat_error(**{key: value}).param == key
+
+
+def test_non_finite_temperature():
+    assert chat_error(temperature=float("nan")).param == "temperature"
+
+
+def test_n_other_than_one():
+    assert chat_error(n=2).param == "n"
+
+
+def test_n_one_or_null_is_accepted():
+    assert chat(n=1).request.messages
+    assert chat(n=None).request.messages
+
+
+def test_stream_options_without_stream():
+    assert chat_error(stream_options={"include_usage": True}).param == "stream_options"
+    assert chat_error(stream=False, stream_options={}).param == "stream_options"
+
+
+def test_stream_options_must_be_an_object():
+    assert chat_error(stream=True, stream_options=[1]).param == "stream_options"
+
+
+@pytest.mark.parametrize("key,value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {}}),
+    ("logprobs", True),
+    ("top_logprobs", 3),
+    ("logit_bias", {"50256": -100}),
+])
+def test_not_yet_supported_parameters_are_refused(key, value):
+    assert chat_error(**{key: value}).param == key
+
+
+@pytest.mark.parametrize("key,value", [("tools", []), ("response_format", {"type": "text"}),
+                                       ("logprobs", False), ("tools", None)])
+def test_harmless_forms_of_unsupported_parameters_pass(key, value):
+    assert chat(**{key: value}).request.messages
+
+
+def test_tool_calls_in_messages_refused():
+    e = chat_error(messages=[{"role": "assistant", "content": None,
+                              "tool_calls": [{"id": "1", "type": "function"}]}])
+    assert e.param == "messages[0].tool_calls"
+
+
+def test_chat_template_kwargs_must_be_an_object():
+    assert chat_error(chat_template_kwargs=[1]).param == "chat_template_kwargs"
+
+
+def test_unknown_model_is_404():
+    with pytest.raises(ModelNotFound) as ei:
+        chat(model="gpt-4o")
+    assert ei.value.status == 404 and ei.value.param == "model"
+    assert MODEL in ei.value.message
+
+
+def test_model_must_be_a_string():
+    assert chat_error(model=3).param == "model"
+
+
+# -- parse_chat: valid requests -----------------------------------------------------------------
+
+def test_valid_chat_request():
+    p = chat(model=MODEL, temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, seed=3,
+             max_tokens=100, stop="\n\n", presence_penalty=0.5, frequency_penalty=0.25,
+             repeat_penalty=1.1, ignore_eos=True, user="ignored", metadata={"a": "b"})
+    assert p.model == MODEL and p.stream is False and p.include_usage is False
+    assert p.request.id == "chatcmpl-1"
+    assert p.request.messages == (ChatMessage("user", "hi"),)
+    assert p.request.params == SamplingParams(
+        temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
+        frequency_penalty=0.25, repetition_penalty=1.1, seed=3, max_tokens=100, stop=("\n\n",),
+        ignore_eos=True)
+
+
+def test_chat_defaults():
+    p = parse_chat({"messages": USER}, "r", SERVED, N_CTX)
+    assert p.model == MODEL
+    assert p.request.params == SamplingParams()  # max_tokens None: the engine's default applies
+    assert p.request.prompt is None and p.request.prompt_ids is None
+
+
+def test_stop_list_to_tuple_dropping_empty():
+    assert chat(stop=["a", "", "b"]).request.params.stop == ("a", "b")
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert chat(max_completion_tokens=5, max_tokens=50).request.params.max_tokens == 5
+
+
+def test_max_tokens_up_to_n_ctx_is_accepted():
+    assert chat(max_tokens=N_CTX).request.params.max_tokens == N_CTX
+
+
+def test_developer_role_maps_to_system_and_parts_are_joined():
+    p = chat(messages=[
+        {"role": "developer", "content": "be terse"},
+        {"role": "user", "content": [{"type": "text", "text": "Hello, "},
+                                     {"type": "text", "text": "world"}], "name": "ann"},
+        {"role": "assistant", "content": None},
+    ])
+    assert p.request.messages == (ChatMessage("system", "be terse"),
+                                  ChatMessage("user", "Hello, world", "ann"),
+                                  ChatMessage("assistant", None))
+
+
+def test_stream_with_usage():
+    p = chat(stream=True, stream_options={"include_usage": True})
+    assert p.stream is True and p.include_usage is True
+
+
+def test_chat_template_kwargs_are_passed_sorted():
+    p = chat(chat_template_kwargs={"b": 1, "a": True})
+    assert p.request.template_kwargs == (("a", True), ("b", 1))
+
+
+# -- parse_completion ---------------------------------------------------------------------------
+
+def test_completion_defaults_to_16_tokens():
+    p = completion()
+    assert p.request.prompt == "Once upon" and p.request.prompt_ids is None
+    assert p.request.messages is None
+    assert p.request.params.max_tokens == 16
+
+
+def test_completion_prompt_as_token_ids():
+    p = completion(prompt=[1, 2, 3], max_tokens=4)
+    assert p.request.prompt_ids == (1, 2, 3) and p.request.prompt is None
+    assert p.request.params.max_tokens == 4
+
+
+@pytest.mark.parametrize("prompt,text,ids", [(["hello"], "hello", None), ([[5, 6]], None, (5, 6))])
+def test_completion_prompt_as_one_element_list(prompt, text, ids):
+    p = completion(prompt=prompt)
+    assert p.request.prompt == text and p.request.prompt_ids == ids
+
+
+@pytest.mark.parametrize("prompt", [None, [], ["a", "b"], [1, "a"], [True, 2], 5, {"a": 1},
+                                    [[1], [2]]])
+def test_completion_bad_prompt(prompt):
+    body = {"prompt": prompt} if prompt is not None else {}
+    with pytest.raises(InvalidRequest) as ei:
+        parse_completion(body, "r", SERVED, N_CTX)
+    assert ei.value.param == "prompt"
+
+
+@pytest.mark.parametrize("key,value", [("max_tokens", 0), ("echo", True), ("suffix", "x"),
+                                       ("best_of", 2), ("n", 3)])
+def test_completion_errors_name_the_param(key, value):
+    with pytest.raises(InvalidRequest) as ei:
+        completion(**{key: value})
+    assert ei.value.param == key
+
+
+def test_completion_unknown_model():
+    with pytest.raises(ModelNotFound):
+        completion(model="other")
+
+
+# -- ChunkWriter ---------------------------------------------------------------------------------
+
+DONE = Done("chatcmpl-1", "stop", Usage(prompt_tokens=5, completion_tokens=3, cached_tokens=2),
+            Timings(prompt_n=5, cache_n=2, prompt_ms=10.0, predicted_n=2, predicted_ms=20.0,
+                    queue_ms=0.5, n_ctx=N_CTX))
+
+
+def events(data: bytes) -> list:
+    assert data.endswith(b"\n\n")
+    out = []
+    for block in data.decode().split("\n\n")[:-1]:
+        assert block.startswith("data: ")
+        payload = block[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_chat_chunks():
+    p = chat(stream=True)
+    w = ChunkWriter(p, chat=True, fingerprint="fp")
+    (first,) = events(w.first())
+    assert first["object"] == "chat.completion.chunk" and first["id"] == "chatcmpl-1"
+    assert first["model"] == MODEL and first["system_fingerprint"] == "fp"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["finish_reason"] is None
+
+    (delta,) = events(w.delta("Hel"))
+    assert delta["choices"][0]["delta"] == {"content": "Hel"}
+
+    tail = events(w.last(DONE))
+    assert tail[-1] == "[DONE]"
+    assert w.last(DONE).endswith(b"data: [DONE]\n\n")
+    assert len(tail) == 2  # no usage chunk unless asked
+    final = tail[0]
+    assert final["choices"][0]["finish_reason"] == "stop"
+    assert final["choices"][0]["delta"] == {}
+    assert final["timings"]["predicted_n"] == 2
+    assert "usage" not in final
+
+
+def test_chat_chunks_with_usage():
+    p = chat(stream=True, stream_options={"include_usage": True})
+    tail = events(ChunkWriter(p, chat=True, fingerprint="fp").last(DONE))
+    assert len(tail) == 3 and tail[-1] == "[DONE]"
+    usage_chunk = tail[1]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                                    "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def test_completion_chunks():
+    p = completion(stream=True)
+    w = ChunkWriter(p, chat=False, fingerprint="fp")
+    assert w.first() is None
+    (delta,) = events(w.delta("abc"))
+    assert delta["object"] == "text_completion"
+    assert delta["choices"][0]["text"] == "abc"
+    tail = events(w.last(DONE))
+    assert tail[0]["choices"][0] == {"index": 0, "text": "", "logprobs": None,
+                                     "finish_reason": "stop"}
+    assert tail[-1] == "[DONE]"
+
+
+def test_error_chunk():
+    out = ChunkWriter.error({"error": {"message": "boom"}})
+    assert events(out) == [{"error": {"message": "boom"}}]
