@@ -259,6 +259,7 @@ class ChunkWriter:
         self.p, self.chat = p, chat
         self.base = {"id": p.request.id, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
+        self._delta_parts: tuple[bytes, bytes] | None = None
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
         body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
@@ -276,7 +277,14 @@ class ChunkWriter:
         return self._chunk(self._choice("", None, role=True)) if self.chat else None
 
     def delta(self, text: str) -> bytes:
-        return self._chunk(self._choice(text, None))
+        # the hot path (one call per token): the chunk around the text is encoded once
+        if self._delta_parts is None:
+            marker = "\x00TEXT\x00"
+            whole = self._chunk(self._choice(marker, None)).decode()
+            at = whole.index(json.dumps(marker)[1:-1]) - 1
+            self._delta_parts = (whole[:at].encode(), whole[at + len(json.dumps(marker)):].encode())
+        head, tail = self._delta_parts
+        return head + json.dumps(text).encode() + tail
 
     def last(self, done: Done) -> bytes:
         out = self._chunk(self._choice(None if self.chat else "", done.finish_reason),
