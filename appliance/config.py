@@ -40,6 +40,16 @@ class EngineConfig:
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     seed: int = _opt(0, "default sampling seed for requests that give none")
 
+    def __post_init__(self) -> None:
+        _require(self.n_slots >= 1, "n_slots must be at least 1")
+        _require(self.n_ctx >= 0, "n_ctx must be 0 (the model's) or positive")
+        _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")
+        _require(1 <= self.prefill_chunk <= self.n_batch,
+                 f"prefill_chunk must be between 1 and n_batch ({self.n_batch})")
+        _require(self.step_token_budget >= 1, "step_token_budget must be positive")
+        _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
+                 and self.n_threads_batch >= 0, "counts must not be negative")
+
     def resolved_threads(self) -> tuple[int, int]:
         import psutil
 
@@ -63,10 +73,23 @@ class ServerConfig:
     log_level: str = _opt("info", "logging level: debug, info, warning, error")
 
 
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
+        _require(self.http_threads >= 1, "http_threads must be positive")
+        _require(self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024")
+        _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
+                 "log_level must be one of debug, info, warning, error")
+
+
 @dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
 
 
 def _flag(name: str) -> str:

@@ -81,6 +81,10 @@ def raw_worker(conn, model_path: str, n_ctx: int, n_slots: int, threads: int, n_
         batch.n_tokens = len(entries)
         assert L.llama_decode(ctx, batch) == 0
 
+    def text_of(ids):
+        buf = ctypes.create_string_buffer(256)
+        return b"".join(buf.raw[:L.llama_token_to_piece(vocab, t, buf, 256, 0, True)] for t in ids)
+
     def argmax(row):
         return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).argmax())
 
@@ -108,7 +112,8 @@ def raw_worker(conn, model_path: str, n_ctx: int, n_slots: int, threads: int, n_
                 out[s].append(argmax(s))
                 pos[s] += 1
         dt = time.perf_counter() - t0
-        conn.send({"n_prompt": [len(t) for t in seqs], "ids": out, "rate": (n_gen - 1) / dt,
+        conn.send({"n_prompt": [len(t) for t in seqs], "texts": [text_of(o).decode(errors="replace") for o in out],
+                   "rate": (n_gen - 1) / dt,
                    "aggregate": len(seqs) * (n_gen - 1) / dt})
 
 
@@ -117,7 +122,7 @@ def raw_worker(conn, model_path: str, n_ctx: int, n_slots: int, threads: int, n_
 def served_stream(url: str, text: str, n_gen: int) -> dict:
     body = {"prompt": text, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
-    stamps, usage, timings = [], None, None
+    stamps, usage, timings, parts = [], None, None, []
     with requests.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -126,13 +131,15 @@ def served_stream(url: str, text: str, n_gen: int) -> dict:
             chunk = json.loads(line[6:])
             if chunk["choices"] and chunk["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
+                parts.append(chunk["choices"][0]["text"])
             if chunk["choices"] and chunk["choices"][0]["finish_reason"]:
                 timings = chunk["timings"]
             if chunk.get("usage"):
                 usage = chunk["usage"]
     n = usage["completion_tokens"]
     return {"n_prompt": usage["prompt_tokens"], "tokens": n, "first": stamps[0], "last": stamps[-1],
-            "rate": (n - 1) / (stamps[-1] - stamps[0]), "engine_rate": timings["predicted_per_second"]}
+            "rate": (n - 1) / (stamps[-1] - stamps[0]), "engine_rate": timings["predicted_per_second"],
+            "text": "".join(parts)}
 
 
 def peak_rss(pid: int) -> int:
@@ -183,13 +190,14 @@ def main() -> int:
                 time.sleep(0.3)
         health = requests.get(url + "/health").json()
         one_raw, one_srv, one_eng, four_raw, four_srv, four_per = [], [], [], [], [], []
-        identical = True
+        same_text = 0
         for run in range(args.runs):
             text = make_prompt(args.prompt_tokens, seed=run)
             parent.send(("one", [text], args.tokens))
             r = parent.recv()
             s = served_stream(url, text, args.tokens)
             assert r["n_prompt"][0] == s["n_prompt"], (r["n_prompt"], s["n_prompt"])
+            same_text += (r["texts"][0] == s["text"])
             one_raw.append(r["rate"]); one_srv.append(s["rate"]); one_eng.append(s["engine_rate"])
             texts = [make_prompt(args.prompt_tokens, seed=1000 * run + k) for k in range(4)]
             parent.send(("four", texts, args.tokens))
@@ -204,6 +212,7 @@ def main() -> int:
                 t.start()
             for t in threads:
                 t.join()
+            same_text += sum(t == x["text"] for t, x in zip(r4["texts"], results))
             overlap = min(x["last"] for x in results) - max(x["first"] for x in results)
             # aggregate over the window where all four were decoding: tokens each produced there
             # at its own measured rate
@@ -243,6 +252,7 @@ def main() -> int:
     print(f"{'4 streams raw aggregate':38s} {summary(four_raw)}")
     print(f"{'4 streams served aggregate':38s} {summary(four_srv)}")
     print(f"{'4 streams served per stream (median)':38s} {summary(four_per)}")
+    print(f"greedy text identical to raw llama.cpp: {same_text} of {5 * args.runs} streams")
     ratio = [s / r for s, r in zip(one_srv, one_raw)]
     print(f"\nserved / raw, one stream (pairwise): {summary(ratio).replace('.', '.', 1)}  "
           f"median {statistics.median(ratio):.3f}")

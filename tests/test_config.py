@@ -138,3 +138,10 @@ def test_serve_help_exits_cleanly(capsys):
         build_parser().parse_args(["serve", "--help"])
     assert ei.value.code == 0
     assert "--n-slots" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags", [{"n_slots": "0"}, {"prefill_chunk": "1024", "n_batch": "512"},
+                                   {"port": "70000"}, {"log_level": "loud"}])
+def test_invalid_settings_are_refused(flags):
+    with pytest.raises(ValueError):
+        config.load(flags, env={})

@@ -76,11 +76,7 @@ def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], boo
         raise EngineUnavailable("the server is shutting down")
     gone = _client_gone()
     stream = _engine().submit(parsed.request)
-    try:
-        ev = _wait(stream, gone)  # Accepted, or raises the engine's error
-    except ApplianceError:
-        raise
-    if ev is None:
+    if _wait(stream, gone) is None:  # Accepted, or raises the engine's error (a 4xx/5xx)
         raise EngineUnavailable("client disconnected")
     return stream, gone
 

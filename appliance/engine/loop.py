@@ -92,7 +92,10 @@ class EngineLoop:
             now = time.monotonic()
             stats_due = now - last_stats > STATS_INTERVAL_S
             if self.outbox or stats_due:
-                evt.send(("events", self.outbox[:], self.stats() if stats_due else None))
+                try:
+                    evt.send(("events", self.outbox[:], self.stats() if stats_due else None))
+                except OSError:
+                    return  # the server is gone
                 self.outbox.clear()
                 last_stats = now if stats_due else last_stats
 

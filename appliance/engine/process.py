@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
 from .runners.base import RunnerInfo
-from .types import Accepted, Delta, Done, Error, Event, Request
+from .types import Delta, Done, Error, Event, Request
 
 log = logging.getLogger("appliance.engine")
 
@@ -66,7 +66,7 @@ class EngineState:
 
 
 class RequestStream:
-    """Events of one request: `accepted()` first, then iterate Deltas until Done."""
+    """Events of one request: Accepted first, then Deltas, then Done (an Error raises)."""
 
     def __init__(self, client: "EngineClient", request_id: str) -> None:
         self.client = client
@@ -84,13 +84,6 @@ class RequestStream:
             self.finished = True
         if isinstance(ev, Error):
             raise from_wire(ev.kind, ev.message, ev.fields)
-        return ev
-
-    def accepted(self, timeout: float | None = None) -> Accepted:
-        ev = self.get(timeout)
-        if not isinstance(ev, Accepted):
-            self.abort()
-            raise EngineUnavailable("the engine did not accept the request in time")
         return ev
 
     def __iter__(self) -> Iterator[Delta | Done]:

@@ -3,7 +3,6 @@ embedded SmolLM2-135M model: one server for the whole module."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 
 import openai
 import pytest

@@ -349,3 +349,12 @@ def test_completion_chunks():
 def test_error_chunk():
     out = ChunkWriter.error({"error": {"message": "boom"}})
     assert events(out) == [{"error": {"message": "boom"}}]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("text", ["plain", 'quo"te\\ and\nnewline', "é ünïcode \u2028 \x00", ""])
+def test_fast_delta_chunk_equals_the_generic_encoding(chat, text):
+    p = parse_chat({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "id-1", SERVED, N_CTX)
+    w = ChunkWriter(p, chat=chat, fingerprint="fp")
+    w.delta("warm the cache")
+    assert json.loads(w.delta(text)[6:]) == json.loads(w._chunk(w._choice(text, None))[6:])
