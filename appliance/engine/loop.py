@@ -15,6 +15,7 @@ from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidToken
 from ..models import resolve
 from .chat import ChatTemplate
+from .runners.base import Span
 from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
 from .types import Error, Event, Request
@@ -33,11 +34,20 @@ class EngineLoop:
         self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
         if self.template.load_warning:
             log.warning("%s", self.template.load_warning)
+        self._warm_up()
         self.outbox: list[Event] = []
         self.scheduler = Scheduler(self.runner, cfg, self.outbox.append)
         log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
                  ref.path.name, self.info.arch, time.perf_counter() - t0, self.info.n_slots,
                  self.info.n_ctx, self.info.kv_bytes / 2**20, self.info.settings)
+
+    def _warm_up(self) -> None:
+        """One small prefill and one decode step, so the first request does not pay for graph
+        allocation and page faults (`/health` says ready only after this)."""
+        tok = self.info.bos_id if self.info.bos_id is not None else 0
+        self.runner.forward([Span(0, (tok,) * 8, 0, 1)])
+        self.runner.forward([Span(0, (tok,), 8, 1)])
+        self.runner.truncate(0, 0)
 
     def stats(self) -> dict[str, Any]:
         return {**self.scheduler.stats(), "kv_bytes": self.info.kv_bytes}

@@ -203,14 +203,23 @@ class LlamaCppRunner:
         L.llama_memory_seq_rm(self.mem, slot, n_keep, -1)
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        L.llama_memory_seq_rm(self.mem, dst, -1, -1)
-        L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+        # Each slot has its own KV stream (kv_unified off), and llama.cpp's seq_cp between
+        # streams only copies whole buffers: a partial range hits a GGML_ASSERT that aborts
+        # the process. Copy the sequence's state instead, then drop what is past the prefix.
+        if src == dst:
+            self.truncate(dst, n)
+            return
+        if n <= 0:
+            L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            return
+        self.restore(dst, self.save(src))
+        self.truncate(dst, n)
 
     def save(self, slot: int) -> bytes:
         size = L.llama_state_seq_get_size(self.ctx, slot)
         buf = (ctypes.c_uint8 * size)()
         n = L.llama_state_seq_get_data(self.ctx, buf, size, slot)
-        return bytes(buf[:n])
+        return ctypes.string_at(buf, n)  # not bytes(buf[:n]): that builds a list of n ints first
 
     def restore(self, slot: int, blob: bytes) -> None:
         L.llama_memory_seq_rm(self.mem, slot, -1, -1)
