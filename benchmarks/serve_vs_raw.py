@@ -84,8 +84,11 @@ def raw_worker(conn, model_path: str, n_ctx: int, n_slots: int, threads: int, n_
         assert L.llama_decode(ctx, batch) == 0
 
     def text_of(ids):
-        buf = ctypes.create_string_buffer(256)
-        return b"".join(buf.raw[:L.llama_token_to_piece(vocab, t, buf, 256, 0, True)] for t in ids)
+        buf, pieces = ctypes.create_string_buffer(256), []
+        for t in ids:
+            n = L.llama_token_to_piece(vocab, t, buf, 256, 0, True)
+            pieces.append(buf.raw[:n])
+        return b"".join(pieces)
 
     def argmax(row):
         return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).argmax())

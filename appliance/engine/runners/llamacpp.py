@@ -188,7 +188,10 @@ class LlamaCppRunner:
                 per_span.setdefault(k, []).append(row)
         for k, s in enumerate(spans):
             got = per_span.get(k, [])
-            out[where[k]] = np.stack(got) if got else np.empty((0, self.n_vocab), np.float32)
+            if len(got) == 1:
+                out[where[k]] = got[0][None, :]  # the usual case: one row, no second copy
+            else:
+                out[where[k]] = np.stack(got) if got else np.empty((0, self.n_vocab), np.float32)
 
     def _run(self, n: int, rows: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         self.batch.n_tokens = n
