@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 ENV_PREFIX = "APPLIANCE_"
@@ -70,6 +71,8 @@ class ServerConfig:
     max_body_bytes: int = _opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
     engine_start_timeout: float = _opt(300.0, "seconds to wait for the engine to load at start")
     shutdown_grace: float = _opt(30.0, "seconds SIGTERM waits for in-flight requests")
+    keepalive_s: float = _opt(5.0, "seconds between SSE comment lines while a streamed request "
+                              "waits for its first token (queued or prefilling); 0 = off")
     log_level: str = _opt("info", "logging level: debug, info, warning, error")
 
 
@@ -82,9 +85,24 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """Where bench and sweep keep their results."""
+
+    db_path: str | None = _opt(None, "SQLite file for benchmark results "
+                               "(default: $XDG_DATA_HOME/appliance/results.db)")
+
+    def resolved_db_path(self, env: Mapping[str, str] | None = None) -> Path:
+        """The configured file, or results.db in the appliance's XDG data directory."""
+        if self.db_path:
+            return Path(self.db_path).expanduser()
+        return default_data_dir(env) / "results.db"
+
+
+@dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -146,4 +164,16 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     """Build the config: flags win over APPLIANCE_* environment variables, which win over defaults."""
     flags = flags or {}
     env = os.environ if env is None else env
-    return Config(engine=_build(EngineConfig, flags, env), server=_build(ServerConfig, flags, env))
+    return Config(engine=_build(EngineConfig, flags, env), server=_build(ServerConfig, flags, env),
+                  store=_build(StoreConfig, flags, env))
+
+
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """$XDG_DATA_HOME/appliance, else ~/.local/share/appliance. The XDG spec says a relative
+    XDG_DATA_HOME is invalid and must be ignored."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_DATA_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "appliance"
+    home = env.get("HOME")
+    return (Path(home) if home else Path.home()) / ".local" / "share" / "appliance"

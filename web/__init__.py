@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from appliance import __version__
@@ -20,6 +20,8 @@ from appliance.config import Config
 from appliance.engine.process import EngineClient
 from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
                               NotFound, PayloadTooLarge, QueueFull, Unauthorized)
+
+from .metrics import Metrics
 
 log = logging.getLogger("appliance.web")
 
@@ -30,6 +32,7 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 class AppState:
     config: Config
     engine: EngineClient
+    metrics: Metrics
     started: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
 
@@ -45,15 +48,17 @@ def create_app(config: Config, engine: EngineClient | None = None) -> Flask:
     app.json.sort_keys = False
     if engine is None:
         engine = EngineClient(config.engine, config.server.log_level).start()
-    app.extensions["appliance"] = AppState(config, engine)
+    app.extensions["appliance"] = AppState(config, engine, Metrics(lambda: engine.stats, lambda: engine.info))
 
     from .api import bp as api_bp
     from .ui import bp as ui_bp
 
     app.register_blueprint(api_bp)
     app.register_blueprint(ui_bp)
+    app.before_request(_start_clock)
     app.before_request(_guard)
     app.after_request(_cors)
+    app.after_request(_count)
     app.register_error_handler(ApplianceError, _error_response)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
@@ -87,6 +92,16 @@ def _guard() -> Response | None:
         if not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
             raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY'")
     return None
+
+
+def _start_clock() -> None:
+    g.t0 = time.perf_counter()
+
+
+def _count(resp: Response) -> Response:
+    endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    current_app.extensions["appliance"].metrics.requests.labels(endpoint, str(resp.status_code)).inc()
+    return resp
 
 
 def _cors(resp: Response) -> Response:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from appliance.engine.process import EngineClient, RequestStream
 from appliance.engine.types import Delta, Done
@@ -60,15 +60,47 @@ def _client_gone() -> Callable[[], bool]:
     return gone
 
 
-def _wait(stream: RequestStream, gone: Callable[[], bool]):
-    """The next event, checking that the client is still there; None if it left."""
+IDLE = object()  # _wait's answer when `idle` seconds passed without an event
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def _wait(stream: RequestStream, gone: Callable[[], bool], idle: float | None = None):
+    """The next event; None if the client left; IDLE after `idle` seconds without one."""
+    deadline = time.monotonic() + idle if idle else None
     while True:
-        ev = stream.get(timeout=POLL_S)
+        ev = stream.get(timeout=POLL_S if deadline is None else
+                        max(0.0, min(POLL_S, deadline - time.monotonic())))
         if gone():
             stream.abort()
             return None
         if ev is not None:
             return ev
+        if deadline is not None and time.monotonic() >= deadline:
+            return IDLE
+
+
+class Tally:
+    """Per-request figures for /metrics, measured where the client sees them: at the server."""
+
+    def __init__(self) -> None:
+        self.metrics = _state().metrics
+        self.t0 = g.get("t0", time.perf_counter())
+        self.last: float | None = None
+
+    def delta(self, ev: Delta) -> None:
+        if not ev.text:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.t0)
+        else:
+            self.metrics.token_gap.observe(now - self.last)
+        self.last = now
+
+    def done(self, ev: Done) -> None:
+        self.metrics.prompt_tokens.inc(ev.usage.prompt_tokens)
+        self.metrics.generated_tokens.inc(ev.usage.completion_tokens)
+        self.metrics.duration.observe(time.perf_counter() - self.t0)
 
 
 def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
@@ -88,42 +120,53 @@ def _complete(chat: bool) -> Any:
     parsed = parse(body, _engine().new_id(prefix), _served(), _n_ctx())
     stream, gone = _submit(parsed)
     fingerprint = _state().fingerprint
+    tally = Tally()
     if parsed.stream:
-        return Response(_sse(stream, gone, wire.ChunkWriter(parsed, chat, fingerprint)),
+        keepalive = _state().config.server.keepalive_s
+        return Response(_sse(stream, gone, wire.ChunkWriter(parsed, chat, fingerprint), tally, keepalive),
                         mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    parts: list[str] = []
+    deltas: list[Delta] = []
     try:
         while True:
             ev = _wait(stream, gone)
             if ev is None:
                 return Response(status=499)  # nobody is listening
             if isinstance(ev, Delta):
-                parts.append(ev.text)
+                tally.delta(ev)
+                deltas.append(ev)
             elif isinstance(ev, Done):
+                tally.done(ev)
                 break
     finally:
         stream.abort()
     build = wire.chat_response if chat else wire.completion_response
-    return jsonify(build(parsed, "".join(parts), ev, fingerprint))
+    return jsonify(build(parsed, deltas, ev, fingerprint))
 
 
-def _sse(stream: RequestStream, gone: Callable[[], bool], writer: wire.ChunkWriter) -> Iterator[bytes]:
+def _sse(stream: RequestStream, gone: Callable[[], bool], writer: wire.ChunkWriter, tally: Tally,
+         keepalive: float) -> Iterator[bytes]:
     try:
         first = writer.first()
         if first:
             yield first
+        waiting = True  # until the first token: keep the connection alive through queue and prefill
         while True:
             try:
-                ev = _wait(stream, gone)
+                ev = _wait(stream, gone, keepalive if waiting and keepalive > 0 else None)
             except ApplianceError as e:  # after the status line: the error travels in the stream
                 yield writer.error(e.body())
                 return
             if ev is None:
                 return
-            if isinstance(ev, Delta):
-                yield writer.delta(ev.text)
+            if ev is IDLE:
+                yield KEEPALIVE
+            elif isinstance(ev, Delta):
+                waiting = False
+                tally.delta(ev)
+                yield writer.delta(ev)
             elif isinstance(ev, Done):
+                tally.done(ev)
                 yield writer.last(ev)
                 return
     finally:
@@ -160,6 +203,12 @@ def model(model_id: str):
     if model_id not in _served():
         wire.check_model({"model": model_id}, _served())
     return jsonify(_model_card())
+
+
+@bp.get("/metrics")
+def metrics():
+    return Response(_state().metrics.render(), mimetype=None,
+                    headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 @bp.get("/health")

@@ -13,16 +13,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.engine.types import ChatMessage, Done, Request, SamplingParams
+import dataclasses
+
+from appliance.engine.types import ChatMessage, Delta, Done, Request, SamplingParams, TokenLogprob
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20
 # accepted and ignored: they change nothing for a single local model
 IGNORED = {"user", "store", "metadata", "service_tier", "parallel_tool_calls", "cache_prompt",
            "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
 NOT_YET = {"tools": "tool calls", "functions": "function calls", "response_format": "structured output",
-           "logprobs": "logprobs", "top_logprobs": "logprobs", "logit_bias": "logit_bias",
+           "logit_bias": "logit_bias",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
 
@@ -200,7 +203,12 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-    req = Request(id=request_id, params=sampling_params(body, n_ctx, None), messages=messages,
+    logprobs = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
+    if top and not logprobs:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    params = dataclasses.replace(sampling_params(body, n_ctx, None), logprobs=logprobs, top_logprobs=top)
+    req = Request(id=request_id, params=params, messages=messages,
                   template_kwargs=tuple(sorted(kwargs.items())))
     return ParsedRequest(req, stream, include_usage, model)
 
@@ -221,7 +229,9 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     else:
         raise InvalidRequest("'prompt' must be a string or a non-empty list of token ids "
                              "(batches of several prompts are not supported)", param="prompt")
-    req = Request(id=request_id, params=sampling_params(body, n_ctx, 16), prompt=text, prompt_ids=ids)
+    top = _int(body, "logprobs", 0, 5, None)  # the legacy API: an int, how many alternatives
+    params = dataclasses.replace(sampling_params(body, n_ctx, 16), logprobs=top is not None, top_logprobs=top or 0)
+    req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids)
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -233,21 +243,42 @@ def usage_dict(done: Done) -> dict[str, Any]:
             "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def chat_response(p: ParsedRequest, text: str, done: Done, fingerprint: str) -> dict[str, Any]:
+def _chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes),
+                         "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)}
+                                          for t in e.top]} for e in entries],
+            "refusal": None}
+
+
+def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries], "text_offset": offsets}
+
+
+def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
+    lps = [e for d in deltas for e in d.logprobs]
     return {
         "id": p.request.id, "object": "chat.completion", "created": int(time.time()), "model": p.model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": done.finish_reason}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
+                     "logprobs": _chat_logprobs(lps) if p.request.params.logprobs else None,
+                     "finish_reason": done.finish_reason}],
         "usage": usage_dict(done), "timings": done.timings.as_dict(),
     }
 
 
-def completion_response(p: ParsedRequest, text: str, done: Done, fingerprint: str) -> dict[str, Any]:
+def completion_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
+    lps = [e for d in deltas for e in d.logprobs]
     return {
         "id": p.request.id, "object": "text_completion", "created": int(time.time()), "model": p.model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}],
+        "choices": [{"index": 0, "text": "".join(d.text for d in deltas),
+                     "logprobs": _completion_logprobs(lps, 0) if p.request.params.logprobs else None,
+                     "finish_reason": done.finish_reason}],
         "usage": usage_dict(done), "timings": done.timings.as_dict(),
     }
 
@@ -260,6 +291,7 @@ class ChunkWriter:
         self.base = {"id": p.request.id, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
         self._delta_parts: tuple[bytes, bytes] | None = None
+        self._offset = 0  # text_offset of the legacy completions logprobs
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
         body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
@@ -276,7 +308,18 @@ class ChunkWriter:
     def first(self) -> bytes | None:
         return self._chunk(self._choice("", None, role=True)) if self.chat else None
 
-    def delta(self, text: str) -> bytes:
+    def delta(self, ev: Delta) -> bytes:
+        if ev.logprobs:
+            choice = self._choice(ev.text, None)
+            if self.chat:
+                choice["logprobs"] = _chat_logprobs(list(ev.logprobs))
+            else:
+                choice["logprobs"] = _completion_logprobs(list(ev.logprobs), self._offset)
+            self._offset += sum(len(e.token) for e in ev.logprobs)
+            return self._chunk(choice)
+        return self._text_chunk(ev.text)
+
+    def _text_chunk(self, text: str) -> bytes:
         # the hot path (one call per token): the chunk around the text is encoded once
         if self._delta_parts is None:
             marker = "\x00TEXT\x00"

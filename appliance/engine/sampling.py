@@ -42,6 +42,21 @@ def apply_penalties(logits: np.ndarray, recent: list[int], presence: float, freq
     return out
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = np.max(x)
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def top_ids(values: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries' ids, largest first (lowest id first among equals)."""
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    k = min(k, values.shape[-1])
+    part = np.argpartition(-values, k - 1)[:k]
+    return part[np.lexsort((part, -values[part]))]
+
+
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
     """Keep the k largest logits (ties at the boundary all kept); k <= 0 keeps everything."""
     if k <= 0 or k >= logits.shape[-1]:

@@ -35,8 +35,9 @@ import numpy as np
 from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
 from .runners.base import ModelRunner, Span
-from .sampling import Sampler, StopMatcher
-from .types import Accepted, Delta, Done, Error, Event, Request, Timings, Usage
+from .sampling import Sampler, StopMatcher, log_softmax, top_ids
+from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
+                    Usage)
 
 log = logging.getLogger("appliance.scheduler")
 
@@ -145,6 +146,8 @@ class Scheduler:
             "n_slots": len(self.slots), "queue_depth": len(self.waiting),
             "tokens_generated": self.tokens_generated,
             "max_decode_batch": max(self.decode_rows_seen, default=0),
+            "kv_tokens": sum(a.n_past for a in self.slots if a is not None),
+            "kv_capacity": len(self.slots) * self.n_ctx,
             "decode_batches": {str(k): v for k, v in sorted(self.decode_rows_seen.items())},
         }
 
@@ -230,11 +233,22 @@ class Scheduler:
         if tok in self.runner.info.eog_ids and not act.req.params.ignore_eos:
             return
         self.tokens_generated += 1
-        text = act.utf8.decode(self.runner.detokenize([tok]))
-        res = act.stop.feed(text)
-        if res.text:
-            self.emit(Delta(act.req.id, res.text, (tok,)))
+        piece = self.runner.detokenize([tok])
+        res = act.stop.feed(act.utf8.decode(piece))
+        lps = (self._logprobs(row, tok, piece, act.req.params.top_logprobs),) if act.req.params.logprobs else ()
+        if res.text or lps:
+            self.emit(Delta(act.req.id, res.text, (tok,), lps))
         act.stopped = res.stopped
+
+    def _logprobs(self, row: np.ndarray, tok: int, piece: bytes, n_top: int) -> TokenLogprob:
+        lp = log_softmax(row)
+
+        def entry(t: int, raw: bytes) -> TopLogprob:
+            return TopLogprob(raw.decode("utf-8", errors="replace"), tuple(raw), float(lp[t]))
+
+        top = tuple(entry(int(t), self.runner.detokenize([int(t)])) for t in top_ids(lp, n_top))
+        e = entry(tok, piece)
+        return TokenLogprob(e.token, e.bytes, e.logprob, top)
 
     def _finished(self, act: Active) -> str | None:
         if act.stopped:

@@ -28,6 +28,8 @@ class SamplingParams:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: bool = False          # report each token's log-probability
+    top_logprobs: int = 0           # and this many most likely alternatives
 
     @property
     def greedy(self) -> bool:
@@ -114,10 +116,29 @@ class Accepted:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (raw logits, before any sampling
+    transform), with the `top` most likely tokens at that position."""
+
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class Delta:
     request_id: str
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("srv"), "--n-ctx", str(N_CTX), "--n-slots", "4") as srv:
+    with running_server(tmp_path_factory.mktemp("srv"), "--n-ctx", str(N_CTX), "--n-slots", "4",
+                        "--keepalive-s", "0.2") as srv:
         yield srv
 
 
@@ -207,3 +208,54 @@ def test_chat_page_is_served(server):
     assert page.status_code == 200 and "SmolLM2-135M-Instruct-Q4_1" in page.text
     js = requests.get(server.url + "/static/chat.js")
     assert js.status_code == 200 and "/v1/chat/completions" in js.text and "timings" in js.text
+
+
+def test_logprobs_chat_and_completion(client, model):
+    r = chat(client, model, QUESTIONS[0], max_tokens=12, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        # greedy: the chosen token is the most likely one
+        assert e.token == e.top_logprobs[0].token and abs(e.logprob - e.top_logprobs[0].logprob) < 1e-9
+    streamed = [e for c in client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=12, temperature=0,
+        stream=True, logprobs=True, top_logprobs=3) if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 6)) for e in streamed] == [(e.token, round(e.logprob, 6)) for e in content]
+    c = client.completions.create(model=model, prompt="The sky is", max_tokens=5, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert "".join(lp.tokens) == c.choices[0].text and len(lp.top_logprobs[0]) == 2
+    assert lp.text_offset[0] == 0 and all(x <= 0 for x in lp.token_logprobs)
+    assert chat(client, model, "Hi", max_tokens=3).choices[0].logprobs is None
+
+
+def test_keepalive_comments_while_a_long_prompt_is_processed(server, model):
+    body = {"model": model, "stream": True, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "word " * (N_CTX - 150)}]}
+    with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    first_content = next(i for i, ln in enumerate(lines) if b'"content":"' in ln and b'"content":""' not in ln)
+    keepalives = [i for i, ln in enumerate(lines) if ln == b": keep-alive"]
+    assert keepalives and max(keepalives) < first_content
+    assert lines[-1] == b"data: [DONE]"
+
+
+def test_metrics_in_prometheus_format(server, client, model):
+    chat(client, model, "Say hi.", max_tokens=3)
+    requests.post(server.url + "/v1/chat/completions", json={"messages": []})
+    text = requests.get(server.url + "/metrics").text
+    assert 'appliance_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    assert 'appliance_requests_total{endpoint="/v1/chat/completions",status="400"}' in text
+    for name in ("appliance_time_to_first_token_seconds_count", "appliance_inter_token_seconds_bucket",
+                 "appliance_prompt_tokens_total", "appliance_generated_tokens_total", "appliance_queue_depth",
+                 "appliance_slots_busy", "appliance_kv_pool_bytes", "appliance_kv_used_tokens",
+                 "appliance_prompt_cache_hit_tokens_total", "appliance_draft_tokens_accepted_total"):
+        assert name in text, name
+    assert "appliance_slots 4.0" in text
+    from prometheus_client.parser import text_string_to_metric_families
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    ttft = families["appliance_time_to_first_token_seconds"]
+    assert next(s.value for s in ttft.samples if s.name.endswith("_count")) > 0

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from appliance.engine.types import ChatMessage, Done, SamplingParams, Timings, Usage
+from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Usage
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 from web.wire import ChunkWriter, parse_chat, parse_completion, parse_json_body
 
@@ -149,8 +149,7 @@ def test_stream_options_must_be_an_object():
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {}}),
-    ("logprobs", True),
-    ("top_logprobs", 3),
+    ("top_logprobs", 3),  # without logprobs: true
     ("logit_bias", {"50256": -100}),
 ])
 def test_not_yet_supported_parameters_are_refused(key, value):
@@ -309,7 +308,7 @@ def test_chat_chunks():
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["choices"][0]["finish_reason"] is None
 
-    (delta,) = events(w.delta("Hel"))
+    (delta,) = events(w.delta(Delta("id-1", "Hel", ())))
     assert delta["choices"][0]["delta"] == {"content": "Hel"}
 
     tail = events(w.last(DONE))
@@ -337,7 +336,7 @@ def test_completion_chunks():
     p = completion(stream=True)
     w = ChunkWriter(p, chat=False, fingerprint="fp")
     assert w.first() is None
-    (delta,) = events(w.delta("abc"))
+    (delta,) = events(w.delta(Delta("id-1", "abc", ())))
     assert delta["object"] == "text_completion"
     assert delta["choices"][0]["text"] == "abc"
     tail = events(w.last(DONE))
@@ -356,5 +355,32 @@ def test_error_chunk():
 def test_fast_delta_chunk_equals_the_generic_encoding(chat, text):
     p = parse_chat({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "id-1", SERVED, N_CTX)
     w = ChunkWriter(p, chat=chat, fingerprint="fp")
-    w.delta("warm the cache")
-    assert json.loads(w.delta(text)[6:]) == json.loads(w._chunk(w._choice(text, None))[6:])
+    w.delta(Delta("id-1", "warm the cache", ()))
+    assert json.loads(w.delta(Delta("id-1", text, ()))[6:]) == json.loads(w._chunk(w._choice(text, None))[6:])
+
+
+def test_logprobs_parameters():
+    p = chat(logprobs=True, top_logprobs=5).request.params
+    assert p.logprobs and p.top_logprobs == 5
+    assert chat_error(logprobs=True, top_logprobs=21).param == "top_logprobs"
+    c = parse_completion({"prompt": "x", "logprobs": 2}, "id-2", SERVED, N_CTX).request.params
+    assert c.logprobs and c.top_logprobs == 2
+    assert not parse_completion({"prompt": "x"}, "id-3", SERVED, N_CTX).request.params.logprobs
+
+
+def test_logprob_chunks_carry_openai_shapes():
+    from appliance.engine.types import TokenLogprob, TopLogprob
+
+    e = TokenLogprob("Hi", (72, 105), -0.5, (TopLogprob("Hi", (72, 105), -0.5), TopLogprob("Yo", (89, 111), -1.5)))
+    p = chat(stream=True, logprobs=True, top_logprobs=2)
+    choice = json.loads(ChunkWriter(p, chat=True, fingerprint="fp").delta(Delta("id-1", "Hi", (1,), (e,)))[6:])["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert content == [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                        "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]},
+                                         {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]}]
+    pc = parse_completion({"prompt": "x", "logprobs": 2, "stream": True}, "id-2", SERVED, N_CTX)
+    w = ChunkWriter(pc, chat=False, fingerprint="fp")
+    w.delta(Delta("id-2", "Hi", (1,), (e,)))
+    second = json.loads(w.delta(Delta("id-2", "Hi", (1,), (e,)))[6:])["choices"][0]["logprobs"]
+    assert second == {"tokens": ["Hi"], "token_logprobs": [-0.5], "top_logprobs": [{"Hi": -0.5, "Yo": -1.5}],
+                      "text_offset": [2]}

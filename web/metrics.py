@@ -1,0 +1,72 @@
+"""Prometheus metrics (prometheus-client), one registry per app so several apps can live in
+one process (tests).
+
+Counters and histograms are fed by the API layer as requests are served; gauges are read from
+the engine's latest scheduler stats at scrape time by a custom collector.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "appliance"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class EngineCollector:
+    """Gauges and engine-side counters from the engine's stats dict, read at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict], info: Callable[[], object]) -> None:
+        self.stats, self.info = stats, info
+
+    def collect(self) -> Iterator:
+        s = self.stats() or {}
+        gauges = {
+            "queue_depth": ("requests waiting for a slot", s.get("queue_depth", 0)),
+            "slots_busy": ("slots holding a request", s.get("slots_busy", 0)),
+            "slots": ("slots configured", s.get("n_slots", 0)),
+            "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.get("kv_bytes", 0)),
+            "kv_pool_tokens": ("positions in the KV pool", s.get("kv_capacity", 0)),
+            "kv_used_tokens": ("positions of the KV pool holding a live request", s.get("kv_tokens", 0)),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        counters = {
+            "engine_steps": ("scheduler steps run", s.get("steps", 0)),
+            "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", s.get("cache_hit_tokens", 0)),
+            "draft_tokens_proposed": ("tokens proposed by speculative drafting", s.get("draft_proposed", 0)),
+            "draft_tokens_accepted": ("drafted tokens accepted by verification", s.get("draft_accepted", 0)),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        batches = GaugeMetricFamily(f"{PREFIX}_decode_batch_steps", "steps by number of decode rows",
+                                    labels=["rows"])
+        for rows, n in (s.get("decode_batches") or {}).items():
+            batches.add_metric([str(rows)], n)
+        yield batches
+
+
+class Metrics:
+    def __init__(self, stats: Callable[[], dict], info: Callable[[], object]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.generated_tokens = Counter(f"{PREFIX}_generated_tokens", "tokens generated", registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
+                              "from request arrival to the first content token", buckets=LATENCY_BUCKETS, registry=r)
+        self.token_gap = Histogram(f"{PREFIX}_inter_token_seconds", "time between content deltas of a stream",
+                                   buckets=TOKEN_GAP_BUCKETS, registry=r)
+        self.duration = Histogram(f"{PREFIX}_request_duration_seconds", "from arrival to the last byte",
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        r.register(EngineCollector(stats, info))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
