@@ -16,7 +16,7 @@ from appliance.engine.process import EngineClient, RequestStream
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, EngineUnavailable
 
-from . import wire
+from . import openapi, wire
 
 bp = Blueprint("api", __name__)
 
@@ -203,6 +203,13 @@ def model(model_id: str):
     if model_id not in _served():
         wire.check_model({"model": model_id}, _served())
     return jsonify(_model_card())
+
+
+@bp.get("/openapi.json")
+def openapi_json():
+    info = _engine().info
+    n_ctx = _n_ctx()
+    return jsonify(openapi.build(info.model_name, n_ctx))
 
 
 @bp.get("/metrics")

@@ -51,6 +51,10 @@ def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
         raise InvalidRequest(f"the body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    try:  # JSON's \ud800-style escapes can smuggle lone surrogates, which are not text
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("the body contains an unpaired UTF-16 surrogate escape (not valid Unicode)") from None
     return body
 
 

@@ -74,10 +74,12 @@ class EngineLoop:
     def submit(self, req: Request) -> None:
         try:
             ids = self.prompt_ids(req)
+            self.scheduler.submit(req, ids)
         except ApplianceError as e:
             self.outbox.append(Error(req.id, *e.to_wire()))
-            return
-        self.scheduler.submit(req, ids)
+        except Exception as e:  # a bug must fail this request, not the engine
+            log.exception("request %s could not be prepared", req.id)
+            self.outbox.append(Error(req.id, *EngineFailure(f"internal engine error: {type(e).__name__}").to_wire()))
 
     # -- loop ----------------------------------------------------------------------------
     def run(self, cmd: Connection, evt: Connection) -> None:

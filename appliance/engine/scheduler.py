@@ -118,7 +118,8 @@ class Scheduler:
         if len(self.waiting) >= self.cfg.max_queue:
             raise QueueFull(f"all {len(self.slots)} slots are busy and {len(self.waiting)} requests "
                             "are waiting; retry later", retry_after=1)
-        seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(8), "little")
+        # any integer is a seed (OpenAI allows negatives); PCG64 takes non-negative ones
+        seed = p.seed % 2**64 if p.seed is not None else int.from_bytes(os.urandom(8), "little")
         return Active(req=req, prompt=list(prompt), max_tokens=max_tokens, sampler=Sampler(p, seed),
                       stop=StopMatcher(p.stop), t_submit=time.perf_counter(),
                       utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"))

@@ -209,3 +209,11 @@ def test_every_request_gets_exactly_one_terminal_event(n_slots):
     run(sched)
     for i in range(7):
         assert len([e for e in of(events, f"r{i}") if isinstance(e, (Done, Error))]) == 1
+
+
+def test_negative_and_huge_seeds_are_valid():
+    sched, _, events = make()
+    sched.submit(Request(id="a", params=SamplingParams(temperature=0.8, seed=-5, max_tokens=2), prompt="x"), [1])
+    sched.submit(Request(id="b", params=SamplingParams(temperature=0.8, seed=2**64 - 1, max_tokens=2), prompt="x"), [1])
+    run(sched)
+    assert of(events, "a", Done) and of(events, "b", Done)

@@ -233,13 +233,14 @@ def test_logprobs_chat_and_completion(client, model):
 
 
 def test_keepalive_comments_while_a_long_prompt_is_processed(server, model):
-    body = {"model": model, "stream": True, "max_tokens": 2,
+    body = {"model": model, "stream": True, "max_tokens": 2, "ignore_eos": True,
             "messages": [{"role": "user", "content": "word " * (N_CTX - 150)}]}
     with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=120) as r:
         lines = [ln for ln in r.iter_lines() if ln]
-    first_content = next(i for i, ln in enumerate(lines) if b'"content":"' in ln and b'"content":""' not in ln)
     keepalives = [i for i, ln in enumerate(lines) if ln == b": keep-alive"]
-    assert keepalives and max(keepalives) < first_content
+    first_token = next(i for i, ln in enumerate(lines) if ln.startswith(b"data: {") and i > 0)
+    assert lines[0].startswith(b"data: {") and b'"role":"assistant"' in lines[0]
+    assert keepalives and keepalives == list(range(1, first_token)), lines[:first_token + 1]
     assert lines[-1] == b"data: [DONE]"
 
 

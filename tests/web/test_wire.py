@@ -384,3 +384,9 @@ def test_logprob_chunks_carry_openai_shapes():
     second = json.loads(w.delta(Delta("id-2", "Hi", (1,), (e,)))[6:])["choices"][0]["logprobs"]
     assert second == {"tokens": ["Hi"], "token_logprobs": [-0.5], "top_logprobs": [{"Hi": -0.5, "Yo": -1.5}],
                       "text_offset": [2]}
+
+
+def test_lone_surrogate_escapes_are_refused():
+    with pytest.raises(InvalidRequest):
+        parse_json_body(b'{"prompt": "\\ud94dx"}', "application/json")
+    assert parse_json_body(b'{"prompt": "\\ud83d\\ude00"}', "application/json")["prompt"] == "\U0001F600"

@@ -1,0 +1,150 @@
+"""The published description of the API (OpenAPI 3.0), served at /openapi.json.
+
+It says what `wire.py` accepts: the served model id, the ranges of every sampling knob, which
+fields may be null. The fuzz tests (schemathesis) hold the two together: whatever this
+document forbids must be a 4xx, and no input may produce a 5xx.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from appliance import __version__
+
+from . import wire
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+def _num(lo: float, hi: float) -> dict[str, Any]:
+    return _nullable({"type": "number", "minimum": lo, "maximum": hi})
+
+
+def _int(lo: int, hi: int | None = None) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "integer", "minimum": lo}
+    if hi is not None:
+        s["maximum"] = hi
+    return _nullable(s)
+
+
+def _sampling(n_ctx: int, model: str) -> dict[str, Any]:
+    stop = _nullable({"oneOf": [{"type": "string"},
+                                {"type": "array", "items": {"type": "string"}, "maxItems": wire.MAX_STOPS}]})
+    return {
+        "model": {"type": "string", "enum": [model]},
+        "max_tokens": _int(1, n_ctx), "max_completion_tokens": _int(1, n_ctx),
+        "temperature": _num(0, 2), "top_p": _num(0, 1), "top_k": _int(0), "min_p": _num(0, 1),
+        "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2),
+        "repetition_penalty": _num(0.01, 10), "repeat_penalty": _num(0.01, 10),
+        "seed": _int(-(2**63), 2**64 - 1), "stop": stop,
+        "n": _nullable({"type": "integer", "enum": [1]}),
+        "stream": _nullable({"type": "boolean"}),
+        "stream_options": _nullable({"type": "object", "properties": {
+            "include_usage": _nullable({"type": "boolean"})}}),
+        "ignore_eos": _nullable({"type": "boolean"}),
+    }
+
+
+def _message() -> dict[str, Any]:
+    part = {"type": "object", "required": ["type", "text"],
+            "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+    return {"type": "object", "required": ["role"], "properties": {
+        "role": {"type": "string", "enum": list(wire.ROLES)},
+        "content": _nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": part}]}),
+        "name": _nullable({"type": "string"}),
+    }}
+
+
+USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+    "total_tokens": {"type": "integer"},
+    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}}}}
+TIMINGS = {"type": "object", "required": ["prompt_n", "prompt_ms", "predicted_n", "predicted_ms"],
+           "properties": {k: {"type": "number"} for k in (
+               "prompt_n", "cache_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+               "predicted_per_second", "queue_ms", "tokens_per_step", "n_ctx", "depth")}}
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": "string", "nullable": True}, "code": {"type": "string", "nullable": True}}}}}
+FINISH = {"type": "string", "enum": ["stop", "length"]}
+CHAT_RESPONSE = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+                 "properties": {
+                     "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
+                     "created": {"type": "integer"}, "model": {"type": "string"},
+                     "choices": {"type": "array", "items": {"type": "object", "properties": {
+                         "index": {"type": "integer"}, "finish_reason": FINISH,
+                         "message": {"type": "object", "required": ["role", "content"], "properties": {
+                             "role": {"type": "string", "enum": ["assistant"]}, "content": {"type": "string"}}},
+                         "logprobs": {"type": "object", "nullable": True}}}},
+                     "usage": USAGE, "timings": TIMINGS}}
+COMPLETION_RESPONSE = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+                       "properties": {
+                           "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]},
+                           "created": {"type": "integer"}, "model": {"type": "string"},
+                           "choices": {"type": "array", "items": {"type": "object", "properties": {
+                               "index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": FINISH,
+                               "logprobs": {"type": "object", "nullable": True}}}},
+                           "usage": USAGE, "timings": TIMINGS}}
+# one server-sent event as schemathesis reads it; `data` is a JSON chunk or [DONE]
+SSE_EVENT = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
+MODEL = {"type": "object", "required": ["id", "object"], "properties": {
+    "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]},
+    "context_length": {"type": "integer"}, "owned_by": {"type": "string"}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): {"description": "an OpenAI-shaped error",
+                     "content": {"application/json": {"schema": ERROR}}} for c in codes}
+
+
+def _post(summary: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {"200": {"description": "the completion, or an SSE stream when stream is true",
+                              "content": {"application/json": {"schema": ok},
+                                          "text/event-stream": {"schema": SSE_EVENT}}},
+                      **_errors(400, 401, 403, 404, 413, 415, 500, 503)}}}
+
+
+def build(model: str, n_ctx: int) -> dict[str, Any]:
+    chat_body = {"type": "object", "required": ["messages"], "properties": {
+        **_sampling(n_ctx, model),
+        "messages": {"type": "array", "minItems": 1, "items": _message()},
+        "logprobs": _nullable({"type": "boolean"}), "top_logprobs": _int(0, wire.MAX_TOP_LOGPROBS),
+        "chat_template_kwargs": _nullable({"type": "object"}),
+    }}
+    prompt = {"oneOf": [{"type": "string"},
+                        {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                        {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}}]}
+    completion_body = {"type": "object", "required": ["prompt"], "properties": {
+        **_sampling(n_ctx, model), "prompt": prompt, "logprobs": _int(0, 5)}}
+    health = {"description": "engine state", "content": {"application/json": {"schema": {
+        "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}}}}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "appliance", "version": __version__,
+                 "description": "OpenAI-compatible API of a local LLM serving appliance."},
+        "paths": {
+            "/v1/chat/completions": _post("Chat completion", chat_body, CHAT_RESPONSE),
+            "/v1/completions": _post("Text completion", completion_body, COMPLETION_RESPONSE),
+            "/v1/models": {"get": {"summary": "The served model", "responses": {
+                "200": {"description": "a list of one model", "content": {"application/json": {"schema": {
+                    "type": "object", "required": ["object", "data"], "properties": {
+                        "object": {"type": "string", "enum": ["list"]},
+                        "data": {"type": "array", "items": MODEL}}}}}},
+                **_errors(401, 403, 503)}}},
+            "/v1/models/{model}": {"get": {
+                "summary": "One model", "parameters": [{"name": "model", "in": "path", "required": True,
+                                                       "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the model", "content": {
+                    "application/json": {"schema": MODEL}}}, **_errors(401, 403, 404, 503)}}},
+            "/health": {"get": {"summary": "Engine health", "responses": {"200": health, "503": health,
+                                                                          **_errors(401, 403)}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
+                "200": {"description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(401, 403)}}},
+        },
+    }
