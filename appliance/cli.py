@@ -31,6 +31,29 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(cfg)
 
 
+def _hostcheck(args: argparse.Namespace) -> int:
+    import json
+
+    from hostcheck import as_json, check, collect, render
+    from hostcheck.advice import model_bytes_of
+
+    model_bytes = args.model_bytes
+    if args.model is not None:
+        try:
+            model_bytes = model_bytes_of(args.model)
+        except OSError as e:
+            print(f"appliance hostcheck: cannot read --model {args.model}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
+    snap = collect()
+    advice = check(snap, model_bytes=model_bytes)
+    if args.json:
+        print(json.dumps(as_json(snap, advice), indent=2))
+    else:
+        print(render(snap, advice), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="A local LLM serving appliance.")
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
@@ -42,6 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
                                        "variable; flags win.")
     config.add_arguments(serve, config.EngineConfig, config.ServerConfig)
     serve.set_defaults(func=_serve)
+    host = sub.add_parser("hostcheck", help="report the host settings that change measured speed",
+                          description="Read the CPU, memory, kernel command line, IOMMU, GPUs and "
+                                      "power limits from /proc, /sys and nvidia-smi, and warn "
+                                      "about settings known to cost performance. Facts the host "
+                                      "does not expose are reported as unavailable, with the "
+                                      "reason.")
+    host.add_argument("--json", action="store_true", help="print the snapshot and advice as JSON")
+    size = host.add_mutually_exclusive_group()
+    size.add_argument("--model", metavar="PATH",
+                      help="check that this model fits (GTT, VRAM, memory) by its size on disk")
+    size.add_argument("--model-bytes", type=int, metavar="N",
+                      help="check that a model of N bytes fits")
+    host.set_defaults(func=_hostcheck)
     return parser
 
 
