@@ -15,7 +15,7 @@ from typing import Any
 
 import dataclasses
 
-from appliance.engine.types import ChatMessage, Delta, Done, Request, SamplingParams, TokenLogprob
+from appliance.engine.types import ChatMessage, Constraint, Delta, Done, Request, SamplingParams, TokenLogprob
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -24,7 +24,7 @@ MAX_TOP_LOGPROBS = 20
 # accepted and ignored: they change nothing for a single local model
 IGNORED = {"user", "store", "metadata", "service_tier", "parallel_tool_calls", "cache_prompt",
            "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
-NOT_YET = {"tools": "tool calls", "functions": "function calls", "response_format": "structured output",
+NOT_YET = {"tools": "tool calls", "functions": "function calls",
            "logit_bias": "logit_bias",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
@@ -108,7 +108,7 @@ def _stops(body: dict) -> tuple[str, ...]:
 def _refuse_unsupported(body: dict) -> None:
     for key, what in NOT_YET.items():
         v = body.get(key)
-        if v in (None, False, [], {}) or (key == "response_format" and v == {"type": "text"}):
+        if v in (None, False, [], {}):
             continue
         raise InvalidRequest(f"'{key}' ({what}) is not supported by this server version", param=key)
     n = body.get("n")
@@ -157,6 +157,40 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
     if not isinstance(opts, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
     return stream, _bool(opts, "include_usage", False)
+
+
+def response_format(body: dict) -> Constraint | None:
+    """OpenAI's response_format: text, json_object, or json_schema {name, schema, strict}."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise InvalidRequest("'response_format' must be an object with a 'type'", param="response_format")
+    kind = rf["type"]
+    js = rf.get("json_schema")
+    if js is not None:
+        if not isinstance(js, dict):
+            raise InvalidRequest("response_format.json_schema must be an object", param="response_format.json_schema")
+        if not isinstance(js.get("name", ""), str):
+            raise InvalidRequest("response_format.json_schema.name must be a string",
+                                 param="response_format.json_schema.name")
+        if js.get("strict") is not None and not isinstance(js["strict"], bool):
+            raise InvalidRequest("response_format.json_schema.strict must be true or false",
+                                 param="response_format.json_schema.strict")
+        if "schema" in js and not isinstance(js["schema"], dict):
+            raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
+                                 param="response_format.json_schema.schema")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object")
+    if kind != "json_schema":
+        raise InvalidRequest(f"response_format type must be text, json_object or json_schema; got {kind!r}",
+                             param="response_format.type")
+    if js is None:
+        raise InvalidRequest("response_format.json_schema (with a 'schema') is required for type json_schema",
+                             param="response_format.json_schema")
+    return Constraint("json_schema", json.dumps(js.get("schema", {}), sort_keys=True))
 
 
 def _content(msg: dict, i: int) -> str | None:
@@ -213,7 +247,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     params = dataclasses.replace(sampling_params(body, n_ctx, None), logprobs=logprobs, top_logprobs=top)
     req = Request(id=request_id, params=params, messages=messages,
-                  template_kwargs=tuple(sorted(kwargs.items())))
+                  template_kwargs=tuple(sorted(kwargs.items())), constraint=response_format(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -235,7 +269,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
                              "(batches of several prompts are not supported)", param="prompt")
     top = _int(body, "logprobs", 0, 5, None)  # the legacy API: an int, how many alternatives
     params = dataclasses.replace(sampling_params(body, n_ctx, 16), logprobs=top is not None, top_logprobs=top or 0)
-    req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids)
+    req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 

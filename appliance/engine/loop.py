@@ -15,6 +15,7 @@ from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidToken
 from ..models import resolve
 from .chat import ChatTemplate
+from .constraints import Constraints
 from .runners.base import Span
 from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
@@ -34,6 +35,7 @@ class EngineLoop:
         self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
         if self.template.load_warning:
             log.warning("%s", self.template.load_warning)
+        self.constraints = Constraints(self.runner.guidance_tokenizer, self.info.n_vocab)
         self._warm_up()
         self.outbox: list[Event] = []
         self.scheduler = Scheduler(self.runner, cfg, self.outbox.append)
@@ -74,7 +76,8 @@ class EngineLoop:
     def submit(self, req: Request) -> None:
         try:
             ids = self.prompt_ids(req)
-            self.scheduler.submit(req, ids)
+            matcher = self.constraints.matcher(req.constraint) if req.constraint else None
+            self.scheduler.submit(req, ids, matcher)
         except ApplianceError as e:
             self.outbox.append(Error(req.id, *e.to_wire()))
         except Exception as e:  # a bug must fail this request, not the engine

@@ -116,12 +116,15 @@ class Sampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.recent: list[int] = []
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
+        """`allowed`: a bool mask over the vocabulary (structured output); others are never drawn."""
         p = self.params
         # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
         window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]
         x = apply_penalties(logits, window, p.presence_penalty, p.frequency_penalty,
                             p.repetition_penalty)
+        if allowed is not None:
+            x = np.where(allowed, x, NEG_INF)
         if p.greedy:
             tok = greedy(x)
         else:

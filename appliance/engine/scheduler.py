@@ -34,6 +34,7 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
+from .constraints import Matcher
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -58,6 +59,7 @@ class Active:
     out: list[int] = field(default_factory=list)
     cancelled: bool = False
     stopped: bool = False            # a stop string ended the output
+    matcher: Matcher | None = None   # structured output: the grammar's state
     t_admit: float = 0.0
     t_prefill: float = 0.0           # start of the first prefill chunk
     prompt_ms: float = 0.0
@@ -90,10 +92,11 @@ class Scheduler:
         self.tokens_generated = 0
 
     # -- requests in ---------------------------------------------------------------------
-    def submit(self, req: Request, prompt: list[int]) -> None:
+    def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None) -> None:
         """Validate and queue; emits Accepted, or Error and nothing else."""
         try:
             act = self._admit_check(req, prompt)
+            act.matcher = matcher
         except ApplianceError as e:
             kind, message, fields = e.to_wire()
             self.emit(Error(req.id, kind, message, fields))
@@ -229,7 +232,9 @@ class Scheduler:
     def _on_logits(self, act: Active, row: np.ndarray) -> None:
         if not act.out:
             act.prompt_ms = 1000.0 * (time.perf_counter() - act.t_prefill)
-        tok = act.sampler(row)
+        tok = act.sampler(row, act.matcher.allowed() if act.matcher else None)
+        if act.matcher:
+            act.matcher.accept(tok)
         act.out.append(tok)
         if tok in self.runner.info.eog_ids and not act.req.params.ignore_eos:
             return
@@ -252,7 +257,7 @@ class Scheduler:
         return TokenLogprob(e.token, e.bytes, e.logprob, top)
 
     def _finished(self, act: Active) -> str | None:
-        if act.stopped:
+        if act.stopped or (act.matcher is not None and act.matcher.done()):
             return "stop"
         last = act.out[-1]
         if last in self.runner.info.eog_ids and not act.req.params.ignore_eos:

@@ -44,6 +44,14 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """Output must match: kind "json_object" (any JSON object) or "json_schema" (schema_json)."""
+
+    kind: str
+    schema_json: str | None = None
+
+
+@dataclass(frozen=True)
 class Request:
     """Exactly one of `messages` (chat), `prompt` (text) or `prompt_ids` (tokens) is set.
 
@@ -57,6 +65,7 @@ class Request:
     prompt_ids: tuple[int, ...] | None = None
     add_generation_prompt: bool = True
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)

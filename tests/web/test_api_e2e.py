@@ -3,6 +3,7 @@ embedded SmolLM2-135M model: one server for the whole module."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 
 import openai
 import pytest
@@ -260,3 +261,35 @@ def test_metrics_in_prometheus_format(server, client, model):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     ttft = families["appliance_time_to_first_token_seconds"]
     assert next(s.value for s in ttft.samples if s.name.endswith("_count")) > 0
+
+
+def test_json_object_output_parses(client, model):
+    r = chat(client, model, "Give me a JSON object with a name and an age.", max_tokens=200,
+             response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0},
+                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_strict_output_validates(client, model, stream):
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+    if stream:
+        text, _ = stream_text(client, model, "Invent a person.", max_tokens=200, response_format=fmt)
+    else:
+        text = chat(client, model, "Invent a person.", max_tokens=200, response_format=fmt).choices[0].message.content
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_invalid_json_schema_is_a_400(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, "x", response_format={"type": "json_schema", "json_schema": {
+            "name": "bad", "schema": {"type": "objectx"}}})
+    assert e.value.body["param"] == "response_format"
+    assert chat(client, model, "Say hi.", max_tokens=3).choices[0].message.content

@@ -147,8 +147,6 @@ def test_stream_options_must_be_an_object():
 
 @pytest.mark.parametrize("key,value", [
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {}}),
     ("top_logprobs", 3),  # without logprobs: true
     ("logit_bias", {"50256": -100}),
 ])
@@ -390,3 +388,13 @@ def test_lone_surrogate_escapes_are_refused():
     with pytest.raises(InvalidRequest):
         parse_json_body(b'{"prompt": "\\ud94dx"}', "application/json")
     assert parse_json_body(b'{"prompt": "\\ud83d\\ude00"}', "application/json")["prompt"] == "\U0001F600"
+
+
+def test_response_format_becomes_a_constraint():
+    assert chat(response_format={"type": "text"}).request.constraint is None
+    assert chat(response_format={"type": "json_object"}).request.constraint.kind == "json_object"
+    c = chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}).request.constraint
+    assert c.kind == "json_schema" and json.loads(c.schema_json)["properties"]["a"]["type"] == "integer"
+    for bad in ("json", {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": 3}}):
+        assert chat_error(response_format=bad).param.startswith("response_format")

@@ -65,4 +65,7 @@ class ModelRunner(Protocol):
 
     def restore(self, slot: int, blob: bytes) -> None: ...
 
+    def guidance_tokenizer(self) -> Any:
+        """An llguidance LLTokenizer over this vocabulary (structured output masks)."""
+
     def close(self) -> None: ...

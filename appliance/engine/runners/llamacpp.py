@@ -153,6 +153,12 @@ class LlamaCppRunner:
                 out += self._piece.raw[:n]
         return bytes(out)
 
+    def guidance_tokenizer(self):
+        """llguidance's view of this vocabulary, for structured output (built on first use)."""
+        import llguidance.llamacpp
+
+        return llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, eos_token=sorted(self.info.eog_ids))
+
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(spans)
