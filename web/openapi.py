@@ -58,6 +58,8 @@ def _message() -> dict[str, Any]:
         "role": {"type": "string", "enum": list(wire.ROLES)},
         "content": _nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": part}]}),
         "name": _nullable({"type": "string"}),
+        "tool_calls": _nullable({"type": "array", "items": REQUEST_TOOL_CALL}),
+        "tool_call_id": _nullable({"type": "string"}),
     }}
 
 
@@ -73,7 +75,25 @@ ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"},
         "param": {"type": "string", "nullable": True}, "code": {"type": "string", "nullable": True}}}}}
-FINISH = {"type": "string", "enum": ["stop", "length"]}
+FINISH = {"type": "string", "enum": ["stop", "length", "tool_calls"]}
+TOOL_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"type": "string"}, "arguments": {"type": "string"}}}}}
+REQUEST_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "arguments": {"oneOf": [{"type": "string"}, {"type": "object"}]}}}}}
+TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
+TOOL_CHOICE = _nullable({"oneOf": [
+    {"type": "string", "enum": ["auto", "none", "required"]},
+    {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]})
 CHAT_RESPONSE = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
                  "properties": {
                      "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
@@ -81,7 +101,9 @@ CHAT_RESPONSE = {"type": "object", "required": ["id", "object", "created", "mode
                      "choices": {"type": "array", "items": {"type": "object", "properties": {
                          "index": {"type": "integer"}, "finish_reason": FINISH,
                          "message": {"type": "object", "required": ["role", "content"], "properties": {
-                             "role": {"type": "string", "enum": ["assistant"]}, "content": {"type": "string"}}},
+                             "role": {"type": "string", "enum": ["assistant"]},
+                             "content": {"type": "string", "nullable": True},
+                             "tool_calls": {"type": "array", "items": TOOL_CALL}}},
                          "logprobs": {"type": "object", "nullable": True}}}},
                      "usage": USAGE, "timings": TIMINGS}}
 COMPLETION_RESPONSE = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
@@ -120,6 +142,8 @@ def build(model: str, n_ctx: int) -> dict[str, Any]:
         "messages": {"type": "array", "minItems": 1, "items": _message()},
         "logprobs": _nullable({"type": "boolean"}), "top_logprobs": _int(0, wire.MAX_TOP_LOGPROBS),
         "chat_template_kwargs": _nullable({"type": "object"}),
+        "tools": _nullable({"type": "array", "items": TOOL}), "tool_choice": TOOL_CHOICE,
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
     }}
     prompt = {"oneOf": [{"type": "string"},
                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},

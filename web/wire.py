@@ -15,16 +15,19 @@ from typing import Any
 
 import dataclasses
 
-from appliance.engine.types import ChatMessage, Constraint, Delta, Done, Request, SamplingParams, TokenLogprob
+import re
+
+from appliance.engine.types import (ChatMessage, Constraint, Delta, Done, Request, SamplingParams, TokenLogprob,
+                                    ToolCall, ToolSpec)
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 # accepted and ignored: they change nothing for a single local model
-IGNORED = {"user", "store", "metadata", "service_tier", "parallel_tool_calls", "cache_prompt",
+IGNORED = {"user", "store", "metadata", "service_tier", "cache_prompt",
            "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
-NOT_YET = {"tools": "tool calls", "functions": "function calls",
+NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_call": "the deprecated 'function_call'",
            "logit_bias": "logit_bias",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
@@ -193,6 +196,83 @@ def response_format(body: dict) -> Constraint | None:
     return Constraint("json_schema", json.dumps(js.get("schema", {}), sort_keys=True))
 
 
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _tools(body: dict) -> tuple[ToolSpec, ...]:
+    tools = body.get("tools")
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list", param="tools")
+    out, seen = [], set()
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param=f"tools[{i}]")
+        name, params = fn.get("name"), fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise InvalidRequest(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -",
+                                 param=f"tools[{i}].function.name")
+        if name in seen:
+            raise InvalidRequest(f"tools[{i}]: the function name {name!r} is given twice", param=f"tools[{i}]")
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON schema object",
+                                 param=f"tools[{i}].function.parameters")
+        desc = fn.get("description", "")
+        if not isinstance(desc, str):
+            raise InvalidRequest(f"tools[{i}].function.description must be a string",
+                                 param=f"tools[{i}].function.description")
+        seen.add(name)
+        out.append(ToolSpec(name, desc, json.dumps(params, sort_keys=True)))
+    return tuple(out)
+
+
+def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> str:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if not tools and choice != "none":
+        raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
+    if choice in ("auto", "none", "required"):
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(fn, dict):
+        if fn.get("name") not in {t.name for t in tools}:
+            raise InvalidRequest(f"tool_choice names {fn.get('name')!r}, which is not in 'tools'",
+                                 param="tool_choice")
+        return fn["name"]
+    raise InvalidRequest("'tool_choice' must be auto, none, required or "
+                         "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+
+
+def _message_tool_calls(m: dict, i: int) -> tuple[ToolCall, ...]:
+    calls = m.get("tool_calls")
+    if calls is None:
+        return ()
+    where = f"messages[{i}].tool_calls"
+    if m.get("role") != "assistant" or not isinstance(calls, list):
+        raise InvalidRequest(f"{where}: only assistant messages carry a list of tool calls", param=where)
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(c.get("id", ""), str) or c.get("type", "function") != "function":
+            raise InvalidRequest(f"{where}[{j}] must be {{'id', 'type': 'function', 'function': {{'name', "
+                                 "'arguments'}}}}", param=f"{where}[{j}]")
+        args = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise InvalidRequest(f"{where}[{j}].function.arguments must be a JSON object (as a string)",
+                                 param=f"{where}[{j}].function.arguments")
+        cid = c.get("id") if isinstance(c.get("id"), str) else f"call_{i}_{j}"
+        out.append(ToolCall(cid, fn["name"], json.dumps(parsed, ensure_ascii=False)))
+    return tuple(out)
+
+
 def _content(msg: dict, i: int) -> str | None:
     c = msg.get("content")
     if c is None or isinstance(c, str):
@@ -223,13 +303,16 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
         if role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {role!r}",
                                  param=f"messages[{i}].role")
-        if m.get("tool_calls"):
-            raise InvalidRequest("'tool_calls' in messages is not supported by this server version",
-                                 param=f"messages[{i}].tool_calls")
+        calls = _message_tool_calls(m, i)
+        call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise InvalidRequest(f"messages[{i}]: a tool message needs 'tool_call_id'",
+                                 param=f"messages[{i}].tool_call_id")
         name = m.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidRequest(f"messages[{i}].name must be a string", param=f"messages[{i}].name")
-        out.append(ChatMessage("system" if role == "developer" else role, _content(m, i), name))
+        out.append(ChatMessage("system" if role == "developer" else role, _content(m, i), name, calls,
+                               call_id if role == "tool" else None))
     return tuple(out)
 
 
@@ -246,8 +329,15 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     if top and not logprobs:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     params = dataclasses.replace(sampling_params(body, n_ctx, None), logprobs=logprobs, top_logprobs=top)
+    tools = _tools(body)
+    choice = _tool_choice(body, tools)
+    constraint = response_format(body)
+    if constraint is not None and choice not in ("auto", "none"):
+        raise InvalidRequest("'response_format' and a forced 'tool_choice' cannot both constrain the output",
+                             param="tool_choice")
     req = Request(id=request_id, params=params, messages=messages,
-                  template_kwargs=tuple(sorted(kwargs.items())), constraint=response_format(body))
+                  template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
+                  tool_choice=choice, parallel_tool_calls=_bool(body, "parallel_tool_calls", True))
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -297,12 +387,22 @@ def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, 
             "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries], "text_offset": offsets}
 
 
+def tool_call_dicts(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]
+
+
 def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
     lps = [e for d in deltas for e in d.logprobs]
+    calls = [c for d in deltas for c in d.tool_calls]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(d.text for d in deltas)}
+    if calls:
+        message["content"] = message["content"] or None
+        message["tool_calls"] = tool_call_dicts(calls)
     return {
         "id": p.request.id, "object": "chat.completion", "created": int(time.time()), "model": p.model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": _chat_logprobs(lps) if p.request.params.logprobs else None,
                      "finish_reason": done.finish_reason}],
         "usage": usage_dict(done), "timings": done.timings.as_dict(),
@@ -330,6 +430,7 @@ class ChunkWriter:
                      "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
         self._delta_parts: tuple[bytes, bytes] | None = None
         self._offset = 0  # text_offset of the legacy completions logprobs
+        self._n_calls = 0
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
         body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
@@ -347,6 +448,18 @@ class ChunkWriter:
         return self._chunk(self._choice("", None, role=True)) if self.chat else None
 
     def delta(self, ev: Delta) -> bytes:
+        out = b""
+        if ev.tool_calls and self.chat:
+            for c in ev.tool_calls:  # OpenAI's shape: id, type and name first, then the arguments
+                i = self._n_calls
+                self._n_calls += 1
+                head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                out += self._chunk({"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None,
+                                    "finish_reason": None})
+                out += self._chunk({"index": 0, "delta": {"tool_calls": [
+                    {"index": i, "function": {"arguments": c.arguments}}]}, "logprobs": None, "finish_reason": None})
+            if not ev.text:
+                return out
         if ev.logprobs:
             choice = self._choice(ev.text, None)
             if self.chat:
@@ -354,8 +467,8 @@ class ChunkWriter:
             else:
                 choice["logprobs"] = _completion_logprobs(list(ev.logprobs), self._offset)
             self._offset += sum(len(e.token) for e in ev.logprobs)
-            return self._chunk(choice)
-        return self._text_chunk(ev.text)
+            return out + self._chunk(choice)
+        return out + self._text_chunk(ev.text)
 
     def _text_chunk(self, text: str) -> bytes:
         # the hot path (one call per token): the chunk around the text is encoded once

@@ -92,4 +92,11 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     d: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None else ""}
     if m.name is not None:
         d["name"] = m.name
+    if m.tool_calls:
+        # Hugging Face's convention: arguments as an object (templates apply tojson)
+        d["tool_calls"] = [{"id": c.id, "type": "function",
+                            "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                           for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
     return d

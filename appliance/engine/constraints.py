@@ -25,6 +25,8 @@ ANY_OBJECT = {"type": "object"}
 def _grammar(kind: str, schema_json: str | None) -> str:
     import llguidance
 
+    if kind == "lark":  # tool calls: a grammar written by tools.grammar
+        return llguidance.LLMatcher.grammar_from_lark(schema_json or "")
     schema = ANY_OBJECT if kind == "json_object" else json.loads(schema_json or "{}")
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema)
@@ -71,6 +73,6 @@ class Constraints:
             self._tokenizer = self._factory()  # ~0.4 s once: every token's bytes
         m = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if m.is_error():
-            raise InvalidRequest(f"response_format: invalid JSON schema: {m.get_error()}",
-                                 param="response_format")
+            param = "tools" if c.kind == "lark" else "response_format"
+            raise InvalidRequest(f"{param}: invalid JSON schema: {m.get_error()}", param=param)
         return Matcher(m, self.n_vocab)

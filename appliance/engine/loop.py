@@ -15,11 +15,12 @@ from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidToken
 from ..models import resolve
 from .chat import ChatTemplate
+from . import tools
 from .constraints import Constraints
 from .runners.base import Span
 from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
-from .types import Error, Event, Request
+from .types import Constraint, Error, Event, Request
 
 log = logging.getLogger("appliance.engine")
 
@@ -33,6 +34,7 @@ class EngineLoop:
         self.runner = LlamaCppRunner(cfg, ref.path, ref.alias)
         self.info = self.runner.info
         self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
+        self.tool_format = tools.detect_format(self.info.chat_template)
         if self.template.load_warning:
             log.warning("%s", self.template.load_warning)
         self.constraints = Constraints(self.runner.guidance_tokenizer, self.info.n_vocab)
@@ -63,8 +65,13 @@ class EngineLoop:
                                    f"[0, {self.info.n_vocab})", param="prompt")
             return list(req.prompt_ids)
         if req.messages is not None:
-            text = self.template.render(req.messages, req.add_generation_prompt,
-                                        **dict(req.template_kwargs))
+            messages, kwargs = req.messages, dict(req.template_kwargs)
+            if req.tools and req.tool_choice != "none":
+                if self.tool_format == "generic":
+                    messages = tools.with_generic_tools(messages, req.tools)
+                else:
+                    kwargs["tools"] = tools.tool_dicts(req.tools)
+            text = self.template.render(messages, req.add_generation_prompt, **kwargs)
         else:
             text = req.prompt or ""
         ids = self.runner.tokenize(text, add_special=True, parse_special=True)
@@ -76,8 +83,16 @@ class EngineLoop:
     def submit(self, req: Request) -> None:
         try:
             ids = self.prompt_ids(req)
-            matcher = self.constraints.matcher(req.constraint) if req.constraint else None
-            self.scheduler.submit(req, ids, matcher)
+            constraint, parser = req.constraint, None
+            if req.tools and req.tool_choice != "none":
+                names = {t.name for t in req.tools}
+                parser = tools.StreamParser(self.tool_format, names)
+                if req.tool_choice != "auto":  # required, or one named function: never downgraded
+                    grammar = tools.grammar(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                            self.tool_format)
+                    constraint = Constraint("lark", grammar)
+            matcher = self.constraints.matcher(constraint) if constraint else None
+            self.scheduler.submit(req, ids, matcher, parser)
         except ApplianceError as e:
             self.outbox.append(Error(req.id, *e.to_wire()))
         except Exception as e:  # a bug must fail this request, not the engine

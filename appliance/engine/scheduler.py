@@ -35,6 +35,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
 from .constraints import Matcher
+from .tools import StreamParser
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -60,6 +61,7 @@ class Active:
     cancelled: bool = False
     stopped: bool = False            # a stop string ended the output
     matcher: Matcher | None = None   # structured output: the grammar's state
+    parser: StreamParser | None = None  # tool calls: separates them from content
     t_admit: float = 0.0
     t_prefill: float = 0.0           # start of the first prefill chunk
     prompt_ms: float = 0.0
@@ -92,11 +94,12 @@ class Scheduler:
         self.tokens_generated = 0
 
     # -- requests in ---------------------------------------------------------------------
-    def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None) -> None:
+    def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None,
+               parser: StreamParser | None = None) -> None:
         """Validate and queue; emits Accepted, or Error and nothing else."""
         try:
             act = self._admit_check(req, prompt)
-            act.matcher = matcher
+            act.matcher, act.parser = matcher, parser
         except ApplianceError as e:
             kind, message, fields = e.to_wire()
             self.emit(Error(req.id, kind, message, fields))
@@ -242,8 +245,12 @@ class Scheduler:
         piece = self.runner.detokenize([tok])
         res = act.stop.feed(act.utf8.decode(piece))
         lps = (self._logprobs(row, tok, piece, act.req.params.top_logprobs),) if act.req.params.logprobs else ()
-        if res.text or lps:
-            self.emit(Delta(act.req.id, res.text, (tok,), lps))
+        text, calls = res.text, ()
+        if act.parser is not None:
+            got = act.parser.feed(text)
+            text, calls = got.content, got.calls
+        if text or lps or calls:
+            self.emit(Delta(act.req.id, text, (tok,), lps, calls))
         act.stopped = res.stopped
 
     def _logprobs(self, row: np.ndarray, tok: int, piece: bytes, n_top: int) -> TokenLogprob:
@@ -267,10 +274,17 @@ class Scheduler:
         return None
 
     def _finish(self, act: Active, reason: str) -> None:
-        if reason != "cancelled" and not act.stopped:
-            tail = act.stop.flush() + act.utf8.decode(b"", final=True)
-            if tail:
-                self.emit(Delta(act.req.id, tail, ()))
+        if reason != "cancelled":
+            tail = "" if act.stopped else act.stop.flush() + act.utf8.decode(b"", final=True)
+            calls: tuple = ()
+            if act.parser is not None:
+                got = act.parser.feed(tail)
+                end = act.parser.flush()
+                tail, calls = got.content + end.content, got.calls + end.calls
+                if act.parser.n_calls and reason == "stop":
+                    reason = "tool_calls"
+            if tail or calls:
+                self.emit(Delta(act.req.id, tail, (), (), calls))
         if act.slot >= 0 and self.slots[act.slot] is act:
             self.slots[act.slot] = None
         self.by_id.pop(act.req.id, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,26 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters_json: str    # a JSON schema, serialized
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str          # a JSON object, serialized (as OpenAI sends it)
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str | None
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,9 @@ class Request:
     add_generation_prompt: bool = True
     template_kwargs: tuple[tuple[str, Any], ...] = ()
     constraint: Constraint | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "auto"       # auto | none | required | the name of one tool
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,7 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)

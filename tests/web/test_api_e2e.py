@@ -293,3 +293,87 @@ def test_invalid_json_schema_is_a_400(client, model):
             "name": "bad", "schema": {"type": "objectx"}}})
     assert e.value.body["param"] == "response_format"
     assert chat(client, model, "Say hi.", max_tokens=3).choices[0].message.content
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a timezone",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 30}},
+                   "required": ["tz"], "additionalProperties": False}}}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+
+
+def ask_tools(client, model, **kw):
+    kw.setdefault("max_tokens", 120)
+    return client.chat.completions.create(
+        model=model, temperature=0, tools=TOOLS,
+        messages=[{"role": "user", "content": "What is the weather in Paris right now?"}], **kw)
+
+
+def test_tool_choice_required_gives_a_valid_call(client, model):
+    r = ask_tools(client, model, tool_choice="required")
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in ("get_weather", "get_time")
+        args = json.loads(call.function.arguments)
+        assert set(args) == ({"city"} if call.function.name == "get_weather" else {"tz"})
+
+
+def test_named_tool_choice_is_never_downgraded(client, model):
+    r = ask_tools(client, model, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                  parallel_tool_calls=False)
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_time"
+    assert isinstance(json.loads(calls[0].function.arguments)["tz"], str)
+
+
+def test_tool_choice_none_gives_no_call(client, model):
+    r = ask_tools(client, model, tool_choice="none", max_tokens=40)
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
+
+
+def test_tool_choice_auto_is_well_formed(client, model):
+    r = ask_tools(client, model, tool_choice="auto", max_tokens=80)
+    msg = r.choices[0].message
+    if msg.tool_calls:  # the 135M model may or may not call: either way the shape is right
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert all(isinstance(json.loads(c.function.arguments), dict) for c in msg.tool_calls)
+    else:
+        assert msg.content is not None
+
+
+def test_streamed_tool_calls_in_openai_chunk_shape(client, model):
+    stream = ask_tools(client, model, tool_choice="required", stream=True)
+    heads, args, finish = {}, {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            if tc.id:
+                assert tc.type == "function" and tc.function.name
+                heads[tc.index] = tc.function.name
+            args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and heads and set(heads) == set(args)
+    assert all(isinstance(json.loads(a), dict) for a in args.values())
+    non_streamed = ask_tools(client, model, tool_choice="required").choices[0].message.tool_calls
+    assert [heads[i] for i in sorted(heads)] == [c.function.name for c in non_streamed]
+
+
+def test_tool_result_round_trip(client, model):
+    call = ask_tools(client, model, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                     parallel_tool_calls=False).choices[0].message.tool_calls[0]
+    r = client.chat.completions.create(model=model, temperature=0, max_tokens=40, tools=TOOLS, messages=[
+        {"role": "user", "content": "What is the weather in Paris right now?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name,
+                                                             "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees Celsius and sunny"}])
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens > 60  # the call and its result were rendered into the prompt

@@ -146,7 +146,7 @@ def test_stream_options_must_be_an_object():
 
 
 @pytest.mark.parametrize("key,value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("functions", [{"name": "f"}]),
     ("top_logprobs", 3),  # without logprobs: true
     ("logit_bias", {"50256": -100}),
 ])
@@ -160,10 +160,14 @@ def test_harmless_forms_of_unsupported_parameters_pass(key, value):
     assert chat(**{key: value}).request.messages
 
 
-def test_tool_calls_in_messages_refused():
+def test_malformed_tool_calls_in_messages_refused():
     e = chat_error(messages=[{"role": "assistant", "content": None,
                               "tool_calls": [{"id": "1", "type": "function"}]}])
-    assert e.param == "messages[0].tool_calls"
+    assert e.param == "messages[0].tool_calls[0]"
+    e = chat_error(messages=[{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}])
+    assert e.param == "messages[0].tool_calls[0].function.arguments"
+    assert chat_error(messages=[{"role": "tool", "content": "42"}]).param == "messages[0].tool_call_id"
 
 
 def test_chat_template_kwargs_must_be_an_object():
@@ -398,3 +402,46 @@ def test_response_format_becomes_a_constraint():
     assert c.kind == "json_schema" and json.loads(c.schema_json)["properties"]["a"]["type"] == "integer"
     for bad in ("json", {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": 3}}):
         assert chat_error(response_format=bad).param.startswith("response_format")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def test_tools_and_tool_choice():
+    r = chat(tools=[WEATHER]).request
+    assert r.tools[0].name == "get_weather" and r.tool_choice == "auto" and r.parallel_tool_calls
+    assert chat(tools=[WEATHER], tool_choice="required").request.tool_choice == "required"
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert chat(tools=[WEATHER], tool_choice=named, parallel_tool_calls=False).request.tool_choice == "get_weather"
+    assert chat_error(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}).param == "tool_choice"
+    assert chat_error(tools=[WEATHER], tool_choice="sometimes").param == "tool_choice"
+    assert chat_error(tool_choice="required").param == "tool_choice"
+    assert chat_error(tools=[{"type": "function", "function": {"name": "bad name!"}}]).param == "tools[0].function.name"
+    assert chat_error(tools=[WEATHER, WEATHER]).param == "tools[1]"
+    assert chat_error(tools=[{"type": "retrieval"}]).param == "tools[0]"
+    assert chat_error(tools=[WEATHER], tool_choice="required",
+                      response_format={"type": "json_object"}).param == "tool_choice"
+
+
+def test_tool_round_trip_messages():
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    m = chat(messages=msgs, tools=[WEATHER]).request.messages
+    assert m[1].tool_calls[0].name == "get_weather" and json.loads(m[1].tool_calls[0].arguments) == {"city": "Paris"}
+    assert m[2].role == "tool" and m[2].tool_call_id == "call_1"
+
+
+def test_streamed_tool_call_chunks_have_the_openai_shape():
+    from appliance.engine.types import ToolCall
+
+    p = chat(stream=True, tools=[WEATHER])
+    out = ChunkWriter(p, chat=True, fingerprint="fp").delta(
+        Delta("id-1", "", (), (), (ToolCall("call_x", "get_weather", '{"city": "Paris"}'),)))
+    first, second = (json.loads(part[6:]) for part in out.split(b"\n\n") if part)
+    head = first["choices"][0]["delta"]["tool_calls"][0]
+    assert head == {"index": 0, "id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    assert second["choices"][0]["delta"]["tool_calls"][0] == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}

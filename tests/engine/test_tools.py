@@ -1,0 +1,95 @@
+"""Tool-call formats: detection from templates, whole and streamed parsing, constraining grammars."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from appliance.engine import tools
+from appliance.engine.types import ChatMessage, ToolCall, ToolSpec
+
+from .test_templates import LLAMA31, MISTRAL_V03, QWEN25
+
+NAMES = {"get_weather", "search"}
+WEATHER = ToolSpec("get_weather", "Weather in a city",
+                   json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+SEARCH = ToolSpec("search", "Search the web", json.dumps({"type": "object", "properties": {"q": {"type": "string"}}}))
+
+
+def test_format_detected_from_the_template():
+    assert tools.detect_format(QWEN25) == "hermes"
+    assert tools.detect_format(MISTRAL_V03) == "mistral"
+    assert tools.detect_format(LLAMA31) == "llama3"
+    assert tools.detect_format(None) == "generic"
+
+
+def test_hermes_parse_splits_content_and_calls():
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
+           '\n<tool_call>\n{"name": "search", "arguments": "{\\"q\\": \\"rain\\"}"}\n</tool_call>'
+    content, calls = tools.parse(text, "hermes", NAMES)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("search", {"q": "rain"})]
+    assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+
+
+@pytest.mark.parametrize("text", ['<tool_call>\n{"name": "unknown", "arguments": {}}\n</tool_call>',
+                                  '<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>',
+                                  '<tool_call>\nnot json\n</tool_call>', "plain answer", '<tool_call>{"name": "search"'])
+def test_what_does_not_parse_stays_content(text):
+    assert tools.parse(text, "hermes", NAMES) == (text, [])
+
+
+def test_llama3_and_mistral_parse():
+    content, calls = tools.parse('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}', "llama3", NAMES)
+    assert content == "" and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Oslo"}
+    content, calls = tools.parse('[TOOL_CALLS] [{"name": "search", "arguments": {"q": "x"}}, '
+                                 '{"name": "get_weather", "arguments": {"city": "Rome"}}]', "mistral", NAMES)
+    assert [c.name for c in calls] == ["search", "get_weather"]
+    assert tools.parse("Hello there", "llama3", NAMES) == ("Hello there", [])
+
+
+def feed_all(parser, pieces):
+    content, calls = "", []
+    for p in pieces:
+        got = parser.feed(p)
+        content += got.content
+        calls += got.calls
+    end = parser.flush()
+    return content + end.content, calls + list(end.calls)
+
+
+def test_stream_parser_holds_back_calls_and_streams_content():
+    text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call> Done.'
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    parser = tools.StreamParser("hermes", NAMES)
+    streamed = [parser.feed(p) for p in pieces]
+    assert all("<" not in s.content for s in streamed), "no part of the markup leaks as content"
+    call_at = next(i for i, s in enumerate(streamed) if s.calls)
+    assert call_at < len(pieces) - 2, "the call is emitted as soon as it closes"
+    content = "".join(s.content for s in streamed) + parser.flush().content
+    assert content == "Sure.  Done." and parser.n_calls == 1
+
+
+def test_stream_parser_releases_text_that_only_looked_like_a_call():
+    assert feed_all(tools.StreamParser("hermes", NAMES), ["a <tool", "box> b"]) == ("a <toolbox> b", [])
+    assert feed_all(tools.StreamParser("llama3", NAMES), ["Hi", " there"]) == ("Hi there", [])
+    content, calls = feed_all(tools.StreamParser("llama3", NAMES), ['{"name": "search", ', '"parameters": {"q": "a"}}'])
+    assert content == "" and calls[0].name == "search"
+
+
+def test_generic_prompt_describes_tools_and_rewrites_history():
+    msgs = (ChatMessage("user", "Weather?"),
+            ChatMessage("assistant", None, tool_calls=(ToolCall("c1", "get_weather", '{"city": "Paris"}'),)))
+    out = tools.with_generic_tools(msgs, (WEATHER,))
+    assert out[0].role == "system" and "get_weather" in out[0].content and "<tool_call>" in out[0].content
+    assert tools.parse(out[2].content, "hermes", NAMES)[1][0].name == "get_weather"
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+def test_grammars_compile_and_accept_a_valid_call(fmt):
+    llguidance = pytest.importorskip("llguidance")
+    for choice in ("required", "get_weather"):
+        g = tools.grammar((WEATHER, SEARCH), choice, True, fmt)
+        ok, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(g)
+        assert not ok, msgs
+    assert '"const": "search"' not in tools.grammar((WEATHER, SEARCH), "get_weather", False, "hermes")
