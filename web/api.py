@@ -44,20 +44,9 @@ def _n_ctx() -> int:
 
 
 def _client_gone() -> Callable[[], bool]:
-    """A check that the client hung up, cheap enough to call on every event (throttled)."""
+    """A check that the client hung up (waitress's flag: an attribute read, cheap per event)."""
     probe = request.environ.get("waitress.client_disconnected")
-    if probe is None:
-        return lambda: False
-    last = [time.monotonic()]
-
-    def gone() -> bool:
-        now = time.monotonic()
-        if now - last[0] < POLL_S:
-            return False
-        last[0] = now
-        return probe()
-
-    return gone
+    return probe if probe is not None else (lambda: False)
 
 
 IDLE = object()  # _wait's answer when `idle` seconds passed without an event
@@ -107,6 +96,8 @@ def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], boo
     if _state().draining:
         raise EngineUnavailable("the server is shutting down")
     gone = _client_gone()
+    if gone():  # it left while its request waited for a worker thread: do no work for it
+        raise EngineUnavailable("client disconnected")
     stream = _engine().submit(parsed.request)
     if _wait(stream, gone) is None:  # Accepted, or raises the engine's error (a 4xx/5xx)
         raise EngineUnavailable("client disconnected")

@@ -396,6 +396,9 @@ def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint
     lps = [e for d in deltas for e in d.logprobs]
     calls = [c for d in deltas for c in d.tool_calls]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(d.text for d in deltas)}
+    reasoning = "".join(d.reasoning for d in deltas)
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if calls:
         message["content"] = message["content"] or None
         message["tool_calls"] = tool_call_dicts(calls)
@@ -449,6 +452,11 @@ class ChunkWriter:
 
     def delta(self, ev: Delta) -> bytes:
         out = b""
+        if ev.reasoning and self.chat:
+            out += self._chunk({"index": 0, "delta": {"reasoning_content": ev.reasoning}, "logprobs": None,
+                                "finish_reason": None})
+            if not (ev.text or ev.tool_calls or ev.logprobs):
+                return out
         if ev.tool_calls and self.chat:
             for c in ev.tool_calls:  # OpenAI's shape: id, type and name first, then the arguments
                 i = self._n_calls

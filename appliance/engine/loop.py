@@ -17,6 +17,8 @@ from ..models import resolve
 from .chat import ChatTemplate
 from . import tools
 from .constraints import Constraints
+from .output import OutputParser
+from .reasoning import ReasoningParser, prompt_opens_thinking
 from .runners.base import Span
 from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
@@ -57,13 +59,14 @@ class EngineLoop:
         return {**self.scheduler.stats(), "kv_bytes": self.info.kv_bytes}
 
     # -- prompts -------------------------------------------------------------------------
-    def prompt_ids(self, req: Request) -> list[int]:
+    def prompt_ids(self, req: Request) -> tuple[list[int], str]:
+        """The prompt's tokens, and its text (empty when the client sent token ids)."""
         if req.prompt_ids is not None:
             bad = [t for t in req.prompt_ids if not 0 <= t < self.info.n_vocab]
             if bad:
                 raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
                                    f"[0, {self.info.n_vocab})", param="prompt")
-            return list(req.prompt_ids)
+            return list(req.prompt_ids), ""
         if req.messages is not None:
             messages, kwargs = req.messages, dict(req.template_kwargs)
             if req.tools and req.tool_choice != "none":
@@ -78,19 +81,21 @@ class EngineLoop:
         bos = self.info.bos_id
         if len(ids) > 1 and bos is not None and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]  # the template wrote a BOS and the tokenizer added one
-        return ids
+        return ids, text
 
     def submit(self, req: Request) -> None:
         try:
-            ids = self.prompt_ids(req)
-            constraint, parser = req.constraint, None
+            ids, text = self.prompt_ids(req)
+            constraint, tool_parser, parser = req.constraint, None, None
             if req.tools and req.tool_choice != "none":
                 names = {t.name for t in req.tools}
-                parser = tools.StreamParser(self.tool_format, names)
+                tool_parser = tools.StreamParser(self.tool_format, names)
                 if req.tool_choice != "auto":  # required, or one named function: never downgraded
                     grammar = tools.grammar(req.tools, req.tool_choice, req.parallel_tool_calls,
                                             self.tool_format)
                     constraint = Constraint("lark", grammar)
+            if req.messages is not None:
+                parser = OutputParser(ReasoningParser(prompt_opens_thinking(text)), tool_parser)
             matcher = self.constraints.matcher(constraint) if constraint else None
             self.scheduler.submit(req, ids, matcher, parser)
         except ApplianceError as e:

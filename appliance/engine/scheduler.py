@@ -35,7 +35,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
 from .constraints import Matcher
-from .tools import StreamParser
+from .output import OutputParser, Piece
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -61,7 +61,7 @@ class Active:
     cancelled: bool = False
     stopped: bool = False            # a stop string ended the output
     matcher: Matcher | None = None   # structured output: the grammar's state
-    parser: StreamParser | None = None  # tool calls: separates them from content
+    parser: OutputParser | None = None  # chat: reasoning and tool calls apart from content
     t_admit: float = 0.0
     t_prefill: float = 0.0           # start of the first prefill chunk
     prompt_ms: float = 0.0
@@ -95,7 +95,7 @@ class Scheduler:
 
     # -- requests in ---------------------------------------------------------------------
     def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None,
-               parser: StreamParser | None = None) -> None:
+               parser: OutputParser | None = None) -> None:
         """Validate and queue; emits Accepted, or Error and nothing else."""
         try:
             act = self._admit_check(req, prompt)
@@ -245,12 +245,9 @@ class Scheduler:
         piece = self.runner.detokenize([tok])
         res = act.stop.feed(act.utf8.decode(piece))
         lps = (self._logprobs(row, tok, piece, act.req.params.top_logprobs),) if act.req.params.logprobs else ()
-        text, calls = res.text, ()
-        if act.parser is not None:
-            got = act.parser.feed(text)
-            text, calls = got.content, got.calls
-        if text or lps or calls:
-            self.emit(Delta(act.req.id, text, (tok,), lps, calls))
+        got = act.parser.feed(res.text) if act.parser is not None else Piece(res.text)
+        if got or lps:
+            self.emit(Delta(act.req.id, got.content, (tok,), lps, got.calls, got.reasoning))
         act.stopped = res.stopped
 
     def _logprobs(self, row: np.ndarray, tok: int, piece: bytes, n_top: int) -> TokenLogprob:
@@ -276,15 +273,14 @@ class Scheduler:
     def _finish(self, act: Active, reason: str) -> None:
         if reason != "cancelled":
             tail = "" if act.stopped else act.stop.flush() + act.utf8.decode(b"", final=True)
-            calls: tuple = ()
+            got = Piece(tail)
             if act.parser is not None:
-                got = act.parser.feed(tail)
-                end = act.parser.flush()
-                tail, calls = got.content + end.content, got.calls + end.calls
+                a, b = act.parser.feed(tail), act.parser.flush()
+                got = Piece(a.content + b.content, a.reasoning + b.reasoning, a.calls + b.calls)
                 if act.parser.n_calls and reason == "stop":
                     reason = "tool_calls"
-            if tail or calls:
-                self.emit(Delta(act.req.id, tail, (), (), calls))
+            if got:
+                self.emit(Delta(act.req.id, got.content, (), (), got.calls, got.reasoning))
         if act.slot >= 0 and self.slots[act.slot] is act:
             self.slots[act.slot] = None
         self.by_id.pop(act.req.id, None)

@@ -168,6 +168,8 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""             # text of the reply's leading <think> block
+    reasoning: str = ""             # text of the reply's leading <think> block
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""Reasoning separation end to end, on a tiny random-weight model whose template opens a
+<think> block in the generation prompt (as Qwen3's does) unless thinking is turned off."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from ..engine.gguf_fixtures import write_tiny_llama
+from .conftest import running_server
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}")
+BODY = {"model": "tiny-thinker", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+        "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny-thinker.gguf", chat_template=THINKING_TEMPLATE)
+    with running_server(tmp_path_factory.mktemp("srv"), "--model", str(model), "--n-ctx", "256",
+                        "--n-slots", "1", timeout=120) as srv:
+        yield srv
+
+
+def test_thinking_goes_to_reasoning_content(server):
+    msg = requests.post(server.url + "/v1/chat/completions", json=BODY, timeout=60).json()["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["content"] == ""
+
+
+def test_streamed_reasoning_deltas(server):
+    reasoning, content = "", ""
+    with requests.post(server.url + "/v1/chat/completions", json={**BODY, "stream": True}, stream=True,
+                       timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    reasoning += choice["delta"].get("reasoning_content") or ""
+                    content += choice["delta"].get("content") or ""
+    full = requests.post(server.url + "/v1/chat/completions", json=BODY, timeout=60).json()
+    assert reasoning == full["choices"][0]["message"]["reasoning_content"] and content == ""
+
+
+def test_thinking_turned_off_through_the_template(server):
+    body = {**BODY, "chat_template_kwargs": {"enable_thinking": False}}
+    msg = requests.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert "reasoning_content" not in msg and msg["content"]
