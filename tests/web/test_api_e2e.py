@@ -171,32 +171,49 @@ def test_concurrent_greedy_streams_match_alone_and_share_batches(client, model, 
     assert after > before, "the streams should have decoded together in one batch"
 
 
-def test_bad_input_gets_openai_shaped_4xx_and_server_keeps_serving(server, client, model):
-    url = server.url + "/v1/chat/completions"
-    cases = [
-        (dict(data=b"{not json", headers={"Content-Type": "application/json"}), 400),
-        (dict(data=b"\xff\xfe", headers={"Content-Type": "application/json"}), 400),
-        (dict(data=b'{"messages": []}', headers={"Content-Type": "text/plain"}), 415),
-        (dict(json=[1, 2]), 400),
-        (dict(json={"messages": []}), 400),
-        (dict(json={"messages": [{"role": "wizard", "content": "hi"}]}), 400),
-        (dict(json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}), 404),
-        (dict(json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), 400),
-        (dict(json={"messages": [{"role": "user", "content": "hi"}], "temperature": 7}), 400),
-        (dict(json={"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}), 400),
-        (dict(data=b'{"messages": [{"role":"user","content":"' + b"x" * (9 << 20) + b'"}]}',
-              headers={"Content-Type": "application/json"}), 413),
-    ]
-    for kwargs, status in cases:
-        r = requests.post(url, timeout=30, **kwargs)
-        assert r.status_code == status, (kwargs.get("json"), r.text[:200])
-        err = r.json()["error"]
-        assert set(err) >= {"message", "type", "param", "code"} and err["message"]
-    r = requests.post(server.url + "/v1/completions", json={"prompt": [1, 2, 10**9]}, timeout=30)
-    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+JSON = {"Content-Type": "application/json"}
+HI = [{"role": "user", "content": "hi"}]
+BAD_INPUT = {  # API-CONTRACT.md's list: each a clean 4xx in OpenAI's shape
+    "malformed JSON": ("/v1/chat/completions", dict(data=b"{not json", headers=JSON), 400),
+    "invalid UTF-8": ("/v1/chat/completions", dict(data=b"\xff\xfe", headers=JSON), 400),
+    "wrong content type": ("/v1/chat/completions", dict(data=b'{"messages": []}',
+                                                        headers={"Content-Type": "text/plain"}), 415),
+    "non-object body": ("/v1/chat/completions", dict(json=[1, 2]), 400),
+    "missing messages": ("/v1/chat/completions", dict(json={"max_tokens": 3}), 400),
+    "empty messages": ("/v1/chat/completions", dict(json={"messages": []}), 400),
+    "unknown role": ("/v1/chat/completions", dict(json={"messages": [{"role": "wizard", "content": "hi"}]}), 400),
+    "unknown model": ("/v1/chat/completions", dict(json={"model": "nope", "messages": HI}), 404),
+    "max_tokens 0": ("/v1/chat/completions", dict(json={"messages": HI, "max_tokens": 0}), 400),
+    "max_tokens too large": ("/v1/chat/completions", dict(json={"messages": HI, "max_tokens": 10**6}), 400),
+    "temperature out of range": ("/v1/chat/completions", dict(json={"messages": HI, "temperature": 7}), 400),
+    "top_p out of range": ("/v1/chat/completions", dict(json={"messages": HI, "top_p": 1.5}), 400),
+    "n > 1": ("/v1/chat/completions", dict(json={"messages": HI, "n": 3}), 400),
+    "invalid JSON schema": ("/v1/chat/completions", dict(json={"messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}), 400),
+    "malformed tools": ("/v1/chat/completions", dict(json={"messages": HI, "tools": [{"type": "function"}]}), 400),
+    "unknown tool_choice": ("/v1/chat/completions", dict(json={"messages": HI, "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"}), 400),
+    "out-of-vocabulary token ids": ("/v1/completions", dict(json={"prompt": [1, 2, 10**9]}), 400),
+    "stream_options without stream": ("/v1/chat/completions", dict(json={"messages": HI, "stream_options": {}}), 400),
+    "oversized body": ("/v1/chat/completions", dict(data=b'{"messages": [{"role":"user","content":"' +
+                                                    b"x" * (9 << 20) + b'"}]}', headers=JSON), 413),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_gets_openai_shaped_4xx_and_server_keeps_serving(server, client, model, case):
+    path, kwargs, status = BAD_INPUT[case]
+    r = requests.post(server.url + path, timeout=30, **kwargs)
+    assert r.status_code == status, r.text[:300]
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    assert chat(client, model, "Say hi.", max_tokens=1).choices[0].message is not None
+
+
+def test_unknown_routes_and_methods(server):
     assert requests.get(server.url + "/v1/nothing").status_code == 404
+    assert requests.get(server.url + "/v1/nothing").json()["error"]["code"] == "not_found"
     assert requests.get(server.url + "/v1/chat/completions").status_code == 405
-    assert chat(client, model, "Say hi.", max_tokens=3).choices[0].message.content
 
 
 def test_foreign_host_header_is_refused(server):
@@ -377,3 +394,28 @@ def test_tool_result_round_trip(client, model):
         {"role": "tool", "tool_call_id": call.id, "content": "18 degrees Celsius and sunny"}])
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert r.usage.prompt_tokens > 60  # the call and its result were rendered into the prompt
+
+
+def test_a_slow_reader_does_not_stall_another_stream(server, model):
+    slow_body = {"model": model, "stream": True, "max_tokens": 400, "ignore_eos": True,
+                 "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    with requests.post(server.url + "/v1/chat/completions", json=slow_body, stream=True, timeout=120) as slow:
+        lines = slow.iter_lines()
+        next(lines)  # the slow client reads one line, then nothing while the other stream runs
+        text, status = stream_text_raw(server, model)
+        # the other stream finished while the slow one is still being generated, unread
+        assert status == 200 and text and server.health()["engine"]["slots_busy"] >= 1
+        rest = [ln for ln in lines if ln]
+    assert rest[-1] == b"data: [DONE]"
+
+
+def stream_text_raw(server, model):
+    body = {"model": model, "stream": True, "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "Name two colors."}]}
+    parts = []
+    with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    parts.append(c["delta"].get("content") or "")
+    return "".join(parts), r.status_code
