@@ -34,7 +34,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(tmp_path, *args: str, timeout: float = 180.0):
+def running_server(tmp_path, *args: str, timeout: float = 180.0, health_headers: dict | None = None):
     port = free_port()
     log_path = str(tmp_path / f"server-{port}.log")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -48,7 +48,7 @@ def running_server(tmp_path, *args: str, timeout: float = 180.0):
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
             try:
-                if requests.get(server.url + "/health", timeout=2).status_code == 200:
+                if requests.get(server.url + "/health", timeout=2, headers=health_headers).status_code == 200:
                     break
             except requests.ConnectionError:
                 pass

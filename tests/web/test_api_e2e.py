@@ -419,3 +419,26 @@ def stream_text_raw(server, model):
                 for c in json.loads(line[6:])["choices"]:
                     parts.append(c["delta"].get("content") or "")
     return "".join(parts), r.status_code
+
+
+FILLER = ("The river flows past the old mill and the farmers bring their grain to the market every week. " * 80
+          ).split(". ")
+
+
+def needle_prompt(n_sentences: int, code: str) -> str:
+    sents = FILLER[:n_sentences]
+    sents.insert(len(sents) // 3, f"The secret code is {code}")  # a third of the way in
+    return ". ".join(sents) + ".\n\nWhat is the secret code? Answer with the number only."
+
+
+@pytest.mark.parametrize("n_sentences,code", [(5, "4817"), (20, "93015"), (40, "27364"), (48, "58102")])
+def test_recall_of_a_planted_code_up_to_the_context_limit(client, model, n_sentences, code):
+    r = chat(client, model, needle_prompt(n_sentences, code), max_tokens=12)
+    assert code in r.choices[0].message.content
+    assert r.usage.prompt_tokens + 12 <= N_CTX
+
+
+def test_planted_code_past_the_context_limit_is_a_400(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, needle_prompt(len(FILLER), "11111"), max_tokens=12)
+    assert e.value.body["n_prompt_tokens"] > N_CTX - 12
