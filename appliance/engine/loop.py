@@ -18,7 +18,7 @@ from .chat import ChatTemplate
 from . import tools
 from .constraints import Constraints
 from .output import OutputParser
-from .reasoning import ReasoningParser, prompt_opens_thinking
+from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
 from .runners.base import Span
 from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
@@ -37,6 +37,7 @@ class EngineLoop:
         self.info = self.runner.info
         self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
         self.tool_format = tools.detect_format(self.info.chat_template)
+        self.think_markers = markers_for(self.info.chat_template)
         if self.template.load_warning:
             log.warning("%s", self.template.load_warning)
         self.constraints = Constraints(self.runner.guidance_tokenizer, self.info.n_vocab)
@@ -95,7 +96,8 @@ class EngineLoop:
                                             self.tool_format)
                     constraint = Constraint("lark", grammar)
             if req.messages is not None:
-                parser = OutputParser(ReasoningParser(prompt_opens_thinking(text)), tool_parser)
+                inside = prompt_opens_thinking(text, self.think_markers[0])
+                parser = OutputParser(ReasoningParser(inside, self.think_markers), tool_parser)
             matcher = self.constraints.matcher(constraint) if constraint else None
             self.scheduler.submit(req, ids, matcher, parser)
         except ApplianceError as e:

@@ -45,3 +45,15 @@ def test_streaming_holds_back_only_a_possible_closing_tag():
 def test_prompt_detection():
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_template_markers_are_used_where_the_template_has_them():
+    from appliance.engine.reasoning import markers_for
+
+    magistral = "{{ '[THINK]' }}...{{ '[/THINK]' }}"
+    assert markers_for(magistral) == ("[THINK]", "[/THINK]")
+    assert markers_for(None) == ("<think>", "</think>")
+    p = ReasoningParser(markers=("[THINK]", "[/THINK]"))
+    a, b = p.feed("[THINK]hmm[/THI"), p.feed("NK]Yes.")
+    assert (a.reasoning + b.reasoning, a.content + b.content) == ("hmm", "Yes.")
+    assert prompt_opens_thinking("x [THINK]", "[THINK]")
