@@ -37,6 +37,8 @@ class EngineConfig:
                               "never holds other streams for more than one chunk")
     step_token_budget: int = _opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
     flash_attn: bool = _opt(False, "use llama.cpp's flash attention")
+    prompt_cache: bool = _opt(True, "keep each slot's prompt KV after a request and reuse its longest "
+                              "common prefix (whole --prefill-chunk blocks, so hits are exact)")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     seed: int = _opt(0, "default sampling seed for requests that give none")

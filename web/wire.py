@@ -25,7 +25,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 # accepted and ignored: they change nothing for a single local model
-IGNORED = {"user", "store", "metadata", "service_tier", "cache_prompt",
+IGNORED = {"user", "store", "metadata", "service_tier",
            "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
 NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_call": "the deprecated 'function_call'",
            "logit_bias": "logit_bias",
@@ -337,7 +337,8 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                              param="tool_choice")
     req = Request(id=request_id, params=params, messages=messages,
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
-                  tool_choice=choice, parallel_tool_calls=_bool(body, "parallel_tool_calls", True))
+                  tool_choice=choice, parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
+                  cache_prompt=_bool(body, "cache_prompt", True))
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -359,7 +360,8 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
                              "(batches of several prompts are not supported)", param="prompt")
     top = _int(body, "logprobs", 0, 5, None)  # the legacy API: an int, how many alternatives
     params = dataclasses.replace(sampling_params(body, n_ctx, 16), logprobs=top is not None, top_logprobs=top or 0)
-    req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body))
+    req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
+                  cache_prompt=_bool(body, "cache_prompt", True))
     return ParsedRequest(req, stream, include_usage, model)
 
 

@@ -104,7 +104,11 @@ def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
 
 
 def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
-    probs = softmax(logits / np.float32(temperature))
+    # shift before dividing: a tiny temperature must not overflow float32 to inf - inf = NaN
+    x = logits.astype(np.float64)
+    z = (x - np.max(x)) / temperature
+    probs = np.exp(z)
+    probs /= probs.sum()
     return int(rng.choice(probs.shape[-1], p=probs))
 
 

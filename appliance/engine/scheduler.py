@@ -18,6 +18,13 @@ Each `step()` is one iteration of continuous batching:
 A long prompt therefore never holds other streams for more than one chunk per step, and a new
 request joins the running batch at the next step.
 
+Prompt cache, slot tier: when a request ends, its slot keeps the prompt's KV for the whole
+grid blocks it covers (`kept`). A new request takes the free slot whose kept blocks share the
+longest prefix with its prompt, keeps those blocks, and prefills the rest in the same grid
+chunks a cold run would use, so a hit gives exactly the cold answer. Positions computed by
+one-token decode steps (a previous reply) are never reused: a cold run would compute them in
+a chunk, with other numerics.
+
 Invariant: a request in a slot has exactly `n_past` positions in that slot's KV.
 """
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Active:
     prompt_ms: float = 0.0
     decode_ms: float = 0.0
     decode_steps: int = 0
+    cached: int = 0                  # prompt positions reused from the slot's kept blocks
 
     @property
     def prefilling(self) -> bool:
@@ -88,6 +96,8 @@ class Scheduler:
         self.n_ctx = runner.info.n_ctx
         self.waiting: deque[Active] = deque()
         self.slots: list[Active | None] = [None] * runner.info.n_slots
+        self.kept: list[list[int]] = [[] for _ in self.slots]  # reusable prompt blocks per slot
+        self.cache_hit_tokens = 0
         self.by_id: dict[str, Active] = {}
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
@@ -142,6 +152,7 @@ class Scheduler:
             self.by_id.pop(act.req.id, None)
         self.waiting.clear()
         self.slots = [None] * len(self.slots)
+        self.kept = [[] for _ in self.slots]  # the runner failed: trust no KV
 
     # -- state ---------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -154,6 +165,8 @@ class Scheduler:
             "tokens_generated": self.tokens_generated,
             "max_decode_batch": max(self.decode_rows_seen, default=0),
             "kv_tokens": sum(a.n_past for a in self.slots if a is not None),
+            "cache_hit_tokens": self.cache_hit_tokens,
+            "cached_tokens": sum(len(k) for k in self.kept),
             "kv_capacity": len(self.slots) * self.n_ctx,
             "decode_batches": {str(k): v for k, v in sorted(self.decode_rows_seen.items())},
         }
@@ -168,7 +181,7 @@ class Scheduler:
         t0 = time.perf_counter()
         decoding = [not a.prefilling for a in owners]
         for act in owners:
-            if act.n_past == 0:
+            if not act.t_prefill:
                 act.t_prefill = t0
         logits = self.runner.forward(spans)
         for act, span in zip(owners, spans):
@@ -201,12 +214,29 @@ class Scheduler:
                 self._finish(act, "cancelled")
 
     def _fill_slots(self) -> None:
+        while self.waiting and None in self.slots:
+            act = self.waiting.popleft()
+            i, reuse = self._pick_slot(act)
+            self.runner.truncate(i, reuse)
+            self.kept[i] = []  # the slot is being rewritten from position `reuse` on
+            act.slot, act.n_past, act.cached, act.t_admit = i, reuse, reuse, time.perf_counter()
+            self.cache_hit_tokens += reuse
+            self.slots[i] = act
+
+    def _pick_slot(self, act: Active) -> tuple[int, int]:
+        """The free slot with the longest reusable prefix (whole blocks, never the prompt's last
+        token, whose logits are needed); without a hit, the free slot keeping the least."""
+        chunk = self.cfg.prefill_chunk
+        best, best_reuse = -1, -1
         for i, occupant in enumerate(self.slots):
-            if occupant is None and self.waiting:
-                act = self.waiting.popleft()
-                self.runner.truncate(i, 0)
-                act.slot, act.n_past, act.t_admit = i, 0, time.perf_counter()
-                self.slots[i] = act
+            if occupant is not None:
+                continue
+            reuse = 0
+            if self.cfg.prompt_cache and act.req.cache_prompt:
+                reuse = min(_common_prefix(self.kept[i], act.prompt), len(act.prompt) - 1) // chunk * chunk
+            if reuse > best_reuse or (reuse == best_reuse and len(self.kept[i]) < len(self.kept[best])):
+                best, best_reuse = i, reuse
+        return best, best_reuse
 
     def _plan(self) -> tuple[list[Span], list[Active]]:
         spans: list[Span] = []
@@ -283,11 +313,21 @@ class Scheduler:
                 self.emit(Delta(act.req.id, got.content, (), (), got.calls, got.reasoning))
         if act.slot >= 0 and self.slots[act.slot] is act:
             self.slots[act.slot] = None
+            chunk = self.cfg.prefill_chunk
+            self.kept[act.slot] = act.prompt[: min(act.n_past, len(act.prompt)) // chunk * chunk]
         self.by_id.pop(act.req.id, None)
         n_out = sum(1 for t in act.out if t not in self.runner.info.eog_ids or act.req.params.ignore_eos)
-        usage = Usage(len(act.prompt), n_out, 0)
+        usage = Usage(len(act.prompt), n_out, act.cached)
         queue_ms = 1000.0 * ((act.t_admit or time.perf_counter()) - act.t_submit)
-        timings = Timings(prompt_n=len(act.prompt), cache_n=0, prompt_ms=act.prompt_ms,
+        timings = Timings(prompt_n=len(act.prompt) - act.cached, cache_n=act.cached, prompt_ms=act.prompt_ms,
                           predicted_n=act.decode_steps, predicted_ms=act.decode_ms,
                           queue_ms=queue_ms, n_ctx=self.n_ctx)
         self.emit(Done(act.req.id, reason, usage, timings))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

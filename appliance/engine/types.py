@@ -85,6 +85,7 @@ class Request:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str = "auto"       # auto | none | required | the name of one tool
     parallel_tool_calls: bool = True
+    cache_prompt: bool = True       # may reuse a cached prefix (llama-server's option name)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class Timings:
     predicted_n counts those steps, so predicted_per_second is the engine's decode rate.
     """
 
-    prompt_n: int
+    prompt_n: int        # prompt tokens computed for this request (the rest came from the cache)
     cache_n: int
     prompt_ms: float
     predicted_n: int
@@ -132,7 +133,7 @@ class Timings:
             "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
             "predicted_per_second": round(self.predicted_per_second, 3),
             "queue_ms": round(self.queue_ms, 3), "tokens_per_step": self.tokens_per_step,
-            "n_ctx": self.n_ctx, "depth": self.prompt_n + self.predicted_n + 1,
+            "n_ctx": self.n_ctx, "depth": self.cache_n + self.prompt_n + self.predicted_n + 1,
         }
 
 

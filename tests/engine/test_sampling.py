@@ -324,3 +324,13 @@ def test_stop_found_in_a_single_feed_truncates():
 def test_text_without_stop_comes_out_whole():
     pieces = ["a <", "b", "> c <E", "ND", " d"]
     assert run(StopMatcher(("<END>",)), pieces) == ("".join(pieces), False)
+
+
+def test_tiny_temperature_behaves_like_greedy_instead_of_overflowing():
+    import numpy as np
+
+    from appliance.engine.sampling import draw
+
+    logits = np.array([1.0, 3.0, 2.0, -np.inf], dtype=np.float32)
+    rng = np.random.Generator(np.random.PCG64(0))
+    assert {draw(logits, 1.1754943508222875e-38, rng) for _ in range(20)} == {1}

@@ -217,3 +217,47 @@ def test_negative_and_huge_seeds_are_valid():
     sched.submit(Request(id="b", params=SamplingParams(temperature=0.8, seed=2**64 - 1, max_tokens=2), prompt="x"), [1])
     run(sched)
     assert of(events, "a", Done) and of(events, "b", Done)
+
+
+def _prompt_cache_run(sched, rid, prompt, cache=True):
+    sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x",
+                         cache_prompt=cache), prompt)
+    run(sched)
+
+
+def test_slot_reuse_keeps_whole_blocks_of_the_longest_common_prefix():
+    sched, runner, events = make(n_slots=2, prefill_chunk=4, step_token_budget=4)
+    a = list(range(1, 11))                    # 10 tokens: blocks [0,4) [4,8) kept
+    _prompt_cache_run(sched, "a", a)
+    assert sched.kept[0] == a[:8]
+    _prompt_cache_run(sched, "b", a[:6] + [40, 41, 42])  # shares 6 -> reuses one block of 4
+    done = of(events, "b", Done)[0]
+    assert done.usage.cached_tokens == 4 and done.timings.cache_n == 4 and done.timings.prompt_n == 5
+    # the rest was computed in the grid's chunks, as a cold run would
+    b_chunks = [(s.start_pos, len(s.tokens)) for call in runner.calls[-4:] for s in call if len(s.tokens) > 1]
+    assert b_chunks[0] == (4, 4)
+    assert sched.stats()["cache_hit_tokens"] == 4
+
+
+def test_reuse_never_covers_the_last_prompt_token_and_respects_cache_off():
+    sched, _, events = make(n_slots=1, prefill_chunk=4, step_token_budget=4)
+    p = list(range(1, 9))                     # exactly two blocks
+    _prompt_cache_run(sched, "a", p)
+    _prompt_cache_run(sched, "b", p)          # a resend: the last block is recomputed for its logits
+    assert of(events, "b", Done)[0].usage.cached_tokens == 4
+    _prompt_cache_run(sched, "c", p, cache=False)
+    assert of(events, "c", Done)[0].usage.cached_tokens == 0
+
+
+def test_the_best_slot_is_chosen_and_a_failure_forgets_everything():
+    from appliance.errors import EngineFailure
+
+    sched, _, events = make(n_slots=2, prefill_chunk=4, step_token_budget=8)
+    sched.submit(req("a", max_tokens=2), list(range(1, 13)))
+    sched.submit(req("b", max_tokens=2), list(range(20, 32)))
+    run(sched)
+    _prompt_cache_run(sched, "c", list(range(20, 30)))
+    assert of(events, "c", Done)[0].usage.cached_tokens == 8
+    assert sched.slots == [None, None]
+    sched.fail_all(EngineFailure("boom"))
+    assert sched.kept == [[], []]

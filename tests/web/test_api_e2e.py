@@ -23,7 +23,7 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("srv"), "--n-ctx", str(N_CTX), "--n-slots", "4",
-                        "--keepalive-s", "0.2") as srv:
+                        "--keepalive-s", "0.2", "--prefill-chunk", "128") as srv:
         yield srv
 
 
@@ -78,7 +78,7 @@ def test_chat_non_streamed(client, model):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert r.usage.prompt_tokens_details.cached_tokens == 0
     t = r.model_extra["timings"]
-    assert t["prompt_n"] == r.usage.prompt_tokens and t["predicted_per_second"] > 0
+    assert t["prompt_n"] + t["cache_n"] == r.usage.prompt_tokens and t["predicted_per_second"] > 0
 
 
 def test_chat_streamed_with_usage_matches_non_streamed(client, model):
@@ -442,3 +442,26 @@ def test_planted_code_past_the_context_limit_is_a_400(client, model):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, model, needle_prompt(len(FILLER), "11111"), max_tokens=12)
     assert e.value.body["n_prompt_tokens"] > N_CTX - 12
+
+
+STORY = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 30
+
+
+@pytest.mark.parametrize("kind", ["resend", "half prefix", "extended"])
+def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, kind):
+    first = [{"role": "user", "content": STORY}]
+    chat(client, model, STORY, max_tokens=4)  # leaves the prompt's blocks in a slot
+    follow = {"resend": first,
+              "half prefix": [{"role": "user", "content": STORY[: len(STORY) // 2]}],
+              "extended": first + [{"role": "assistant", "content": "He lit it."},
+                                   {"role": "user", "content": "What happened one stormy night?"}]}[kind]
+    kw = dict(model=model, messages=follow, temperature=0, max_tokens=16, logprobs=True, top_logprobs=5)
+    warm = client.chat.completions.create(**kw)
+    cold = client.chat.completions.create(**kw, extra_body={"cache_prompt": False})
+    assert warm.usage.prompt_tokens_details.cached_tokens >= 128
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.model_extra["timings"]["cache_n"] == warm.usage.prompt_tokens_details.cached_tokens
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+    first_warm, first_cold = warm.choices[0].logprobs.content[0], cold.choices[0].logprobs.content[0]
+    assert [(t.token, t.logprob) for t in first_warm.top_logprobs] == \
+        [(t.token, t.logprob) for t in first_cold.top_logprobs]
