@@ -39,6 +39,8 @@ class EngineConfig:
     flash_attn: bool = _opt(False, "use llama.cpp's flash attention")
     prompt_cache: bool = _opt(True, "keep each slot's prompt KV after a request and reuse its longest "
                               "common prefix (whole --prefill-chunk blocks, so hits are exact)")
+    cache_ram_bytes: int = _opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
+                                "is needed for other work (0 = no RAM tier)")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     seed: int = _opt(0, "default sampling seed for requests that give none")

@@ -34,12 +34,16 @@ class EngineCollector:
             "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.get("kv_bytes", 0)),
             "kv_pool_tokens": ("positions in the KV pool", s.get("kv_capacity", 0)),
             "kv_used_tokens": ("positions of the KV pool holding a live request", s.get("kv_tokens", 0)),
+            "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", s.get("cached_tokens", 0)),
+            "prompt_cache_ram_bytes": ("bytes of saved prompt states in the RAM tier", s.get("ram_bytes", 0)),
+            "prompt_cache_ram_entries": ("saved prompt states in the RAM tier", s.get("ram_entries", 0)),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
         counters = {
             "engine_steps": ("scheduler steps run", s.get("steps", 0)),
             "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", s.get("cache_hit_tokens", 0)),
+            "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", s.get("ram_hit_tokens", 0)),
             "draft_tokens_proposed": ("tokens proposed by speculative drafting", s.get("draft_proposed", 0)),
             "draft_tokens_accepted": ("drafted tokens accepted by verification", s.get("draft_accepted", 0)),
         }

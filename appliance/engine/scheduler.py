@@ -43,6 +43,7 @@ from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
 from .constraints import Matcher
 from .output import OutputParser, Piece
+from .prefix_cache import RamTier
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -98,6 +99,8 @@ class Scheduler:
         self.slots: list[Active | None] = [None] * runner.info.n_slots
         self.kept: list[list[int]] = [[] for _ in self.slots]  # reusable prompt blocks per slot
         self.cache_hit_tokens = 0
+        self.ram = RamTier(cfg.cache_ram_bytes, cfg.prefill_chunk) \
+            if cfg.prompt_cache and cfg.cache_ram_bytes > 0 else None
         self.by_id: dict[str, Active] = {}
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
@@ -167,6 +170,7 @@ class Scheduler:
             "kv_tokens": sum(a.n_past for a in self.slots if a is not None),
             "cache_hit_tokens": self.cache_hit_tokens,
             "cached_tokens": sum(len(k) for k in self.kept),
+            **(self.ram.stats() if self.ram is not None else {}),
             "kv_capacity": len(self.slots) * self.n_ctx,
             "decode_batches": {str(k): v for k, v in sorted(self.decode_rows_seen.items())},
         }
@@ -217,11 +221,32 @@ class Scheduler:
         while self.waiting and None in self.slots:
             act = self.waiting.popleft()
             i, reuse = self._pick_slot(act)
+            self._spill(i, reuse)
+            reuse = self._restore_from_ram(act, i, reuse)
             self.runner.truncate(i, reuse)
             self.kept[i] = []  # the slot is being rewritten from position `reuse` on
             act.slot, act.n_past, act.cached, act.t_admit = i, reuse, reuse, time.perf_counter()
             self.cache_hit_tokens += reuse
             self.slots[i] = act
+
+    def _spill(self, slot: int, reuse: int) -> None:
+        """Blocks kept in a slot that is about to be overwritten go to the RAM tier."""
+        kept = self.kept[slot]
+        if self.ram is None or len(kept) <= reuse or not kept or self.ram.holds(kept):
+            return
+        self.runner.truncate(slot, len(kept))  # drop the reply's positions: not reusable
+        self.ram.put(kept, self.runner.save(slot))
+
+    def _restore_from_ram(self, act: Active, slot: int, reuse: int) -> int:
+        if self.ram is None or not (self.cfg.prompt_cache and act.req.cache_prompt):
+            return reuse
+        found, entry = self.ram.lookup(act.prompt)
+        found = min(found, (len(act.prompt) - 1) // self.cfg.prefill_chunk * self.cfg.prefill_chunk)
+        if entry is None or found <= reuse:
+            return reuse
+        self.runner.restore(slot, entry.blob)
+        self.ram.record_hit(found)
+        return found
 
     def _pick_slot(self, act: Active) -> tuple[int, int]:
         """The free slot with the longest reusable prefix (whole blocks, never the prompt's last

@@ -1,0 +1,96 @@
+"""The RAM tier: block-chain keys, prefix lookups, the byte bound; and, on the real model,
+a prefix restored from RAM gives exactly the cold answer."""
+from __future__ import annotations
+
+import pytest
+
+from appliance.config import EngineConfig
+from appliance.engine.prefix_cache import RamTier, block_chain
+from appliance.engine.scheduler import Scheduler
+from appliance.engine.types import Delta, Done, Request, SamplingParams
+
+from .fake_runner import FakeRunner
+
+
+def test_block_chain_keys_depend_on_the_whole_prefix():
+    a, b = block_chain([1, 2, 3, 4, 5, 6, 7, 8, 9], 4), block_chain([9, 2, 3, 4, 5, 6, 7, 8], 4)
+    assert len(a) == 2 and len(b) == 2  # only whole blocks
+    assert a[0] != b[0] and a[1] != b[1]  # same second block, different parent
+    assert block_chain([1, 2, 3, 4, 5, 6, 7, 8], 4) == a
+
+
+def test_lookup_finds_the_longest_whole_block_prefix():
+    ram = RamTier(max_bytes=1000, chunk=4)
+    assert ram.put(list(range(12)), b"x" * 100)
+    assert ram.lookup(list(range(12)) + [99])[0] == 12
+    n, entry = ram.lookup(list(range(6)) + [50, 51])
+    assert n == 4 and entry.n_blocks == 3  # a prefix of an entry hits; the restore is truncated
+    assert ram.lookup([7, 7, 7, 7, 7])[0] == 0
+
+
+def test_byte_bound_evicts_least_recently_used_and_cleans_the_index():
+    ram = RamTier(max_bytes=250, chunk=4)
+    ram.put([1] * 4, b"a" * 100)
+    ram.put([2] * 4, b"b" * 100)
+    ram.lookup([1] * 4)                   # touch the first
+    ram.put([3] * 4, b"c" * 100)          # evicts the second
+    assert ram.bytes == 200 and ram.lookup([2] * 4)[0] == 0 and ram.lookup([1] * 4)[0] == 4
+    assert not ram.put([4] * 4, b"d" * 300)  # bigger than the tier: refused, nothing evicted
+    assert len(ram.entries) == 2
+
+
+def test_scheduler_spills_a_needed_slot_and_restores_it():
+    runner = FakeRunner(n_slots=1, n_ctx=256)
+    events = []
+    sched = Scheduler(runner, EngineConfig(n_slots=1, n_ctx=256, prefill_chunk=4, step_token_budget=4), events.append)
+
+    def go(rid, prompt):
+        sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x"), prompt)
+        while sched.has_work():
+            sched.step()
+        return [e for e in events if isinstance(e, Done) and e.request_id == rid][0]
+
+    a = list(range(1, 14))
+    go("a", a)
+    go("b", [30] * 9)                     # needs the only slot: a's 12 kept tokens go to RAM
+    assert sched.ram.stats()["ram_entries"] == 1
+    done = go("c", a + [50])
+    assert done.usage.cached_tokens == 12 and sched.ram.hits == 1
+    assert runner.kv[0][:14] == a + [50]
+
+
+@pytest.fixture(scope="module")
+def real():
+    from appliance.engine.runners.llamacpp import LlamaCppRunner
+    from appliance.models import embedded_model_path
+
+    cfg = EngineConfig(n_slots=1, n_ctx=1024, prefill_chunk=128)
+    runner = LlamaCppRunner(cfg, embedded_model_path(), "smol")
+    yield runner, cfg
+    runner.close()
+
+
+def test_restored_from_ram_is_exactly_the_cold_answer(real):
+    runner, cfg = real
+    events = []
+    sched = Scheduler(runner, cfg, events.append)
+
+    def go(rid, text, cache=True):
+        events.clear()
+        params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=5)
+        sched.submit(Request(id=rid, params=params, prompt=text, cache_prompt=cache), runner.tokenize(text, True))
+        while sched.has_work():
+            sched.step()
+        deltas = [e for e in events if isinstance(e, Delta)]
+        done = [e for e in events if isinstance(e, Done)][0]
+        return ([t for d in deltas for t in d.token_ids],
+                [(x.token, x.logprob, x.top) for d in deltas for x in d.logprobs], done.usage.cached_tokens)
+
+    story = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 24
+    go("a", story)
+    go("b", "An unrelated question about the weather in a small mountain village. " * 12)
+    follow = story + "One stormy night a ship came too close to the rocks. What did the keeper do?"
+    warm = go("c", follow)
+    cold = go("d", follow, cache=False)
+    assert warm[2] >= 256 and sched.ram.hits >= 1 and cold[2] == 0
+    assert warm[0] == cold[0] and warm[1] == cold[1]
