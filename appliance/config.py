@@ -41,6 +41,9 @@ class EngineConfig:
                               "common prefix (whole --prefill-chunk blocks, so hits are exact)")
     cache_ram_bytes: int = _opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
                                 "is needed for other work (0 = no RAM tier)")
+    cache_dir: str | None = _opt(None, "directory of the prompt cache's disk tier, which survives "
+                                 "restarts (default: $XDG_DATA_HOME/appliance/prompt-cache)")
+    cache_disk_bytes: int = _opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     seed: int = _opt(0, "default sampling seed for requests that give none")
@@ -54,6 +57,9 @@ class EngineConfig:
         _require(self.step_token_budget >= 1, "step_token_budget must be positive")
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
                  and self.n_threads_batch >= 0, "counts must not be negative")
+
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_data_dir() / "prompt-cache"
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil

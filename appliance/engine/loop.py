@@ -11,12 +11,14 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .. import __version__
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidToken
 from ..models import resolve
 from .chat import ChatTemplate
 from . import tools
 from .constraints import Constraints
+from .prefix_cache import DiskTier
 from .output import OutputParser
 from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
 from .runners.base import Span
@@ -43,10 +45,20 @@ class EngineLoop:
         self.constraints = Constraints(self.runner.guidance_tokenizer, self.info.n_vocab)
         self._warm_up()
         self.outbox: list[Event] = []
-        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append)
+        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append, self._disk_tier(cfg))
         log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
                  ref.path.name, self.info.arch, time.perf_counter() - t0, self.info.n_slots,
                  self.info.n_ctx, self.info.kv_bytes / 2**20, self.info.settings)
+
+    def _disk_tier(self, cfg: EngineConfig) -> DiskTier | None:
+        if not cfg.prompt_cache or cfg.cache_disk_bytes <= 0:
+            return None
+        # a saved state is only valid for this model file, context, KV type and engine build
+        fingerprint = "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}",
+                                f"kv={self.info.settings.get('kv_type')}",
+                                f"llama_cpp_python={self.info.settings.get('llama_cpp_python')}",
+                                f"appliance={__version__}", f"chunk={cfg.prefill_chunk}"])
+        return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, cfg.prefill_chunk, fingerprint)
 
     def _warm_up(self) -> None:
         """One small prefill and one decode step, so the first request does not pay for graph
@@ -122,6 +134,7 @@ class EngineLoop:
                 elif msg[0] == "abort":
                     self.scheduler.abort(msg[1])
                 elif msg[0] == "stop":
+                    self.scheduler.persist()
                     self.runner.close()
                     return
             if self.scheduler.has_work():

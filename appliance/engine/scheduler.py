@@ -43,7 +43,7 @@ from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
 from .constraints import Matcher
 from .output import OutputParser, Piece
-from .prefix_cache import RamTier
+from .prefix_cache import DiskTier, RamTier
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -90,7 +90,8 @@ class StepStats:
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None]) -> None:
+    def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None],
+                 disk: DiskTier | None = None) -> None:
         self.runner = runner
         self.cfg = cfg
         self.emit = emit
@@ -101,6 +102,7 @@ class Scheduler:
         self.cache_hit_tokens = 0
         self.ram = RamTier(cfg.cache_ram_bytes, cfg.prefill_chunk) \
             if cfg.prompt_cache and cfg.cache_ram_bytes > 0 else None
+        self.disk = disk if cfg.prompt_cache else None
         self.by_id: dict[str, Active] = {}
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
@@ -171,6 +173,7 @@ class Scheduler:
             "cache_hit_tokens": self.cache_hit_tokens,
             "cached_tokens": sum(len(k) for k in self.kept),
             **(self.ram.stats() if self.ram is not None else {}),
+            **(self.disk.stats() if self.disk is not None else {}),
             "kv_capacity": len(self.slots) * self.n_ctx,
             "decode_batches": {str(k): v for k, v in sorted(self.decode_rows_seen.items())},
         }
@@ -230,23 +233,48 @@ class Scheduler:
             self.slots[i] = act
 
     def _spill(self, slot: int, reuse: int) -> None:
-        """Blocks kept in a slot that is about to be overwritten go to the RAM tier."""
+        """Blocks kept in a slot that is about to be overwritten go to the RAM and disk tiers."""
         kept = self.kept[slot]
-        if self.ram is None or len(kept) <= reuse or not kept or self.ram.holds(kept):
+        if not kept or len(kept) <= reuse:
+            return
+        want_ram = self.ram is not None and not self.ram.holds(kept)
+        want_disk = self.disk is not None and self.disk.enabled and not self.disk.holds(kept)
+        if not (want_ram or want_disk):
             return
         self.runner.truncate(slot, len(kept))  # drop the reply's positions: not reusable
-        self.ram.put(kept, self.runner.save(slot))
+        blob = self.runner.save(slot)
+        if want_ram:
+            self.ram.put(kept, blob)
+        if want_disk:
+            self.disk.put(kept, blob)
+
+    def persist(self) -> None:
+        """Save every idle slot's kept blocks to disk (at shutdown: they survive the restart)."""
+        if self.disk is None:
+            return
+        for i, act in enumerate(self.slots):
+            if act is None and self.kept[i] and not self.disk.holds(self.kept[i]):
+                self.runner.truncate(i, len(self.kept[i]))
+                self.disk.put(self.kept[i], self.runner.save(i))
 
     def _restore_from_ram(self, act: Active, slot: int, reuse: int) -> int:
-        if self.ram is None or not (self.cfg.prompt_cache and act.req.cache_prompt):
+        """Restore the longest saved prefix (RAM, then disk) if it beats the slot's own."""
+        if not (self.cfg.prompt_cache and act.req.cache_prompt):
             return reuse
-        found, entry = self.ram.lookup(act.prompt)
-        found = min(found, (len(act.prompt) - 1) // self.cfg.prefill_chunk * self.cfg.prefill_chunk)
-        if entry is None or found <= reuse:
-            return reuse
-        self.runner.restore(slot, entry.blob)
-        self.ram.record_hit(found)
-        return found
+        limit = (len(act.prompt) - 1) // self.cfg.prefill_chunk * self.cfg.prefill_chunk
+        found, entry = self.ram.lookup(act.prompt) if self.ram is not None else (0, None)
+        if entry is not None and min(found, limit) > reuse:
+            self.runner.restore(slot, entry.blob)
+            self.ram.record_hit(min(found, limit))
+            return min(found, limit)
+        found, blob = self.disk.lookup(act.prompt) if self.disk is not None else (0, None)
+        if blob is not None and min(found, limit) > reuse:
+            self.runner.restore(slot, blob)
+            self.disk.record_hit(min(found, limit))
+            if self.ram is not None:
+                self.ram.put(act.prompt[:found], blob)
+            return min(found, limit)
+        return reuse
 
     def _pick_slot(self, act: Active) -> tuple[int, int]:
         """The free slot with the longest reusable prefix (whole blocks, never the prompt's last

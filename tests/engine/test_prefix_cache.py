@@ -94,3 +94,64 @@ def test_restored_from_ram_is_exactly_the_cold_answer(real):
     cold = go("d", follow, cache=False)
     assert warm[2] >= 256 and sched.ram.hits >= 1 and cold[2] == 0
     assert warm[0] == cold[0] and warm[1] == cold[1]
+
+
+# -- the disk tier ------------------------------------------------------------------------------
+
+from appliance.engine.prefix_cache import DiskTier  # noqa: E402
+
+
+def test_disk_round_trip_and_restart(tmp_path):
+    disk = DiskTier(tmp_path, max_bytes=10_000, chunk=4, fingerprint="model-a")
+    disk.put(list(range(12)), b"state-bytes" * 10)
+    assert not list(tmp_path.glob("*.tmp"))
+    again = DiskTier(tmp_path, max_bytes=10_000, chunk=4, fingerprint="model-a")  # a restart
+    n, blob = again.lookup(list(range(8)) + [99, 98])
+    assert n == 8 and blob == b"state-bytes" * 10
+
+
+def test_stale_and_truncated_files_are_deleted_never_loaded(tmp_path, caplog):
+    DiskTier(tmp_path, 10_000, 4, "model-a").put(list(range(8)), b"x" * 100)
+    DiskTier(tmp_path, 10_000, 4, "model-a").put(list(range(100, 108)), b"y" * 100)
+    files = sorted(tmp_path.glob("*.kv"))
+    assert len(files) == 2
+    files[0].write_bytes(files[0].read_bytes()[:-10])  # truncated by a crash
+    with caplog.at_level("INFO", logger="appliance.prefix_cache"):
+        other = DiskTier(tmp_path, 10_000, 4, "model-b")  # another model: both are stale
+    assert other.files == {} and not list(tmp_path.glob("*.kv"))
+    assert "stale fingerprint" in caplog.text or "incomplete" in caplog.text
+
+
+def test_corrupt_blob_is_ignored_with_a_warning(tmp_path, caplog):
+    DiskTier(tmp_path, 10_000, 4, "m").put(list(range(8)), b"z" * 100)
+    path = next(tmp_path.glob("*.kv"))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same length, wrong content
+    path.write_bytes(bytes(data))
+    disk = DiskTier(tmp_path, 10_000, 4, "m")
+    with caplog.at_level("WARNING", logger="appliance.prefix_cache"):
+        assert disk.lookup(list(range(8)) + [1]) == (0, None)
+    assert "checksum" in caplog.text and not path.exists()
+
+
+def test_unwritable_directory_turns_the_tier_off_without_failing(tmp_path, caplog):
+    target = tmp_path / "not-a-dir"
+    target.write_text("a file where the directory should be")
+    with caplog.at_level("WARNING", logger="appliance.prefix_cache"):
+        disk = DiskTier(target / "cache", 10_000, 4, "m")
+        disk.put(list(range(8)), b"x" * 10)
+    assert not disk.enabled and disk.lookup(list(range(8))) == (0, None)
+    assert "disk tier off" in caplog.text
+
+
+def test_byte_bound_evicts_the_oldest_file(tmp_path):
+    import os
+    import time
+
+    disk = DiskTier(tmp_path, max_bytes=800, chunk=4, fingerprint="m")  # ~376 bytes a file
+    disk.put([1] * 4, b"a" * 200)
+    old = next(tmp_path.glob("*.kv"))
+    os.utime(old, (time.time() - 100, time.time() - 100))
+    disk.put([2] * 4, b"b" * 200)
+    disk.put([3] * 4, b"c" * 200)
+    assert disk.bytes <= 800 and not old.exists() and disk.lookup([2] * 4)[0] == 4

@@ -37,7 +37,8 @@ def free_port() -> int:
 def running_server(tmp_path, *args: str, timeout: float = 180.0, health_headers: dict | None = None):
     port = free_port()
     log_path = str(tmp_path / f"server-{port}.log")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the prompt cache's disk tier writes under the test's own directory, never the user's
+    env = {"APPLIANCE_CACHE_DIR": str(tmp_path / f"prompt-cache-{port}"), **os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", str(port), *args],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
