@@ -22,13 +22,21 @@ def test_chat_page_streams_two_turns_and_shows_timings(tmp_path):
             "--disable-component-update", "--no-first-run", "--disable-sync"])
         try:
             page = browser.new_page()
+            page.set_default_timeout(90_000)
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
             page.goto(srv.url + "/")
-            page.fill("#input", "What is the capital of France?")
-            page.keyboard.press("Enter")
-            page.wait_for_selector(".stats", timeout=60_000)
-            page.fill("#input", "And of Italy?")
-            page.click("#send")
-            page.wait_for_function("document.querySelectorAll('.stats').length == 2", timeout=60_000)
+            try:
+                page.fill("#input", "What is the capital of France?")
+                page.keyboard.press("Enter")
+                page.wait_for_selector(".stats")
+                page.wait_for_selector("#send:not([disabled])")  # the first reply has finished
+                page.fill("#input", "And of Italy?")
+                page.click("#send")
+                page.wait_for_function("document.querySelectorAll('.stats').length == 2")
+            except playwright.Error as e:
+                raise AssertionError(f"{e}\npage: {page.inner_text('body')!r}\nconsole: {console}\n"
+                                     f"server log:\n{srv.log()[-3000:]}") from None
             msgs = [e.inner_text() for e in page.query_selector_all(".msg")]
             stats = page.query_selector_all(".stats")
             assert len(msgs) == 4 and msgs[0] == "What is the capital of France?"
