@@ -7,8 +7,11 @@ key and its tokens), so any request sharing a whole-block prefix with a saved st
 and restores instead of recomputing. Every block of an entry is indexed, so a request that
 shares only part of an entry's prefix still hits (the restore is then truncated).
 
-Eviction is least-recently-used by bytes for now; eviction by value (recompute cost against
-bytes) and the disk tier come next.
+RAM eviction is by value: an entry is worth the time it would take to recompute its tokens
+at their depths (from the engine's own measured prefill rates, `PrefillCost`) per byte it
+holds, halved for every `HALF_LIFE_S` since it was last used; the least valuable goes first.
+A long conversation is dear to recompute (attention grows with depth), so forty short ones
+do not push it out.
 """
 from __future__ import annotations
 
@@ -36,11 +39,51 @@ def block_chain(tokens: Sequence[int], chunk: int) -> list[bytes]:
     return keys
 
 
+HALF_LIFE_S = 600.0
+BUCKET = 1024  # depth resolution of the prefill cost model, in tokens
+
+
+class PrefillCost:
+    """Milliseconds per prompt token by depth, learned from the engine's own prefill chunks
+    (an exponential average per 1,024-token bucket). Buckets never measured are extrapolated
+    from the deepest measured one, assuming per-token cost grows linearly with depth."""
+
+    def __init__(self) -> None:
+        self.ms_per_token: dict[int, float] = {}
+
+    def observe(self, start_pos: int, n_tokens: int, ms: float) -> None:
+        if n_tokens <= 0 or ms <= 0:
+            return
+        b = (start_pos + n_tokens // 2) // BUCKET
+        old = self.ms_per_token.get(b)
+        rate = ms / n_tokens
+        self.ms_per_token[b] = rate if old is None else 0.8 * old + 0.2 * rate
+
+    def rate(self, bucket: int) -> float:
+        if bucket in self.ms_per_token:
+            return self.ms_per_token[bucket]
+        if not self.ms_per_token:
+            return 1.0 + bucket * 0.5  # nothing measured yet: the shape alone
+        known = max(b for b in self.ms_per_token if b <= bucket) if any(
+            b <= bucket for b in self.ms_per_token) else min(self.ms_per_token)
+        base = self.ms_per_token[known]
+        return base * (1.0 + bucket) / (1.0 + known)
+
+    def cost_ms(self, n_tokens: int) -> float:
+        full, rest = divmod(n_tokens, BUCKET)
+        return sum(BUCKET * self.rate(b) for b in range(full)) + rest * self.rate(full)
+
+
 @dataclass
 class Entry:
     keys: list[bytes]            # the block chain of its tokens
     blob: bytes                  # the runner's saved state for exactly those blocks
+    cost_ms: float = 0.0         # what recomputing it would take
     last_used: float = field(default_factory=time.monotonic)
+
+    def value(self, now: float) -> float:
+        """Recompute milliseconds per byte, halved per HALF_LIFE_S unused."""
+        return self.cost_ms / max(1, len(self.blob)) * 0.5 ** ((now - self.last_used) / HALF_LIFE_S)
 
     @property
     def n_blocks(self) -> int:
@@ -48,8 +91,9 @@ class Entry:
 
 
 class RamTier:
-    def __init__(self, max_bytes: int, chunk: int) -> None:
+    def __init__(self, max_bytes: int, chunk: int, cost: PrefillCost | None = None) -> None:
         self.max_bytes, self.chunk = max_bytes, chunk
+        self.cost = cost or PrefillCost()
         self.entries: dict[bytes, Entry] = {}     # by the key of its last block
         self.index: dict[bytes, bytes] = {}       # any block key -> the entry holding it
         self.bytes = 0
@@ -65,8 +109,8 @@ class RamTier:
             self.entries[keys[-1]].last_used = time.monotonic()
             return True
         while self.bytes + len(blob) > self.max_bytes:
-            self._evict_lru()
-        entry = Entry(keys, blob)
+            self._evict_least_valuable()
+        entry = Entry(keys, blob, self.cost.cost_ms(len(keys) * self.chunk))
         self.entries[keys[-1]] = entry
         self.bytes += len(blob)
         for k in keys:
@@ -91,8 +135,9 @@ class RamTier:
         self.hits += 1
         self.hit_tokens += n_tokens
 
-    def _evict_lru(self) -> None:
-        last = min(self.entries, key=lambda k: self.entries[k].last_used)
+    def _evict_least_valuable(self) -> None:
+        now = time.monotonic()
+        last = min(self.entries, key=lambda k: self.entries[k].value(now))
         entry = self.entries.pop(last)
         self.bytes -= len(entry.blob)
         for k in entry.keys:

@@ -43,7 +43,7 @@ from ..config import EngineConfig
 from ..errors import ApplianceError, ContextOverflow, QueueFull
 from .constraints import Matcher
 from .output import OutputParser, Piece
-from .prefix_cache import DiskTier, RamTier
+from .prefix_cache import DiskTier, PrefillCost, RamTier
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -100,7 +100,8 @@ class Scheduler:
         self.slots: list[Active | None] = [None] * runner.info.n_slots
         self.kept: list[list[int]] = [[] for _ in self.slots]  # reusable prompt blocks per slot
         self.cache_hit_tokens = 0
-        self.ram = RamTier(cfg.cache_ram_bytes, cfg.prefill_chunk) \
+        self.prefill_cost = PrefillCost()
+        self.ram = RamTier(cfg.cache_ram_bytes, cfg.prefill_chunk, self.prefill_cost) \
             if cfg.prompt_cache and cfg.cache_ram_bytes > 0 else None
         self.disk = disk if cfg.prompt_cache else None
         self.by_id: dict[str, Active] = {}
@@ -206,6 +207,9 @@ class Scheduler:
             if reason is not None:
                 self._finish(act, reason)
         n_decode = sum(decoding)
+        prefills = [s for s, dec in zip(spans, decoding) if not dec]
+        if len(prefills) == 1 and not n_decode:  # a clean measurement of one chunk at its depth
+            self.prefill_cost.observe(prefills[0].start_pos, len(prefills[0].tokens), ms)
         self.steps += 1
         if n_decode:
             self.decode_rows_seen[n_decode] += 1

@@ -28,7 +28,7 @@ def test_lookup_finds_the_longest_whole_block_prefix():
     assert ram.lookup([7, 7, 7, 7, 7])[0] == 0
 
 
-def test_byte_bound_evicts_least_recently_used_and_cleans_the_index():
+def test_byte_bound_evicts_the_least_recently_used_of_equals_and_cleans_the_index():
     ram = RamTier(max_bytes=250, chunk=4)
     ram.put([1] * 4, b"a" * 100)
     ram.put([2] * 4, b"b" * 100)
@@ -155,3 +155,44 @@ def test_byte_bound_evicts_the_oldest_file(tmp_path):
     disk.put([2] * 4, b"b" * 200)
     disk.put([3] * 4, b"c" * 200)
     assert disk.bytes <= 800 and not old.exists() and disk.lookup([2] * 4)[0] == 4
+
+
+# -- eviction by value ---------------------------------------------------------------------------
+
+from appliance.engine.prefix_cache import PrefillCost  # noqa: E402
+
+
+def test_prefill_cost_learns_rates_by_depth_and_extrapolates():
+    cost = PrefillCost()
+    cost.observe(0, 512, 512.0)      # 1 ms a token near the start
+    cost.observe(4096, 512, 3072.0)  # 6 ms a token past 4k
+    assert cost.rate(0) == 1.0 and cost.rate(4) == 6.0
+    assert cost.rate(8) > cost.rate(4)  # deeper than measured: grows with depth
+    assert cost.cost_ms(2048) > 2 * cost.cost_ms(1024)  # recomputing deep tokens costs more
+
+
+def test_a_long_conversation_survives_many_short_ones():
+    cost = PrefillCost()
+    for start in range(0, 8192, 512):  # per-token prefill cost rising with depth, as measured
+        cost.observe(start, 512, 512 * (1 + start / 1024))
+    per_token = 24_000  # bytes of KV per token, about SmolLM2's
+    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, chunk=256, cost=cost)
+    long_conv = [7] * 8192
+    ram.put(long_conv, b"L" * (8192 * per_token))
+    for i in range(40):  # forty short conversations arrive after it
+        ram.put([1000 + i] * 256, b"s" * (256 * per_token))
+    assert ram.lookup(long_conv + [1, 2, 3])[0] == 8192, "the long conversation's next turn still hits"
+    assert len(ram.entries) == 21 and ram.bytes <= ram.max_bytes
+
+
+def test_plain_lru_would_have_evicted_it():
+    # the same arrivals with every token equally cheap: value per byte is flat, recency decides
+    cost = PrefillCost()
+    cost.observe(0, 512, 512.0)
+    cost.ms_per_token = {b: 1.0 for b in range(64)}
+    per_token = 24_000
+    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, chunk=256, cost=cost)
+    ram.put([7] * 8192, b"L" * (8192 * per_token))
+    for i in range(40):
+        ram.put([1000 + i] * 256, b"s" * (256 * per_token))
+    assert ram.lookup([7] * 8192)[0] == 0
