@@ -22,12 +22,12 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Iterator
+from typing import Any
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
 from .runners.base import RunnerInfo
-from .types import Delta, Done, Error, Event, Request
+from .types import Done, Error, Event, Request
 
 log = logging.getLogger("appliance.engine")
 
@@ -85,12 +85,6 @@ class RequestStream:
         if isinstance(ev, Error):
             raise from_wire(ev.kind, ev.message, ev.fields)
         return ev
-
-    def __iter__(self) -> Iterator[Delta | Done]:
-        while not self.finished:
-            ev = self.get()
-            if isinstance(ev, (Delta, Done)):
-                yield ev
 
     def abort(self) -> None:
         if not self.finished:

@@ -229,7 +229,7 @@ class Scheduler:
             act = self.waiting.popleft()
             i, reuse = self._pick_slot(act)
             self._spill(i, reuse)
-            reuse = self._restore_from_ram(act, i, reuse)
+            reuse = self._restore_saved(act, i, reuse)
             self.runner.truncate(i, reuse)
             self.kept[i] = []  # the slot is being rewritten from position `reuse` on
             act.slot, act.n_past, act.cached, act.t_admit = i, reuse, reuse, time.perf_counter()
@@ -261,7 +261,7 @@ class Scheduler:
                 self.runner.truncate(i, len(self.kept[i]))
                 self.disk.put(self.kept[i], self.runner.save(i))
 
-    def _restore_from_ram(self, act: Active, slot: int, reuse: int) -> int:
+    def _restore_saved(self, act: Active, slot: int, reuse: int) -> int:
         """Restore the longest saved prefix (RAM, then disk) if it beats the slot's own."""
         if not (self.cfg.prompt_cache and act.req.cache_prompt):
             return reuse

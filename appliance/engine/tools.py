@@ -162,10 +162,8 @@ class StreamParser:
     def _feed_whole(self) -> Piece:
         # a reply that starts like a call is held to the end; anything else streams
         start = self.buf.lstrip()
-        marker = MISTRAL_TAG if self.fmt == "mistral" else "{"
-        maybe = start.startswith(marker) or marker.startswith(start) or start.startswith(PYTHON_TAG) \
-            or PYTHON_TAG.startswith(start)
-        if maybe and not self.streaming:
+        markers = (MISTRAL_TAG if self.fmt == "mistral" else "{", PYTHON_TAG)
+        if not self.streaming and any(start.startswith(m) or m.startswith(start) for m in markers):
             return Piece()
         self.streaming = True
         out, self.buf = self.buf, ""
