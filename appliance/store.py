@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import sqlite3
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -65,6 +65,7 @@ class ModelFingerprint:
 @dataclass(frozen=True)
 class RunInfo:
     id: int
+    kind: str                         # bench or sweep
     command: tuple[str, ...]
     engine_settings: dict[str, Any]
     model: ModelFingerprint
@@ -72,6 +73,7 @@ class RunInfo:
     started_at: str
     finished_at: str | None
     status: RunStatus
+    note: str = ""                    # what an incomplete run is missing, and why
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,15 @@ class ResultCell:
     repeat_index: int = 0
     cache_on: bool = False
     cached_tokens: int = 0
+    kind: str = "sweep"               # what the cell measures: sweep, prompt, concurrency, agent, needle
+    target: str = "served"            # served (through the HTTP API) or raw (llama.cpp in-process)
+    variant: str = ""                 # the A/B label ("A", "B") of an A/B run, else ""
+    engine_prefill_tps: float | None = None   # the engine's own prompt rate (timings.prompt_per_second)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # kind-specific figures, JSON
 
     def __post_init__(self) -> None:
-        if not self.mode or not self.prompt_set:
-            raise ValueError("mode and prompt_set must not be empty")
+        if not self.mode or not self.prompt_set or not self.kind or not self.target:
+            raise ValueError("mode, prompt_set, kind and target must not be empty")
         counts = (self.depth, self.prompt_tokens, self.generated_tokens, self.repeat_index,
                   self.cached_tokens)
         if min(counts) < 0 or self.concurrency < 1 or self.ttft_ms < 0:
@@ -144,6 +151,20 @@ def _create_tables(db: sqlite_utils.Database) -> None:
     db.table("results").create_index(["run_id"])
 
 
+@MIGRATIONS(name="0002_cell_kind_target_variant_extra")
+def _cell_kinds(db: sqlite_utils.Database) -> None:
+    # Rows written before this migration were all served sweep cells without A/B labels.
+    results = db.table("results")
+    results.add_column("kind", str, not_null_default="sweep")
+    results.add_column("target", str, not_null_default="served")
+    results.add_column("variant", str, not_null_default="")
+    results.add_column("engine_prefill_tps", float)
+    results.add_column("extra", str, not_null_default="{}")
+    runs = db.table("runs")
+    runs.add_column("kind", str, not_null_default="bench")
+    runs.add_column("note", str, not_null_default="")
+
+
 class Store:
     """Runs, host snapshots and results in one SQLite file. Open with `Store.open(path)`."""
 
@@ -183,9 +204,10 @@ class Store:
     # -- writers ---------------------------------------------------------------------------
 
     def start_run(self, command: Sequence[str], engine_settings: Mapping[str, Any],
-                  model: ModelFingerprint, appliance_version: str = __version__) -> int:
+                  model: ModelFingerprint, appliance_version: str = __version__,
+                  kind: str = "bench") -> int:
         """Record a new run with status 'running'; returns its id."""
-        row = {"started_at": _now(), "finished_at": None, "status": RunStatus.RUNNING.value,
+        row = {"kind": kind, "note": "", "started_at": _now(), "finished_at": None, "status": RunStatus.RUNNING.value,
                "command": json.dumps(list(command)),
                "engine_settings": json.dumps(dict(engine_settings), sort_keys=True),
                "model_name": model.name, "model_sha256": model.sha256, "model_quant": model.quant,
@@ -203,13 +225,15 @@ class Store:
                 self._db.table("results").insert_all(rows)
         return len(rows)
 
-    def finish_run(self, run_id: int, status: RunStatus | str) -> None:
+    def finish_run(self, run_id: int, status: RunStatus | str, note: str = "") -> None:
+        """Close the run; `note` says what an incomplete run is missing and why."""
         status = RunStatus(status)
         if status is RunStatus.RUNNING:
             raise ValueError("finish_run needs a final status, not 'running'")
         with self._write():
             self._require_run(run_id)
-            self._db.table("runs").update(run_id, {"status": status.value, "finished_at": _now()})
+            self._db.table("runs").update(run_id, {"status": status.value, "finished_at": _now(),
+                                                   "note": note})
 
     def record_host(self, run_id: int, snapshot: Mapping[str, Any],
                     phases: Mapping[str, Any]) -> None:
@@ -286,19 +310,21 @@ _CELL_FIELDS = tuple(f.name for f in fields(ResultCell))
 def _cell_row(cell: ResultCell) -> dict[str, Any]:
     row = {name: getattr(cell, name) for name in _CELL_FIELDS}
     row["cache_on"] = int(cell.cache_on)
+    row["extra"] = json.dumps(dict(cell.extra), sort_keys=True)
     return row
 
 
 def _cell(row: Mapping[str, Any]) -> ResultCell:
     values = {name: row[name] for name in _CELL_FIELDS}
     values["cache_on"] = bool(values["cache_on"])
+    values["extra"] = json.loads(values["extra"] or "{}")
     return ResultCell(**values)
 
 
 def _run_info(row: Mapping[str, Any]) -> RunInfo:
     model = ModelFingerprint(name=row["model_name"], sha256=row["model_sha256"],
                              quant=row["model_quant"], size_bytes=row["model_size_bytes"])
-    return RunInfo(id=row["id"], command=tuple(json.loads(row["command"])),
+    return RunInfo(id=row["id"], kind=row["kind"], note=row["note"], command=tuple(json.loads(row["command"])),
                    engine_settings=json.loads(row["engine_settings"]), model=model,
                    appliance_version=row["appliance_version"], started_at=row["started_at"],
                    finished_at=row["finished_at"], status=RunStatus(row["status"]))

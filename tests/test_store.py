@@ -24,7 +24,7 @@ from appliance.store import (HostRecord, ModelFingerprint, ResultCell, RunStatus
 
 ROOT = Path(appliance.__file__).resolve().parent.parent
 FP = ModelFingerprint(name="m.gguf", sha256="ab" * 32, quant="Q4_1", size_bytes=1234)
-MIGRATION_NAMES = ["0001_runs_host_snapshots_results"]
+MIGRATION_NAMES = ["0001_runs_host_snapshots_results", "0002_cell_kind_target_variant_extra"]
 
 
 def cell(prompt_set: str = "prose", repeat_index: int = 0, **kw) -> ResultCell:
@@ -158,6 +158,40 @@ def test_run_round_trip(tmp_path):
         second = s.start_run(["appliance", "sweep"], {}, FP)
         assert [r.id for r in s.runs()] == [run_id, second]
         assert s.last_run().id == second and s.results(second) == []
+
+
+def test_cells_of_every_kind_round_trip_with_their_extras(tmp_path):
+    with Store.open(tmp_path / "r.db") as s:
+        run_id = s.start_run(["appliance", "sweep"], {}, FP, kind="sweep")
+        cells = [cell(kind="concurrency", target="raw", variant="B", engine_prefill_tps=812.5,
+                      extra={"aggregate_tps": 121.3, "group": 2}),
+                 cell(kind="needle", extra={"found": True, "status": 200})]
+        s.add_cells(run_id, cells)
+        assert s.results(run_id) == cells
+        s.finish_run(run_id, RunStatus.INTERRUPTED, note="missing: sweep p=8192 runs 2-3")
+        info = s.run(run_id)
+        assert info.kind == "sweep" and info.note == "missing: sweep p=8192 runs 2-3"
+
+
+def test_a_database_of_the_first_schema_upgrades_with_defaults(tmp_path, monkeypatch):
+    db = tmp_path / "r.db"
+    first = store_mod._Migrations("appliance")
+    first(name=MIGRATION_NAMES[0])(store_mod._create_tables)
+    monkeypatch.setattr(store_mod, "MIGRATIONS", first)
+    with Store.open(db) as s:
+        s.db.table("runs").insert({"started_at": "2026-01-01T00:00:00", "status": "complete",
+                                   "command": "[]", "engine_settings": "{}", "model_name": "m",
+                                   "model_sha256": "0", "model_quant": "F32", "model_size_bytes": 1,
+                                   "appliance_version": "0.1"})
+        s.db.table("results").insert({"run_id": 1, "mode": "serial", "prompt_set": "sweep",
+                                      "depth": 512, "prompt_tokens": 512, "generated_tokens": 8,
+                                      "ttft_ms": 100.0, "concurrency": 1, "repeat_index": 0,
+                                      "cache_on": 0, "cached_tokens": 0})
+    monkeypatch.undo()
+    with Store.open(db) as s:
+        (old,) = s.results(1)
+        assert (old.kind, old.target, old.variant, old.extra) == ("sweep", "served", "", {})
+        assert s.run(1).kind == "bench" and s.run(1).note == ""
 
 
 def test_host_snapshot_one_per_run(tmp_path):
