@@ -1,4 +1,5 @@
-"""The API blueprint: /v1/chat/completions, /v1/completions, /v1/models, /health.
+"""The API blueprint: /v1/chat/completions, /v1/completions, /v1/models, /health, and
+llama-server's /tokenize and /detokenize.
 
 A request is validated (wire.py), submitted to the engine, and answered only after the engine
 has accepted it, so a prompt over the context is a plain HTTP 400 before any stream byte.
@@ -92,9 +93,14 @@ class Tally:
         self.metrics.duration.observe(time.perf_counter() - self.t0)
 
 
-def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
+def _body() -> dict[str, Any]:
+    """The request's JSON object; refused while the server drains."""
     if _state().draining:
         raise EngineUnavailable("the server is shutting down")
+    return wire.parse_json_body(request.get_data(cache=False), request.content_type)
+
+
+def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
     gone = _client_gone()
     if gone():  # it left while its request waited for a worker thread: do no work for it
         raise EngineUnavailable("client disconnected")
@@ -105,7 +111,7 @@ def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], boo
 
 
 def _complete(chat: bool) -> Any:
-    body = wire.parse_json_body(request.get_data(cache=False), request.content_type)
+    body = _body()
     prefix = "chatcmpl" if chat else "cmpl"
     parse = wire.parse_chat if chat else wire.parse_completion
     parsed = parse(body, _engine().new_id(prefix), _served(), _n_ctx())
@@ -174,6 +180,18 @@ def completions():
     return _complete(chat=False)
 
 
+@bp.post("/tokenize")
+def tokenize():
+    content, add_special, parse_special, with_pieces = wire.parse_tokenize(_body())
+    ev = _engine().tokenize(content, add_special, parse_special, with_pieces)
+    return jsonify(wire.tokenize_response(ev, with_pieces))
+
+
+@bp.post("/detokenize")
+def detokenize():
+    return jsonify({"content": _engine().detokenize(wire.parse_detokenize(_body())).text})
+
+
 def _model_card() -> dict[str, Any]:
     info = _engine().info
     return {"id": info.model_name, "object": "model", "created": _state().started, "owned_by": "appliance",
@@ -200,7 +218,7 @@ def model(model_id: str):
 def openapi_json():
     info = _engine().info
     n_ctx = _n_ctx()
-    return jsonify(openapi.build(info.model_name, n_ctx))
+    return jsonify(openapi.build(info.model_name, n_ctx, info.n_vocab))
 
 
 @bp.get("/metrics")
@@ -218,9 +236,9 @@ def health():
                             "uptime_s": round(time.time() - _state().started, 1)}
     if st.status == "ready" and not _state().draining and engine.info is not None:
         info = engine.info
-        body.update(status="ok", model=info.model_name, n_ctx=info.n_ctx, n_slots=info.n_slots,
-                    kv_bytes=info.kv_bytes, settings=info.settings, engine=engine.stats,
-                    in_flight=engine.in_flight())
+        body.update(status="ok", model=info.model_name, model_fingerprint=info.fingerprint,
+                    n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
+                    settings=info.settings, engine=engine.stats, in_flight=engine.in_flight())
         return jsonify(body)
     body["reason"] = st.reason or "the server is shutting down"
     resp = jsonify(body)

@@ -126,17 +126,38 @@ def _errors(*codes: int) -> dict[str, Any]:
                      "content": {"application/json": {"schema": ERROR}}} for c in codes}
 
 
-def _post(summary: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
+def _post(summary: str, body: dict[str, Any], ok: dict[str, Any], stream: bool = True) -> dict[str, Any]:
+    if stream:
+        answer = {"description": "the completion, or an SSE stream when stream is true",
+                  "content": {"application/json": {"schema": ok}, "text/event-stream": {"schema": SSE_EVENT}}}
+    else:
+        answer = {"description": "the answer", "content": {"application/json": {"schema": ok}}}
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": {"200": {"description": "the completion, or an SSE stream when stream is true",
-                              "content": {"application/json": {"schema": ok},
-                                          "text/event-stream": {"schema": SSE_EVENT}}},
-                      **_errors(400, 401, 403, 404, 413, 415, 500, 503)}}}
+        "responses": {"200": answer, **_errors(400, 401, 403, *([404] if stream else []), 413, 415, 500, 503)}}}
 
 
-def build(model: str, n_ctx: int) -> dict[str, Any]:
+def _tokenizer(n_vocab: int) -> dict[str, Any]:
+    """llama-server's /tokenize and /detokenize."""
+    flag = _nullable({"type": "boolean"})
+    tokenize_body = {"type": "object", "required": ["content"], "properties": {
+        "content": {"type": "string"}, "add_special": flag, "parse_special": flag, "with_pieces": flag}}
+    # a piece that is not valid UTF-8 on its own comes as its bytes
+    piece = {"oneOf": [{"type": "string"},
+                       {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}]}
+    with_piece = {"type": "object", "required": ["id", "piece"],
+                  "properties": {"id": {"type": "integer"}, "piece": piece}}
+    tokens = {"type": "object", "required": ["tokens"], "properties": {"tokens": {
+        "type": "array", "items": {"oneOf": [{"type": "integer"}, with_piece]}}}}
+    detokenize_body = {"type": "object", "required": ["tokens"], "properties": {"tokens": {
+        "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": n_vocab - 1}}}}
+    content = {"type": "object", "required": ["content"], "properties": {"content": {"type": "string"}}}
+    return {"/tokenize": _post("Text to token ids (llama-server's)", tokenize_body, tokens, stream=False),
+            "/detokenize": _post("Token ids to text (llama-server's)", detokenize_body, content, stream=False)}
+
+
+def build(model: str, n_ctx: int, n_vocab: int) -> dict[str, Any]:
     chat_body = {"type": "object", "required": ["messages"], "properties": {
         **_sampling(n_ctx, model),
         "messages": {"type": "array", "minItems": 1, "items": _message()},
@@ -175,5 +196,6 @@ def build(model: str, n_ctx: int) -> dict[str, Any]:
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
                 "200": {"description": "Prometheus text format",
                         "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(401, 403)}}},
+            **_tokenizer(n_vocab),
         },
     }

@@ -18,7 +18,7 @@ import dataclasses
 import re
 
 from appliance.engine.types import (ChatMessage, Constraint, Delta, Done, Request, SamplingParams, TokenLogprob,
-                                    ToolCall, ToolSpec)
+                                    Tokenized, ToolCall, ToolSpec)
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -351,7 +351,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         text, ids = prompt, None
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif prompt and _is_ids(prompt):
         text, ids = None, tuple(prompt)
     elif prompt is None:
         raise InvalidRequest("'prompt' is required", param="prompt")
@@ -363,6 +363,40 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
                   cache_prompt=_bool(body, "cache_prompt", True))
     return ParsedRequest(req, stream, include_usage, model)
+
+
+def _is_ids(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def parse_tokenize(body: dict) -> tuple[str, bool, bool, bool]:
+    """llama-server's /tokenize body: (content, add_special, parse_special, with_pieces)."""
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise InvalidRequest("'content' is required and must be a string", param="content")
+    return (content, _bool(body, "add_special", False), _bool(body, "parse_special", True),
+            _bool(body, "with_pieces", False))
+
+
+def parse_detokenize(body: dict) -> tuple[int, ...]:
+    """llama-server's /detokenize body: the token ids (checked against the vocabulary by the engine)."""
+    tokens = body.get("tokens")
+    if not _is_ids(tokens):
+        raise InvalidRequest("'tokens' is required and must be a list of token ids", param="tokens")
+    return tuple(tokens)
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # part of a multi-byte character: its bytes, as llama-server gives them
+        return list(raw)
+
+
+def tokenize_response(ev: Tokenized, with_pieces: bool) -> dict[str, Any]:
+    if not with_pieces:
+        return {"tokens": list(ev.ids)}
+    return {"tokens": [{"id": t, "piece": _piece(p)} for t, p in zip(ev.ids, ev.pieces)]}
 
 
 # -- responses ----------------------------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 Prompt preparation lives here, on the engine side of the boundary: the chat template is
 rendered and the text tokenized next to the model, and token ids from a client are checked
-against the vocabulary, so the server never tokenizes.
+against the vocabulary, so the server never tokenizes. The API's /tokenize and /detokenize
+are commands answered as soon as they are read, between scheduler steps.
 """
 from __future__ import annotations
 
 import logging
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Sequence
 
 from .. import __version__
 from ..config import EngineConfig
@@ -24,7 +25,7 @@ from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
 from .runners.base import Span
 from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
-from .types import Constraint, Error, Event, Request
+from .types import Constraint, Error, Event, Request, Tokenized
 
 log = logging.getLogger("appliance.engine")
 
@@ -75,10 +76,7 @@ class EngineLoop:
     def prompt_ids(self, req: Request) -> tuple[list[int], str]:
         """The prompt's tokens, and its text (empty when the client sent token ids)."""
         if req.prompt_ids is not None:
-            bad = [t for t in req.prompt_ids if not 0 <= t < self.info.n_vocab]
-            if bad:
-                raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
-                                   f"[0, {self.info.n_vocab})", param="prompt")
+            self._check_ids(req.prompt_ids, "prompt")
             return list(req.prompt_ids), ""
         if req.messages is not None:
             messages, kwargs = req.messages, dict(req.template_kwargs)
@@ -96,6 +94,35 @@ class EngineLoop:
             ids = ids[1:]  # the template wrote a BOS and the tokenizer added one
         return ids, text
 
+    def _check_ids(self, ids: Sequence[int], param: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.info.n_vocab]
+        if bad:
+            raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
+                               f"[0, {self.info.n_vocab})", param=param)
+
+    def _failed(self, request_id: str, e: Exception) -> Error:
+        """The Error event for a request that could not be served: a bug fails it, not the engine."""
+        if isinstance(e, ApplianceError):
+            return Error(request_id, *e.to_wire())
+        log.exception("request %s failed", request_id)
+        return Error(request_id, *EngineFailure(f"internal engine error: {type(e).__name__}").to_wire())
+
+    def tokens(self, msg: tuple) -> Event:
+        """The one event answering ("tokenize", id, text, add_special, parse_special, with_pieces)
+        or ("detokenize", id, token_ids)."""
+        kind, request_id, *args = msg
+        try:
+            if kind == "tokenize":
+                text, add_special, parse_special, with_pieces = args
+                ids = self.runner.tokenize(text, add_special, parse_special)
+                pieces = tuple(self.runner.detokenize([t]) for t in ids) if with_pieces else ()
+                return Tokenized(request_id, tuple(ids), pieces)
+            (ids,) = args
+            self._check_ids(ids, "tokens")
+            return Tokenized(request_id, tuple(ids), text=self.runner.detokenize(ids).decode(errors="replace"))
+        except Exception as e:
+            return self._failed(request_id, e)
+
     def submit(self, req: Request) -> None:
         try:
             ids, text = self.prompt_ids(req)
@@ -112,11 +139,8 @@ class EngineLoop:
                 parser = OutputParser(ReasoningParser(inside, self.think_markers), tool_parser)
             matcher = self.constraints.matcher(constraint) if constraint else None
             self.scheduler.submit(req, ids, matcher, parser)
-        except ApplianceError as e:
-            self.outbox.append(Error(req.id, *e.to_wire()))
-        except Exception as e:  # a bug must fail this request, not the engine
-            log.exception("request %s could not be prepared", req.id)
-            self.outbox.append(Error(req.id, *EngineFailure(f"internal engine error: {type(e).__name__}").to_wire()))
+        except Exception as e:
+            self.outbox.append(self._failed(req.id, e))
 
     # -- loop ----------------------------------------------------------------------------
     def run(self, cmd: Connection, evt: Connection) -> None:
@@ -133,6 +157,10 @@ class EngineLoop:
                     self.submit(msg[1])
                 elif msg[0] == "abort":
                     self.scheduler.abort(msg[1])
+                elif msg[0] in ("tokenize", "detokenize"):
+                    self.outbox.append(self.tokens(msg))
+                    if not self._send(evt, None):  # answered now, not after the next step
+                        return
                 elif msg[0] == "stop":
                     self.scheduler.persist()
                     self.runner.close()
@@ -142,12 +170,18 @@ class EngineLoop:
             now = time.monotonic()
             stats_due = now - last_stats > STATS_INTERVAL_S
             if self.outbox or stats_due:
-                try:
-                    evt.send(("events", self.outbox[:], self.stats() if stats_due else None))
-                except OSError:
-                    return  # the server is gone
-                self.outbox.clear()
+                if not self._send(evt, self.stats() if stats_due else None):
+                    return
                 last_stats = now if stats_due else last_stats
+
+    def _send(self, evt: Connection, stats: dict[str, Any] | None) -> bool:
+        """Send the outbox (and stats); False when the server is gone."""
+        try:
+            evt.send(("events", self.outbox[:], stats))
+        except OSError:
+            return False
+        self.outbox.clear()
+        return True
 
     def _step(self) -> None:
         try:

@@ -3,6 +3,7 @@
     server process                                   engine process (spawned)
     EngineClient.submit(Request) --- cmd pipe --->   engine_main: render template, tokenize,
     EngineClient.abort(id)                           Scheduler.step() over the runner
+    EngineClient.tokenize/detokenize                 answered between steps: one Tokenized
     router thread  <------- event pipe ----------    one message per step: [events...]
       -> per-request queue.Queue
 
@@ -27,11 +28,12 @@ from typing import Any
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
 from .runners.base import RunnerInfo
-from .types import Done, Error, Event, Request
+from .types import Done, Error, Event, Request, Tokenized
 
 log = logging.getLogger("appliance.engine")
 
-_TERMINAL = (Done, Error)
+_TERMINAL = (Done, Error, Tokenized)
+ANSWER_TIMEOUT_S = 60.0  # a tokenize command waits for at most the scheduler step under way
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,14 +151,35 @@ class EngineClient:
         return f"{prefix}-{time.time_ns():x}{next(self._ids):04x}"
 
     def submit(self, req: Request) -> RequestStream:
-        stream = RequestStream(self, req.id)
+        return self._open(req.id, ("submit", req))
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool, with_pieces: bool,
+                 timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
+        rid = self.new_id("tok")
+        return self._ask(rid, ("tokenize", rid, text, add_special, parse_special, with_pieces), timeout)
+
+    def detokenize(self, ids: tuple[int, ...], timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
+        rid = self.new_id("detok")
+        return self._ask(rid, ("detokenize", rid, ids), timeout)
+
+    def _ask(self, request_id: str, msg: tuple, timeout: float) -> Tokenized:
+        """Send a command the engine answers with one event, and wait for it (an Error raises)."""
+        stream = self._open(request_id, msg)
+        ev = stream.get(timeout)
+        if ev is None:
+            stream.abort()
+            raise EngineUnavailable(f"the engine did not answer within {timeout:.0f} s")
+        return ev
+
+    def _open(self, request_id: str, msg: tuple) -> RequestStream:
+        stream = RequestStream(self, request_id)
         with self._lock:
             if self._state.status != "ready":
                 raise EngineUnavailable(f"the engine is {self._state.status}: {self._state.reason}")
-            self._streams[req.id] = stream
-        if not self._send(("submit", req)):
+            self._streams[request_id] = stream
+        if not self._send(msg):
             with self._lock:
-                self._streams.pop(req.id, None)
+                self._streams.pop(request_id, None)
             raise EngineUnavailable("the engine process is not reachable; it is being restarted")
         return stream
 

@@ -1,8 +1,9 @@
 """Typed data crossing the server <-> engine boundary: requests in, events out.
 
 Every request's first event is `Accepted` or `Error`; then `Delta`s; then exactly one `Done` or
-`Error`. Everything here is a frozen dataclass so it pickles across the process boundary and
-cannot be changed on the way.
+`Error`. A tokenize or detokenize command gets exactly one `Tokenized` or `Error`. Everything
+here is a frozen dataclass so it pickles across the process boundary and cannot be changed on
+the way.
 """
 from __future__ import annotations
 
@@ -170,7 +171,6 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str = ""             # text of the reply's leading <think> block
-    reasoning: str = ""             # text of the reply's leading <think> block
 
 
 @dataclass(frozen=True)
@@ -191,4 +191,15 @@ class Error:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Event = Accepted | Delta | Done | Error
+@dataclass(frozen=True)
+class Tokenized:
+    """The one event answering a tokenize command (`ids`, and each token's piece as bytes when
+    asked) or a detokenize command (`text`)."""
+
+    request_id: str
+    ids: tuple[int, ...] = ()
+    pieces: tuple[bytes, ...] = ()
+    text: str = ""
+
+
+Event = Accepted | Delta | Done | Error | Tokenized

@@ -67,6 +67,8 @@ def test_health_reports_the_engine(server):
     assert h["status"] == "ok" and h["n_ctx"] == N_CTX and h["n_slots"] == 4
     assert h["kv_bytes"] > 0 and h["engine_pid"] > 0
     assert h["settings"]["n_batch"] == 512
+    size, digest = h["model_fingerprint"].split(":")
+    assert int(size) > 0 and len(digest) == 16
 
 
 def test_chat_non_streamed(client, model):
@@ -194,6 +196,11 @@ BAD_INPUT = {  # API-CONTRACT.md's list: each a clean 4xx in OpenAI's shape
     "unknown tool_choice": ("/v1/chat/completions", dict(json={"messages": HI, "tools": [
         {"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"}), 400),
     "out-of-vocabulary token ids": ("/v1/completions", dict(json={"prompt": [1, 2, 10**9]}), 400),
+    "tokenize without content": ("/tokenize", dict(json={"add_special": True}), 400),
+    "tokenize with a non-boolean flag": ("/tokenize", dict(json={"content": "hi", "with_pieces": "yes"}), 400),
+    "detokenize an out-of-vocabulary id": ("/detokenize", dict(json={"tokens": [1, 49152]}), 400),
+    "detokenize a negative id": ("/detokenize", dict(json={"tokens": [-1]}), 400),
+    "detokenize without a list of ids": ("/detokenize", dict(json={"tokens": "1 2"}), 400),
     "stream_options without stream": ("/v1/chat/completions", dict(json={"messages": HI, "stream_options": {}}), 400),
     "oversized body": ("/v1/chat/completions", dict(data=b'{"messages": [{"role":"user","content":"' +
                                                     b"x" * (9 << 20) + b'"}]}', headers=JSON), 413),
@@ -218,6 +225,8 @@ def test_unknown_routes_and_methods(server):
 
 def test_foreign_host_header_is_refused(server):
     r = requests.get(server.url + "/v1/models", headers={"Host": "evil.example:8080"})
+    assert r.status_code == 403
+    r = requests.post(server.url + "/tokenize", json={"content": "hi"}, headers={"Host": "evil.example:8080"})
     assert r.status_code == 403
 
 
@@ -465,3 +474,85 @@ def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, kind):
     first_warm, first_cold = warm.choices[0].logprobs.content[0], cold.choices[0].logprobs.content[0]
     assert [(t.token, t.logprob) for t in first_warm.top_logprobs] == \
         [(t.token, t.logprob) for t in first_cold.top_logprobs]
+
+
+# -- llama-server's /tokenize and /detokenize ---------------------------------------------------
+
+TEXT = "Héllo wörld, 日本語 😀 and <|im_start|> in code."
+
+
+def tokenize(server, content, **kw):
+    r = requests.post(server.url + "/tokenize", json={"content": content, **kw}, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    return r.json()["tokens"]
+
+
+def detokenize(server, ids):
+    r = requests.post(server.url + "/detokenize", json={"tokens": ids}, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    return r.json()["content"]
+
+
+def test_tokenize_then_detokenize_round_trips(server):
+    ids = tokenize(server, TEXT)
+    assert ids and all(isinstance(t, int) for t in ids)
+    assert detokenize(server, ids) == TEXT
+    assert tokenize(server, "") == [] and detokenize(server, []) == ""
+
+
+def test_parse_special_decides_whether_special_tokens_are_parsed(server):
+    special = tokenize(server, "<|im_start|>")  # parse_special defaults to true
+    assert len(special) == 1
+    plain = tokenize(server, "<|im_start|>", parse_special=False)
+    assert len(plain) > 1 and detokenize(server, plain) == "<|im_start|>"
+
+
+def _added_specials() -> tuple[int | None, int | None]:
+    """The BOS and EOS ids llama.cpp adds with add_special for the embedded model (None when it
+    adds none), read from the vocabulary alone."""
+    import llama_cpp as L
+
+    from appliance.models import embedded_model_path
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    m = L.llama_model_load_from_file(str(embedded_model_path()).encode(), params)
+    try:
+        v = L.llama_model_get_vocab(m)
+        return (L.llama_vocab_bos(v) if L.llama_vocab_get_add_bos(v) else None,
+                L.llama_vocab_eos(v) if L.llama_vocab_get_add_eos(v) else None)
+    finally:
+        L.llama_model_free(m)
+
+
+def test_add_special_adds_the_bos_only_if_the_model_adds_one(server):
+    bos, eos = _added_specials()
+    without = tokenize(server, TEXT)
+    with_special = tokenize(server, TEXT, add_special=True)
+    assert with_special == [bos] * (bos is not None) + without + [eos] * (eos is not None)
+
+
+def test_with_pieces_concatenate_to_the_text(server):
+    tokens = tokenize(server, TEXT, with_pieces=True)
+    assert [t["id"] for t in tokens] == tokenize(server, TEXT)
+    raw = b"".join(t["piece"].encode() if isinstance(t["piece"], str) else bytes(t["piece"]) for t in tokens)
+    assert raw.decode() == TEXT
+    # the emoji and the CJK characters span several tokens: some pieces are bytes, not text
+    assert any(isinstance(t["piece"], list) for t in tokens)
+
+
+def test_detokenize_bad_id_is_a_400_naming_the_tokens(server):
+    r = requests.post(server.url + "/detokenize", json={"tokens": [1, 10**12]}, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "tokens" and err["code"] == "invalid_token" and str(10**12) in err["message"]
+
+
+def test_tokenize_only_at_llama_server_paths(server):
+    assert requests.post(server.url + "/v1/tokenize", json={"content": "hi"}).status_code == 404
+    assert requests.get(server.url + "/tokenize").status_code == 405
+
+
+def test_token_count_agrees_with_completion_usage(client, model, server):
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens == len(tokenize(server, prompt, add_special=True))

@@ -31,7 +31,8 @@ def api_schema(server):
 def test_openapi_document_names_the_endpoints(server):
     doc = requests.get(server.url + "/openapi.json").json()
     assert doc["openapi"].startswith("3.")
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(doc["paths"])
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+            "/tokenize", "/detokenize"} <= set(doc["paths"])
     body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["max_tokens"]["maximum"] == N_CTX
 

@@ -26,6 +26,12 @@ def test_every_route_needs_the_key(server, path):
     assert requests.get(server.url + path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
+@pytest.mark.parametrize("path,body", [("/tokenize", {"content": "hi"}), ("/detokenize", {"tokens": [1]})])
+def test_tokenizer_routes_need_the_key(server, path, body):
+    assert requests.post(server.url + path, json=body).status_code == 401
+    assert requests.post(server.url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
 def test_openai_client_with_and_without_the_key(server):
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Usage
+from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Tokenized, Usage
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
-from web.wire import ChunkWriter, parse_chat, parse_completion, parse_json_body
+from web.wire import (ChunkWriter, parse_chat, parse_completion, parse_detokenize, parse_json_body, parse_tokenize,
+                      tokenize_response)
 
 MODEL = "smollm2"
 SERVED = {MODEL}
@@ -445,3 +446,29 @@ def test_streamed_tool_call_chunks_have_the_openai_shape():
     head = first["choices"][0]["delta"]["tool_calls"][0]
     assert head == {"index": 0, "id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
     assert second["choices"][0]["delta"]["tool_calls"][0] == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
+
+
+# -- /tokenize and /detokenize -------------------------------------------------------------------
+
+def test_tokenize_body_defaults_as_llama_server():
+    assert parse_tokenize({"content": "hi"}) == ("hi", False, True, False)
+    assert parse_tokenize({"content": "", "add_special": True, "parse_special": None,
+                           "with_pieces": True}) == ("", True, True, True)
+    for bad in ({}, {"content": None}, {"content": 3}, {"content": "hi", "add_special": 1}):
+        with pytest.raises(InvalidRequest):
+            parse_tokenize(bad)
+
+
+def test_detokenize_body_is_a_list_of_ints():
+    assert parse_detokenize({"tokens": [1, 2]}) == (1, 2) and parse_detokenize({"tokens": []}) == ()
+    for bad in ({}, {"tokens": "1"}, {"tokens": [1.0]}, {"tokens": [True]}):
+        with pytest.raises(InvalidRequest) as ei:
+            parse_detokenize(bad)
+        assert ei.value.param == "tokens"
+
+
+def test_pieces_that_are_not_utf8_come_as_bytes():
+    ev = Tokenized("tok-1", (5, 6, 7), (b"a", b"\xe6\x97", b"\xa5"))
+    assert tokenize_response(ev, False) == {"tokens": [5, 6, 7]}
+    assert tokenize_response(ev, True) == {"tokens": [{"id": 5, "piece": "a"}, {"id": 6, "piece": [230, 151]},
+                                                      {"id": 7, "piece": [165]}]}
