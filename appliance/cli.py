@@ -78,13 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--model-bytes", type=int, metavar="N",
                       help="check that a model of N bytes fits")
     host.set_defaults(func=_hostcheck)
+    from .bench.commands import add_parsers  # argparse only; the measuring code loads when run
+
+    add_parsers(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    func = args.func
+    func, command = args.func, args.command
     del args.func, args.command
+    if command in ("bench", "sweep"):
+        return func(args, argv[1:])  # the stored run keeps its command line
     return func(args)
 
 

@@ -1,6 +1,7 @@
 """Resolving which model file to serve: a path from configuration, or the embedded default."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,3 +42,11 @@ def resolve(model: str | None, alias: str | None = None) -> ModelRef:
     if path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"{path}: only GGUF files are served")
     return ModelRef(path.resolve(), alias or path.stem, False)
+
+
+def file_fingerprint(path: Path, head_bytes: int = 1 << 20) -> str:
+    """A cheap identity for a model file: size + sha256 of its first MiB (the header)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(head_bytes))
+    return f"{path.stat().st_size}:{h.hexdigest()[:16]}"

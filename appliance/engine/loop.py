@@ -7,6 +7,7 @@ are commands answered as soon as they are read, between scheduler steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from multiprocessing.connection import Connection
@@ -37,7 +38,11 @@ class EngineLoop:
         ref = resolve(cfg.model, cfg.model_alias)
         t0 = time.perf_counter()
         self.runner = LlamaCppRunner(cfg, ref.path, ref.alias)
-        self.info = self.runner.info
+        # what the scheduler adds to the runner's settings: /health reports both, and a bench's raw
+        # reference row prefills on the same chunk grid
+        self.info = dataclasses.replace(self.runner.info, settings={
+            **self.runner.info.settings, "prefill_chunk": cfg.prefill_chunk,
+            "step_token_budget": cfg.step_token_budget, "prompt_cache": cfg.prompt_cache})
         self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
         self.tool_format = tools.detect_format(self.info.chat_template)
         self.think_markers = markers_for(self.info.chat_template)

@@ -14,7 +14,6 @@ request's tokens are computed in the same shapes whatever else is running.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +24,7 @@ import llama_cpp as L
 
 from ...config import EngineConfig
 from ...errors import EngineFailure, ModelLoadError
+from ...models import file_fingerprint
 from .base import RunnerInfo, Span
 
 log = logging.getLogger("appliance.llamacpp")
@@ -44,14 +44,6 @@ def _meta(model: L.llama_model_p, key: str) -> str | None:
     buf = ctypes.create_string_buffer(4096)
     n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     return buf.value.decode(errors="replace") if n >= 0 else None
-
-
-def file_fingerprint(path: Path, head_bytes: int = 1 << 20) -> str:
-    """A cheap identity for a model file: size + sha256 of its first MiB (the header)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(head_bytes))
-    return f"{path.stat().st_size}:{h.hexdigest()[:16]}"
 
 
 class LlamaCppRunner:

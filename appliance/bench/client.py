@@ -1,0 +1,261 @@
+"""The bench's side of the wire: a streaming HTTP client of the OpenAI API, and the server it
+measures (one it starts, or one given by --url).
+
+Only the OpenAI routes are required of a server; /health (engine settings, model fingerprint,
+engine stats) and /tokenize (llama-server's, or llama-cpp-python's /extras/tokenize) are used
+when present, so the same bench can measure llama-server or llama_cpp.server side by side.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from .timing import StreamTrace
+
+
+class BenchError(RuntimeError):
+    """A problem found before or during a run, with a message a person acts on."""
+
+
+class ServerGone(BenchError):
+    """The server stopped answering in the middle of a run."""
+
+
+class Target:
+    """A server speaking the OpenAI API at `url`."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 900.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.http = requests.Session()
+        if api_key:
+            self.http.headers["Authorization"] = f"Bearer {api_key}"
+        self._tokenize_route: str | None = None
+        self._counts: dict[str, int] = {}
+        self.server: LocalServer | None = None   # set when the bench started the server
+
+    # -- what the server is ------------------------------------------------------------------
+    def health(self) -> dict[str, Any] | None:
+        """/health's body when the server has one that reports a loaded model, else None."""
+        try:
+            r = self.http.get(self.url + "/health", timeout=10)
+        except requests.RequestException:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            body = r.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def model_ids(self) -> list[str]:
+        try:
+            r = self.http.get(self.url + "/v1/models", timeout=10)
+        except requests.ConnectionError as e:
+            raise BenchError(f"nothing answers at {self.url} ({_reason(e)})") from None
+        except requests.RequestException as e:
+            raise BenchError(f"{self.url}/v1/models failed: {_reason(e)}") from None
+        if r.status_code == 401:
+            raise BenchError(f"{self.url} wants an API key (--api-key)")
+        if r.status_code != 200:
+            raise BenchError(f"{self.url}/v1/models answered HTTP {r.status_code}: {r.text[:200]}")
+        try:
+            return [m["id"] for m in r.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise BenchError(f"{self.url}/v1/models is not an OpenAI model list: {r.text[:200]}") from None
+
+    # -- tokens ------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        routes = [self._tokenize_route] if self._tokenize_route else ["/tokenize", "/extras/tokenize"]
+        for route in routes:
+            body = ({"content": text, "add_special": add_special} if route == "/tokenize"
+                    else {"input": text})
+            try:
+                r = self.http.post(self.url + route, json=body, timeout=60)
+            except requests.RequestException as e:
+                raise ServerGone(f"{self.url}{route}: {_reason(e)}") from None
+            if r.status_code == 200:
+                self._tokenize_route = route
+                return list(r.json()["tokens"])
+        raise BenchError(f"{self.url} has no tokenizer route (/tokenize or /extras/tokenize); "
+                         "the bench needs one to build prompts of a given length")
+
+    def count_tokens(self, text: str) -> int:
+        if not text:
+            return 0
+        n = self._counts.get(text)
+        if n is None:
+            n = self._counts[text] = len(self.tokenize(text))
+        return n
+
+    # -- streamed requests ---------------------------------------------------------------------
+    def stream(self, route: str, body: dict[str, Any],
+               on_first: Callable[[], None] | None = None) -> StreamTrace:
+        """POST a streamed request and time every content chunk; `on_first` is called when the
+        first content arrives. An HTTP error status comes back in the trace (a needle over the
+        limit expects 400); a dead server raises ServerGone."""
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        trace = StreamTrace(t_send=time.perf_counter())
+        try:
+            with self.http.post(self.url + route, json=body, stream=True, timeout=self.timeout) as r:
+                if r.status_code != 200:
+                    trace.status, trace.error = r.status_code, _error_message(r)
+                    return trace
+                for line in r.iter_lines():
+                    if not line.startswith(b"data: {"):
+                        continue
+                    now = time.perf_counter()
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        trace.status, trace.error = 500, str(chunk["error"].get("message", chunk["error"]))
+                        return trace
+                    had = bool(trace.chunks)
+                    _take(trace, chunk, now)
+                    if on_first is not None and not had and trace.chunks:
+                        on_first()
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
+            raise ServerGone(f"the server at {self.url} stopped answering: {_reason(e)}") from None
+        return trace
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _take(trace: StreamTrace, chunk: dict[str, Any], now: float) -> None:
+    for choice in chunk.get("choices") or []:
+        text = choice.get("text")
+        if text is None:
+            delta = choice.get("delta") or {}
+            text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                text += (fn.get("name") or "") + (fn.get("arguments") or "")
+        if text:
+            trace.chunks.append((now, text))
+        if choice.get("finish_reason"):
+            trace.finish_reason = choice["finish_reason"]
+    if chunk.get("timings"):
+        trace.timings = chunk["timings"]
+    if chunk.get("usage"):
+        trace.usage = chunk["usage"]
+
+
+def _error_message(r: requests.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e)
+    for marker in ("Connection refused", "Name or service not known", "timed out", "Read timed out"):
+        if marker in text:
+            return marker.lower()
+    return text[:200]
+
+
+# -- a server the bench starts ---------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """`appliance serve` in a subprocess on a free loopback port, with its own prompt-cache
+    directory (unless the flags name one), its log kept for the error message if it dies."""
+
+    def __init__(self, serve_args: Sequence[str], start_timeout: float = 600.0) -> None:
+        self.serve_args = list(serve_args)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._tmp = Path(tempfile.mkdtemp(prefix="appliance-bench-"))
+        self.log_path = self._tmp / "server.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if not any(a.startswith("--cache-dir") for a in self.serve_args):
+            env["APPLIANCE_CACHE_DIR"] = str(self._tmp / "prompt-cache")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "appliance", "serve", "--port", str(self.port), *self.serve_args],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._wait_healthy(start_timeout)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                log = self.log_tail()
+                self._cleanup()
+                raise BenchError(f"appliance serve {' '.join(self.serve_args)} exited with code "
+                                 f"{self.proc.returncode} before it was ready:\n{log}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BenchError(f"the server did not become healthy within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-n:])
+        return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving(serve_args: Sequence[str] | None, url: str | None, api_key: str | None = None) -> Iterator[Target]:
+    """A Target for --url, or for a server started with these flags (stopped afterwards)."""
+    if url:
+        target = Target(url, api_key)
+        try:
+            yield target
+        finally:
+            target.close()
+        return
+    with LocalServer(serve_args or []) as server:
+        target = Target(server.url, api_key)
+        target.server = server
+        try:
+            yield target
+        finally:
+            target.close()

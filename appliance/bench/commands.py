@@ -1,0 +1,289 @@
+"""`appliance sweep`, `appliance bench` and `appliance results`: argument parsing and the
+driver that ties a plan to its servers, the store and the host sampler."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..store import ModelFingerprint, RunStatus, Store
+
+EPILOG_SETTINGS = ("Engine flags (--n-ctx, --n-slots, --flash-attn, ...) are those of `appliance serve` "
+                   "and configure the server the command starts; with --url they are ignored and the "
+                   "server's own settings are recorded.")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="measure the server at this address instead of starting one")
+    p.add_argument("--api-key", help="bearer key for --url")
+    p.add_argument("--runs", type=int, default=3, help="repeats of every cell (default 3)")
+    p.add_argument("--ab", nargs=2, metavar=("SETTINGS_A", "SETTINGS_B"),
+                   help="start two servers with these extra serve flags (quoted, e.g. '--flash-attn' "
+                        "'--no-flash-attn') and alternate A B A B; stores both and the pairwise ratios")
+    p.add_argument("--no-raw", action="store_true",
+                   help="skip the raw llama.cpp reference rows")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    config.add_arguments(p, config.EngineConfig, config.StoreConfig)
+
+
+def add_parsers(sub: Any) -> None:
+    sweep = sub.add_parser(
+        "sweep", help="TTFT, prefill and decode rate by prompt size, served and raw",
+        description="For each prompt size: TTFT, prefill rate, then client and engine decode rate at "
+                    "that depth, through the HTTP API as a streaming client, beside the same model driven "
+                    "in-process through llama.cpp (the raw row). Every prompt starts with a fresh nonce, "
+                    "so no cache serves it.", epilog=EPILOG_SETTINGS)
+    sweep.add_argument("-p", "--prompt-sizes", type=_ints, default=(512, 2048, 8192),
+                       help="prompt sizes in tokens (default 512,2048,8192)")
+    sweep.add_argument("-n", "--tokens", type=int, default=128, help="tokens generated per request (default 128)")
+    sweep.add_argument("--cache", choices=("on", "off"), default="off",
+                       help="on: also resend each prompt and measure it served from the prompt cache")
+    _common(sweep)
+    sweep.set_defaults(func=run_sweep)
+
+    bench = sub.add_parser(
+        "bench", help="the workloads users run: prompt sets by kind, depth, concurrency, agent replay, needle",
+        description="Named prompt sets by kind of text, a long-context row, 1/2/4 concurrent streams "
+                    "(per stream and aggregate), a replayed agent conversation (first-turn and follow-up "
+                    "TTFT, share of prompt served from cache) and a needle check up to the context limit.",
+        epilog=EPILOG_SETTINGS)
+    bench.add_argument("--modes", type=_names, default=("serial",), help="decoding modes (default serial)")
+    bench.add_argument("--prompts", type=_names, default=None,
+                       help="prompt sets (default: all shipped sets; see `appliance bench --list-prompts`)")
+    bench.add_argument("--list-prompts", action="store_true", help="list the shipped prompt sets and exit")
+    bench.add_argument("--tokens", type=int, default=128, help="tokens generated per request (default 128)")
+    bench.add_argument("--depths", type=_ints, default=(), help="long-context rows at these depths "
+                       "(default: half the server's context)")
+    bench.add_argument("--concurrency", type=_ints, default=(1, 2, 4), help="stream counts (default 1,2,4)")
+    bench.add_argument("--agent-conversations", type=int, default=1,
+                       help="agent conversations replayed interleaved (0 = no agent replay)")
+    bench.add_argument("--agent-turns", type=int, default=8, help="turns per agent conversation")
+    bench.add_argument("--agent-system-tokens", type=int, default=2000, help="agent system prompt size")
+    bench.add_argument("--agent-turn-tokens", type=int, default=300, help="tool result size per turn")
+    bench.add_argument("--needle-lengths", type=_ints, default=None,
+                       help="needle prompt lengths (default: 1/4, 1/2, 0.9 of the context and one over it)")
+    bench.add_argument("--no-needle", action="store_true", help="skip the needle check")
+    _common(bench)
+    bench.set_defaults(func=run_bench)
+
+    results = sub.add_parser("results", help="list stored runs, show one, compare two, plot, estimate a job",
+                             description="Read the result store that bench and sweep write.")
+    results.add_argument("run", nargs="?", type=int, help="the run to show (default: the list of runs)")
+    results.add_argument("--last", action="store_true", help="show the last run")
+    results.add_argument("--format", choices=("md", "json", "csv"), default="md")
+    results.add_argument("--compare", nargs=2, type=int, metavar=("RUN_A", "RUN_B"),
+                         help="pairwise ratios B/A of two runs' matching cells")
+    results.add_argument("--plot", metavar="FILE.png", help="decode and prefill against depth, one line per run "
+                         "(the runs given with --runs-to-plot, default the last run)")
+    results.add_argument("--plot-runs", type=_ints, default=None, help="runs to plot (default: the last run)")
+    results.add_argument("--estimate", nargs=2, type=int, metavar=("PROMPT_TOKENS", "OUTPUT_TOKENS"),
+                         help="how long a job takes, from a run's stored curves (default: the last sweep)")
+    config.add_arguments(results, config.StoreConfig)
+    results.set_defaults(func=run_results)
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+def _engine_flags(args: argparse.Namespace) -> list[str]:
+    """The engine flags given on this command line, as `appliance serve` flags."""
+    out: list[str] = []
+    for f in dataclasses.fields(config.EngineConfig):
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"appliance {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
+           plan: Callable[[Any], list[Any]]) -> int:
+    from ..errors import ApplianceError
+    from ..models import file_fingerprint, resolve
+    from ..store import model_fingerprint
+    from . import results
+    from .client import BenchError, serving
+    from .plans import Context
+    from .session import Prompts, execute, host_snapshot, maybe_raw, open_variant, phase_summary
+
+    if args.runs < 1:
+        return _fail(command, "--runs must be at least 1")
+    if args.url and args.ab:
+        return _fail(command, "--ab starts its own two servers; it cannot be used with --url")
+    try:
+        cfg = config.load(vars(args))
+    except (ValueError, TypeError) as e:
+        return _fail(command, str(e))
+    claimed: ModelFingerprint | None = None
+    model_path: str | None = None
+    file_fp: str | None = None
+    if args.model is not None or not args.url:
+        try:
+            ref = resolve(cfg.engine.model, cfg.engine.model_alias)
+        except ApplianceError as e:
+            return _fail(command, e.message)
+        model_path = str(ref.path)
+        print(f"appliance {command}: hashing {ref.path.name} ...", file=sys.stderr)
+        claimed = model_fingerprint(ref.path)
+        file_fp = file_fingerprint(ref.path)
+    base = _engine_flags(args)
+    specs = ([("", base)] if not args.ab
+             else [("A", base + shlex.split(args.ab[0])), ("B", base + shlex.split(args.ab[1]))])
+    db_path = cfg.store.resolved_db_path()
+    try:
+        with contextlib.ExitStack() as stack:
+            variants = []
+            for label, serve_args in specs:
+                if not args.url:
+                    print(f"appliance {command}: starting a server{' ' + label if label else ''}: "
+                          f"appliance serve {shlex.join(serve_args)}", file=sys.stderr)
+                target = stack.enter_context(serving(serve_args, args.url, args.api_key))
+                variants.append(open_variant(label, target, claimed, file_fp, serve_args if not args.url else ()))
+            if claimed is None:
+                claimed = _served_model(variants[0])
+            want_raw = not args.no_raw and not args.ab
+            raw = stack.enter_context(maybe_raw(model_path, variants[0], cfg.engine.prefill_chunk, want_raw))
+            if want_raw and raw is None:
+                print(f"appliance {command}: no raw reference rows: they need the model file (--model) and "
+                      "a server that reports its llama.cpp settings in /health", file=sys.stderr)
+            from hostcheck.sampler import Sampler
+
+            sampler = stack.enter_context(Sampler.for_host(interval_s=0.25))
+            ctx = Context(variants, raw, sampler, Prompts(variants[0].target))
+            steps = plan(ctx)
+            store = stack.enter_context(Store.open(db_path))
+            settings = (variants[0].settings() if len(variants) == 1
+                        else {v.label: v.settings() for v in variants})
+            snapshot = host_snapshot()
+            run_id = store.start_run(["appliance", command, *argv], settings, claimed, kind=command)
+            store.record_host(run_id, snapshot, {})
+            print(f"appliance {command}: run {run_id}, {len(steps)} cells", file=sys.stderr)
+            outcome = execute(store, run_id, steps, progress=not args.quiet)
+            sampler.stop()
+            store.record_host(run_id, snapshot, phase_summary(sampler))
+            store.finish_run(run_id, outcome.status, outcome.note())
+            info = store.run(run_id)
+            print(results.render_run(info, store.host(run_id), store.results(run_id), "md"))
+    except BenchError as e:
+        return _fail(command, str(e))
+    print(f"stored as run {run_id} in {db_path}" + (f" ({outcome.status.value})" if outcome.missing else ""))
+    if outcome.status is RunStatus.COMPLETE:
+        return 0
+    print(f"appliance {command}: {outcome.note()}", file=sys.stderr)
+    return 130 if outcome.status is RunStatus.INTERRUPTED else 1
+
+
+def _served_model(variant: Any) -> ModelFingerprint:
+    """What a --url run without --model claims: the server's model id and file fingerprint."""
+    fp = (variant.health or {}).get("model_fingerprint") or ""
+    size = int(fp.split(":")[0]) if fp and fp.split(":")[0].isdigit() else 0
+    return ModelFingerprint(name=variant.model_id, sha256=f"fingerprint:{fp}" if fp else "unknown",
+                            quant="unknown", size_bytes=size)
+
+
+def run_sweep(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    from .plans import sweep_plan
+
+    if args.tokens < 2:
+        return _fail("sweep", "-n must be at least 2 (a decode rate needs two tokens)")
+    return _drive("sweep", args, argv, lambda ctx: sweep_plan(ctx, args.prompt_sizes, args.tokens, args.runs,
+                                                             args.cache == "on"))
+
+
+def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    from . import prompt_sets
+    from .plans import BenchOptions, bench_plan
+
+    if args.list_prompts:
+        for name in prompt_sets.names():
+            ps = prompt_sets.load(name)
+            print(f"{name:16} {len(ps.prompts)} prompts  {ps.description}")
+        return 0
+    if args.tokens < 2:
+        return _fail("bench", "--tokens must be at least 2 (a decode rate needs two tokens)")
+    try:
+        sets = args.prompts if args.prompts is not None else prompt_sets.DEFAULT_SETS
+        for name in sets:
+            prompt_sets.load(name)
+    except prompt_sets.UnknownPromptSet as e:
+        return _fail("bench", str(e))
+    options = BenchOptions(modes=args.modes, prompt_sets=tuple(sets), tokens=args.tokens, runs=args.runs,
+                           depths=args.depths, concurrency=args.concurrency,
+                           agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
+                           agent_system_tokens=args.agent_system_tokens,
+                           agent_turn_tokens=args.agent_turn_tokens,
+                           needle_lengths=() if args.no_needle else args.needle_lengths)
+    return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
+
+
+def run_results(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    from . import results
+    from ..store import UnknownRun
+
+    cfg = config.load(vars(args))
+    db_path = cfg.store.resolved_db_path()
+    if not Path(db_path).exists():
+        return _fail("results", f"no results yet: {db_path} does not exist (run `appliance sweep` or "
+                                "`appliance bench` first)")
+    with Store.open(db_path) as store:
+        try:
+            return _results(args, store, results)
+        except UnknownRun as e:
+            return _fail("results", str(e))
+        except ValueError as e:
+            return _fail("results", str(e))
+
+
+def _results(args: argparse.Namespace, store: Store, results: Any) -> int:
+    last = store.last_run()
+    if args.compare:
+        a, b = args.compare
+        print(results.render_compare(results.compare(store.results(a), store.results(b),
+                                                     f"run {a}", f"run {b}"), f"run {a}", f"run {b}"))
+        return 0
+    if args.estimate:
+        print(results.render_estimate(results.estimate_from_store(store, *args.estimate, run_id=args.run)))
+        return 0
+    if args.plot:
+        ids = args.plot_runs or ((args.run,) if args.run else ((last.id,) if last else ()))
+        if not ids:
+            return _fail("results", "no runs to plot")
+        results.plot([(store.run(i), store.results(i)) for i in ids], args.plot)
+        print(f"wrote {args.plot}")
+        return 0
+    if args.run or args.last:
+        run_id = args.run or (last.id if last else None)
+        if run_id is None:
+            return _fail("results", "no runs stored yet")
+        print(results.render_run(store.run(run_id), store.host(run_id), store.results(run_id), args.format))
+        return 0
+    print(results.render_runs(store.runs(), results.cell_counts(store)))
+    return 0

@@ -1,0 +1,352 @@
+"""What `sweep` and `bench` measure: each builds a plan of steps (session.Step) over the
+variants (one server, or A and B) and the raw reference.
+
+Order inside a repeat alternates what is compared: raw then served on even repeats, served then
+raw on odd ones; A then B always (shared/BENCHMARKING.md, rule 7). The same token sequence is
+given to raw and served (and to A and B) within a repeat; every repeat draws a fresh nonce.
+"""
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import string
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..store import ResultCell
+from . import prompt_sets
+from .client import BenchError
+from .raw import RawReference
+from .session import Prompts, Step, Variant, nonce, raw_cells, served_cell, to_cell
+from .timing import aggregate_rate, measure
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+
+@dataclass
+class Context:
+    variants: list[Variant]
+    raw: RawReference | None
+    sampler: Any
+    prompts: Prompts
+
+    @property
+    def n_ctx(self) -> int:
+        known = [v.n_ctx for v in self.variants if v.n_ctx]
+        return min(known) if known else 0
+
+    @property
+    def n_slots(self) -> int:
+        return min(v.n_slots for v in self.variants)
+
+
+def _once(make: Callable[[], Any]) -> Callable[[], Any]:
+    """A value built on first use and shared by the steps of one repeat (the same prompt for
+    raw and served, A and B)."""
+    box: list[Any] = []
+
+    def get() -> Any:
+        if not box:
+            box.append(make())
+        return box[0]
+    return get
+
+
+def _ordered(repeat: int, served: list[Step], raw: list[Step]) -> list[Step]:
+    return raw + served if repeat % 2 == 0 else served + raw
+
+
+def _rate_body(n_gen: int) -> dict[str, Any]:
+    # exactly n_gen tokens: a rate measured over a reply that stopped early means nothing
+    return {"max_tokens": n_gen, "temperature": 0, "ignore_eos": True}
+
+
+def _served_ids_step(ctx: Context, v: Variant, label: str, r: int, ids: Callable[[], list[int]],
+                     n_gen: int, kind: str, prompt_set: str, cache_on: bool = False) -> Step:
+    def run() -> list[ResultCell]:
+        cell, _, _ = served_cell(v, COMPLETIONS, {"prompt": ids(), **_rate_body(n_gen)}, ctx.sampler,
+                                 prompt_set=prompt_set, kind=kind, repeat_index=r, cache_on=cache_on,
+                                 extra={"cell": label})
+        return [cell]
+    return Step(label, r, v.label, "served", run)
+
+
+def _raw_ids_step(ctx: Context, label: str, r: int, seqs: Callable[[], list[list[int]]], n_gen: int,
+                  kind: str, prompt_set: str, concurrency: int = 1) -> Step:
+    def run() -> list[ResultCell]:
+        cells, _ = raw_cells(ctx.raw, seqs(), n_gen, ctx.sampler, prompt_set=prompt_set,
+                             extra={"cell": label}, kind=kind, repeat_index=r, concurrency=concurrency)
+        return cells
+    return Step(label, r, "", "raw", run)
+
+
+def check_fits(ctx: Context, n_prompt: int, n_gen: int, what: str) -> None:
+    if ctx.n_ctx and n_prompt + n_gen > ctx.n_ctx:
+        raise BenchError(f"{what}: {n_prompt} prompt + {n_gen} generated tokens do not fit the "
+                         f"server's context of {ctx.n_ctx} per slot (serve with a larger --n-ctx)")
+
+
+# -- sweep -----------------------------------------------------------------------------------
+
+def sweep_plan(ctx: Context, sizes: Sequence[int], n_gen: int, runs: int, cache: bool) -> list[Step]:
+    """For each prompt size: TTFT and prefill rate, then client and engine decode at that depth;
+    with cache on, the same prompt again, served from the prompt cache, as its own row."""
+    for p in sizes:
+        check_fits(ctx, p, n_gen, f"sweep p={p}")
+    steps: list[Step] = []
+    for r in range(runs):
+        for p in sizes:
+            label = f"sweep p={p}"
+            ids = _once(lambda p=p: ctx.prompts.ids(p))
+            served = [_served_ids_step(ctx, v, label, r, ids, n_gen, "sweep", "sweep") for v in ctx.variants]
+            raw = [_raw_ids_step(ctx, label, r, lambda ids=ids: [ids()], n_gen, "sweep", "sweep")] if ctx.raw else []
+            steps += _ordered(r, served, raw)
+            if cache:
+                steps += [_served_ids_step(ctx, v, f"sweep p={p} cached", r, ids, n_gen, "sweep", "sweep",
+                                           cache_on=True) for v in ctx.variants]
+    return steps
+
+
+# -- bench -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchOptions:
+    modes: tuple[str, ...] = ("serial",)
+    prompt_sets: tuple[str, ...] = prompt_sets.DEFAULT_SETS
+    tokens: int = 128
+    runs: int = 3
+    depths: tuple[int, ...] = ()              # empty: half the context
+    concurrency: tuple[int, ...] = (1, 2, 4)
+    concurrency_prompt_tokens: int = 512
+    agent_conversations: int = 1
+    agent_turns: int = 8
+    agent_system_tokens: int = 2000
+    agent_turn_tokens: int = 300
+    agent_reply_tokens: int = 24
+    needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
+
+
+SUPPORTED_MODES = ("serial",)
+
+
+def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
+    for mode in o.modes:
+        if mode not in SUPPORTED_MODES:
+            raise BenchError(f"mode {mode!r} is not available yet (modes: {', '.join(SUPPORTED_MODES)}); "
+                             "speculative modes come with issue #7")
+    sets = [prompt_sets.load(name) for name in o.prompt_sets]
+    depths = o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,))
+    for d in depths:
+        check_fits(ctx, d, o.tokens, f"depth {d}")
+    levels = [c for c in o.concurrency if c >= 1]
+    too_many = [c for c in levels if c > ctx.n_slots]
+    if too_many:
+        raise BenchError(f"--concurrency {too_many[0]} is more than the server's {ctx.n_slots} slots")
+    steps: list[Step] = []
+    for r in range(o.runs):
+        for mode in o.modes:
+            for ps in sets:
+                steps += [_chat_step(ctx, v, ps, r, mode, o.tokens) for v in ctx.variants]
+        for d in depths:
+            steps += [_depth_step(ctx, v, d, r, o.tokens) for v in ctx.variants]
+        for c in levels:
+            label = f"concurrency {c}"
+            seqs = _once(lambda c=c: [ctx.prompts.ids(o.concurrency_prompt_tokens) for _ in range(c)])
+            served = [_concurrent_step(ctx, v, label, r, seqs, o.tokens) for v in ctx.variants]
+            raw = ([_raw_ids_step(ctx, label, r, seqs, o.tokens, "concurrency", "sweep", concurrency=c)]
+                   if ctx.raw else [])
+            steps += _ordered(r, served, raw)
+    for v in ctx.variants:
+        steps += agent_steps(ctx, v, o)
+    lengths = o.needle_lengths
+    if lengths is None:
+        lengths = tuple(int(ctx.n_ctx * f) for f in (0.25, 0.5, 0.9)) + (int(ctx.n_ctx * 1.1),) if ctx.n_ctx else ()
+    for v in ctx.variants:
+        steps += [_needle_step(ctx, v, n) for n in lengths]
+    return steps
+
+
+def _chat_step(ctx: Context, v: Variant, ps: prompt_sets.PromptSet, r: int, mode: str, n_gen: int) -> Step:
+    label = f"prompt {ps.name}"
+    prompt = ps.prompts[r % len(ps.prompts)]
+
+    def run() -> list[ResultCell]:
+        body: dict[str, Any] = {"messages": prompt_sets.with_nonce(list(prompt.messages), nonce()),
+                                **_rate_body(n_gen)}
+        if prompt.tools:
+            body["tools"] = list(prompt.tools)
+        cell, _, _ = served_cell(v, CHAT, body, ctx.sampler, mode=mode, prompt_set=ps.name, kind="prompt",
+                                 repeat_index=r, extra={"cell": label, "prompt_id": prompt.id})
+        return [cell]
+    return Step(label, r, v.label, "served", run)
+
+
+def _depth_step(ctx: Context, v: Variant, depth: int, r: int, n_gen: int) -> Step:
+    label = f"depth {depth}"
+    prose = prompt_sets.load("prose")
+    prompt = prose.prompts[r % len(prose.prompts)]
+
+    def run() -> list[ResultCell]:
+        base = ctx.prompts.target.count_tokens(json.dumps(list(prompt.messages)))
+        messages = prompt_sets.pad_to(list(prompt.messages), ctx.prompts.chars_for(depth - base - 32),
+                                      seed=secrets.randbits(32))
+        body = {"messages": prompt_sets.with_nonce(messages, nonce()), **_rate_body(n_gen)}
+        cell, _, _ = served_cell(v, CHAT, body, ctx.sampler, prompt_set="prose+filler", kind="depth",
+                                 repeat_index=r, extra={"cell": label, "target_depth": depth})
+        return [cell]
+    return Step(label, r, v.label, "served", run)
+
+
+def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callable[[], list[list[int]]],
+                     n_gen: int) -> Step:
+    def run() -> list[ResultCell]:
+        prompts = seqs()
+        traces: list[Any] = [None] * len(prompts)
+        errors: list[BaseException] = []
+        start = threading.Barrier(len(prompts))
+
+        def one(i: int) -> None:
+            try:
+                start.wait()
+                traces[i] = v.target.stream(COMPLETIONS, {"model": v.model_id, "prompt": prompts[i],
+                                                          **_rate_body(n_gen)})
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+        phase = ctx.sampler.phase("concurrent") if ctx.sampler is not None else None
+        if phase is not None:
+            phase.__enter__()
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            if phase is not None:
+                phase.__exit__(None, None, None)
+        if errors:
+            raise errors[0]
+        for t in traces:
+            if t.status != 200:
+                raise BenchError(f"{label}: HTTP {t.status}: {t.error}")
+        agg = aggregate_rate(traces, v.target.count_tokens)
+        cells = []
+        for i, t in enumerate(traces):
+            m = measure(t, v.target.count_tokens)
+            cells.append(to_cell(m, variant=v.label, prompt_set="sweep", kind="concurrency",
+                                 concurrency=len(prompts), repeat_index=r,
+                                 extra={"cell": label, "stream": i, "aggregate_tps": agg}))
+        return cells
+    return Step(label, r, v.label, "served", run)
+
+
+# -- agent replay ------------------------------------------------------------------------------
+
+AGENT_SYSTEM = (
+    "You are a coding agent working in a Python repository. Work in small steps: read the files "
+    "you need with read_file, search with search_code, run the tests with run_shell, and change "
+    "files with write_file. After each tool result, say in one sentence what you learned and call "
+    "the next tool. Never guess a file's contents; read it first.\n\n"
+    "Project notes follow.\n\n")
+
+
+class Agent:
+    """One replayed agent conversation: a long system prompt with tools, then turns that each
+    append a tool call and its result of a few hundred tokens and resend everything."""
+
+    def __init__(self, ctx: Context, o: BenchOptions, index: int, tools: Sequence[dict]) -> None:
+        rng = random.Random(1000 + index)
+        notes = prompt_sets.filler(ctx.prompts.chars_for(o.agent_system_tokens), seed=rng.randrange(1 << 30))
+        self.tools = list(tools)
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": f"[{nonce()}] " + AGENT_SYSTEM + notes},
+            {"role": "user", "content": "The test suite fails in the storage module. Find out why and fix it."}]
+        self.index, self.o, self.ctx, self.rng = index, o, ctx, rng
+
+    def add_turn(self, turn: int) -> None:
+        call_id = f"call_{self.index}_{turn}"
+        path = f"src/storage/part_{turn}.py"
+        self.messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "read_file", "arguments": json.dumps({"path": path})}}]})
+        body = prompt_sets.filler(self.ctx.prompts.chars_for(self.o.agent_turn_tokens),
+                                  seed=self.rng.randrange(1 << 30))
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": f"# {path}\n{body}"})
+
+    def body(self, messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"messages": messages or self.messages, "tools": self.tools,
+                "max_tokens": self.o.agent_reply_tokens, "temperature": 0}
+
+
+def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
+    """Conversations interleaved turn by turn, then a cold request at the first follow-up's and
+    the last turn's depth (the same conversation behind a fresh nonce) to compare against."""
+    if o.agent_conversations < 1 or o.agent_turns < 1:
+        return []
+    tools = next(p.tools for p in prompt_sets.load("tool-calls").prompts if p.tools)
+    agents = _once(lambda: [Agent(ctx, o, i, tools) for i in range(o.agent_conversations)])
+    depth_at: dict[int, int] = {}
+    steps = []
+    for turn in range(o.agent_turns):
+        for c in range(o.agent_conversations):
+            def run(c: int = c, turn: int = turn) -> list[ResultCell]:
+                agent = agents()[c]
+                if turn > 0:
+                    agent.add_turn(turn)
+                cell, _, m = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent",
+                                         cache_on=True, extra={"cell": "agent", "conversation": c, "turn": turn})
+                if c == 0:
+                    depth_at[turn] = m.prompt_tokens
+                return [cell]
+            steps.append(Step(f"agent c{c} turn {turn}", 0, v.label, "served", run))
+    for turn in sorted({min(1, o.agent_turns - 1), o.agent_turns - 1}):
+        def cold(turn: int = turn) -> list[ResultCell]:
+            agent = agents()[0]
+            # the conversation as it stood at that turn, behind a new nonce: nothing of it is cached
+            upto = 2 + 2 * turn
+            messages = [dict(m) for m in agent.messages[:upto]]
+            messages[0]["content"] = f"[{nonce()}] " + messages[0]["content"]
+            cell, _, _ = served_cell(v, CHAT, agent.body(messages), ctx.sampler, prompt_set="agent",
+                                     kind="agent-cold", extra={"cell": f"agent cold turn {turn}", "turn": turn})
+            return [cell]
+        steps.append(Step(f"agent cold turn {turn}", 0, v.label, "served", cold))
+    return steps
+
+
+# -- needle ----------------------------------------------------------------------------------
+
+NEEDLE_QUESTION = "What is the access code for the archive room? Answer with the code only."
+
+
+def _needle_step(ctx: Context, v: Variant, length: int) -> Step:
+    """A code planted a third of the way into a prompt of about `length` tokens, asked back.
+    Past the context the expected answer is a clean HTTP 400, before any stream byte."""
+    label = f"needle {length}"
+    expected_status = 400 if ctx.n_ctx and length > ctx.n_ctx else 200
+
+    def run() -> list[ResultCell]:
+        rng = random.Random()
+        code = f"{rng.choice(string.ascii_uppercase)}{rng.choice(string.ascii_uppercase)}-{rng.randrange(1000, 9999)}"
+        chars = ctx.prompts.chars_for(max(0, length - 60))
+        text = prompt_sets.filler(chars, seed=rng.randrange(1 << 30))
+        cut = text.find("\n\n", len(text) // 3)
+        cut = cut if cut >= 0 else len(text) // 3
+        needle = f"\n\nNote for the reader: the access code for the archive room is {code}.\n\n"
+        content = f"[{nonce()}] " + text[:cut] + needle + text[cut:] + "\n\n" + NEEDLE_QUESTION
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 16, "temperature": 0}
+        trace = v.target.stream(CHAT, {"model": v.model_id, **body})
+        extra = {"cell": label, "status": trace.status, "expected_status": expected_status,
+                 "found": code in trace.text, "code": code, "reply": trace.text[:80]}
+        if trace.status != 200 or not trace.chunks:
+            return [ResultCell(mode="serial", prompt_set="needle", depth=0, prompt_tokens=0,
+                               generated_tokens=0, ttft_ms=0.0, prefill_tps=None, client_decode_tps=None,
+                               engine_decode_tps=None, tokens_per_step=None, kind="needle",
+                               variant=v.label, extra={**extra, "error": trace.error})]
+        m = measure(trace, v.target.count_tokens)
+        return [to_cell(m, variant=v.label, prompt_set="needle", kind="needle", extra=extra)]
+    return Step(label, 0, v.label, "served", run)

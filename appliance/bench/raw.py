@@ -1,0 +1,185 @@
+"""The raw reference row: the same model and settings driven through llama.cpp's low-level API
+directly, in a process of its own, with nothing of the appliance in the path. The served rows
+divided by these show what serving costs (shared/BENCHMARKING.md; issue #5).
+
+The worker mirrors the engine's llama.cpp context: n_slots sequences of n_ctx positions each
+(not unified), the same threads, batch sizes and flash-attention setting, and prompts
+prefilled in chunks on the same fixed grid of absolute positions, each chunk its own
+llama_decode. It decodes greedily (lowest id on ties, as numpy's argmax) and ignores
+end-of-generation tokens, as the served rate rows ask with `ignore_eos`.
+
+    with RawReference(model_path, settings) as raw:
+        raw.run([ids], n_gen)          # one stream: ttft_ms, decode_tps, tokens
+        raw.run([ids] * 4, n_gen)      # four streams decoded together: per stream and aggregate
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .client import BenchError
+
+
+@dataclass(frozen=True)
+class RawSettings:
+    n_ctx: int
+    n_slots: int
+    n_threads: int
+    n_threads_batch: int
+    n_batch: int
+    n_ubatch: int
+    flash_attn: bool
+    prefill_chunk: int
+
+    @classmethod
+    def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
+        """The server's settings as its /health reports them (prefill_chunk: when it does not)."""
+        s = health["settings"]
+        return cls(n_ctx=int(health["n_ctx"]), n_slots=int(health["n_slots"]),
+                   n_threads=int(s["n_threads"]), n_threads_batch=int(s["n_threads_batch"]),
+                   n_batch=int(s["n_batch"]), n_ubatch=int(s["n_ubatch"]),
+                   flash_attn=bool(s["flash_attn"]),
+                   prefill_chunk=int(s.get("prefill_chunk") or prefill_chunk))
+
+
+@dataclass(frozen=True)
+class RawResult:
+    ttft_ms: list[float]            # per sequence: its prefill and first sample, alone
+    decode_tps: float               # per stream, over the steps where all decode together
+    aggregate_tps: float            # all streams together
+    tokens: list[list[int]]         # per sequence, the n_gen greedy tokens
+
+
+class RawError(BenchError):
+    """The raw worker could not load, answer or compute."""
+
+
+def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover - runs in the child
+    import signal
+
+    import numpy as np
+    import llama_cpp as L
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bench's to handle; it closes us
+
+    quiet = L.llama_log_callback(lambda *a: None)  # keep a reference: llama.cpp calls it later
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    mparams = L.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = L.llama_model_load_from_file(model_path.encode(), mparams)
+    if not model:
+        conn.send(("error", f"llama.cpp could not load {model_path}"))
+        return
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_seq_max, cp.kv_unified = st.n_ctx * st.n_slots, st.n_slots, False
+    cp.n_batch, cp.n_ubatch = st.n_batch, min(st.n_ubatch, st.n_batch)
+    cp.n_threads, cp.n_threads_batch = st.n_threads, st.n_threads_batch
+    cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if st.flash_attn
+                          else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    cp.no_perf = True
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        conn.send(("error", f"llama.cpp could not create a context of {st.n_slots} x {st.n_ctx}"))
+        return
+    mem = L.llama_get_memory(ctx)
+    batch = L.llama_batch_init(max(st.n_batch, st.n_slots), 0, st.n_slots)
+
+    def decode(entries) -> None:
+        for i, (tok, pos, seq, want) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, want
+        batch.n_tokens = len(entries)
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def argmax(row: int) -> int:
+        return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).argmax())
+
+    def prefill(seq: int, toks: list[int]) -> int:
+        L.llama_memory_seq_rm(mem, seq, -1, -1)
+        start = 0
+        while start < len(toks):
+            end = min(len(toks), (start // st.prefill_chunk + 1) * st.prefill_chunk)
+            decode([(toks[p], p, seq, p == len(toks) - 1) for p in range(start, end)])
+            start = end
+        return argmax(len(toks) - 1 - (len(toks) - 1) // st.prefill_chunk * st.prefill_chunk)
+
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        seqs, n_gen = msg
+        try:
+            ttft, out = [], []
+            for s, toks in enumerate(seqs):
+                t0 = time.perf_counter()
+                out.append([prefill(s, toks)])
+                ttft.append(1000.0 * (time.perf_counter() - t0))
+            pos = [len(t) for t in seqs]
+            t0 = time.perf_counter()
+            for _ in range(n_gen - 1):
+                decode([(out[s][-1], pos[s], s, True) for s in range(len(seqs))])
+                for s in range(len(seqs)):
+                    out[s].append(argmax(s))
+                    pos[s] += 1
+            dt = time.perf_counter() - t0
+            rate = (n_gen - 1) / dt if dt > 0 else 0.0
+            conn.send(("ok", (ttft, rate, rate * len(seqs), out)))
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            conn.send(("error", str(e)))
+
+
+class RawReference:
+    """The raw worker process; `run` blocks until it answers."""
+
+    def __init__(self, model_path: str, settings: RawSettings, timeout: float = 600.0) -> None:
+        self.settings = settings
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_worker, args=(child, model_path, settings), daemon=True,
+                                 name="appliance-bench-raw")
+        self._proc.start()
+        child.close()
+        self._timeout = timeout
+        self._recv()  # ready, or the load error
+
+    def _recv(self) -> Any:
+        if not self._conn.poll(self._timeout):
+            self.close()
+            raise RawError(f"the raw llama.cpp worker did not answer within {self._timeout:.0f} s")
+        try:
+            kind, value = self._conn.recv()
+        except EOFError:
+            raise RawError(f"the raw llama.cpp worker died (exit code {self._proc.exitcode})") from None
+        if kind == "error":
+            raise RawError(value)
+        return value
+
+    def run(self, seqs: Sequence[Sequence[int]], n_gen: int) -> RawResult:
+        if len(seqs) > self.settings.n_slots:
+            raise ValueError(f"{len(seqs)} sequences for {self.settings.n_slots} slots")
+        self._conn.send(([list(s) for s in seqs], n_gen))
+        ttft, rate, aggregate, tokens = self._recv()
+        return RawResult(ttft_ms=ttft, decode_tps=rate, aggregate_tps=aggregate, tokens=tokens)
+
+    def close(self) -> None:
+        try:
+            self._conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+
+    def __enter__(self) -> RawReference:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

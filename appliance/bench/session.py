@@ -1,0 +1,249 @@
+"""One `bench` or `sweep` invocation: the servers it measures, the store it writes as it goes,
+the host sampler, and the plan of cells it works through.
+
+A plan is a list of steps, each one cell label x repeat x variant x target (served or raw),
+ordered so that what is compared alternates (raw and served, A and B) inside each repeat
+(shared/BENCHMARKING.md, rule 7). Each step's cells are stored in one transaction as soon as
+they are measured, so an interrupted run (Ctrl-C, a dead server) keeps every completed cell;
+the run is then marked interrupted or failed with a note naming the missing cells.
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..store import ModelFingerprint, ResultCell, RunStatus, Store
+from . import prompt_sets
+from .client import BenchError, ServerGone, Target
+from .raw import RawError, RawReference, RawResult
+from .timing import Measured, StreamTrace, measure
+
+
+def nonce() -> str:
+    """A fresh random marker put at the very start of a prompt: no prefix cache can serve it."""
+    return secrets.token_hex(6)
+
+
+@dataclass
+class Variant:
+    """One server under measurement: the whole run's, or one side of an A/B run."""
+
+    label: str                      # "" or "A" / "B"
+    target: Target
+    model_id: str
+    n_ctx: int
+    n_slots: int
+    health: dict[str, Any] | None   # None for a server without our /health
+    serve_args: list[str] = field(default_factory=list)
+
+    def settings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"url": self.target.url, "model_id": self.model_id, "n_ctx": self.n_ctx,
+                               "n_slots": self.n_slots, "serve_args": self.serve_args}
+        if self.health:
+            out.update(self.health.get("settings") or {})
+            out["model_fingerprint"] = self.health.get("model_fingerprint")
+        return out
+
+
+def open_variant(label: str, target: Target, claimed: ModelFingerprint | None,
+                 claimed_file_fp: str | None, serve_args: Sequence[str] = ()) -> Variant:
+    """Check that the server answers and serves the model the run claims, before any work."""
+    ids = target.model_ids()
+    if not ids:
+        raise BenchError(f"{target.url} serves no model")
+    health = target.health()
+    if claimed is not None:
+        served_fp = (health or {}).get("model_fingerprint")
+        if served_fp and claimed_file_fp and served_fp != claimed_file_fp:
+            raise BenchError(f"{target.url} serves {ids[0]} (file fingerprint {served_fp}), not the "
+                             f"claimed model {claimed.name} ({claimed_file_fp})")
+        if not served_fp and not _names_match(claimed.name, ids):
+            raise BenchError(f"{target.url} serves {', '.join(ids)}, not the claimed model {claimed.name}")
+    n_ctx = int((health or {}).get("n_ctx") or 0)
+    n_slots = int((health or {}).get("n_slots") or 1)
+    return Variant(label, target, ids[0], n_ctx, n_slots, health, list(serve_args))
+
+
+def _names_match(file_name: str, ids: Sequence[str]) -> bool:
+    stem = Path(file_name).stem
+    return any(Path(i).name in (file_name, stem) or Path(i).stem == stem for i in ids)
+
+
+# -- prompts -------------------------------------------------------------------------------
+
+class Prompts:
+    """Prompts of a given token length, built against the server's own tokenizer."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        sample = prompt_sets.filler(20_000, seed=0)
+        self.chars_per_token = len(sample) / max(1, target.count_tokens(sample))
+
+    def ids(self, n_tokens: int) -> list[int]:
+        """Exactly n_tokens token ids (BOS included when the model adds one): a nonce, then
+        filler prose in a random order."""
+        chars = int(n_tokens * self.chars_per_token * 1.2) + 64
+        while True:
+            text = f"[{nonce()}] " + prompt_sets.filler(chars, seed=secrets.randbits(32))
+            ids = self.target.tokenize(text, add_special=True)
+            if len(ids) >= n_tokens:
+                return ids[:n_tokens]
+            chars *= 2
+
+    def chars_for(self, n_tokens: int) -> int:
+        return max(0, int(n_tokens * self.chars_per_token))
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+class Phases:
+    """Files the host sampler's ticks under prefill until the first token, then decode."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Phases:
+        if self.sampler is not None:
+            self._stack.enter_context(self.sampler.phase("prefill"))
+        return self
+
+    def first_token(self) -> None:
+        if self.sampler is not None:
+            self._stack.close()
+            self._stack.enter_context(self.sampler.phase("decode"))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any,
+                **cell: Any) -> tuple[ResultCell, StreamTrace, Measured]:
+    """Stream one request and turn its trace into a cell. A request the server refused is a
+    BenchError naming the cell (a needle over the limit is measured by its own code)."""
+    with Phases(sampler) as phases:
+        trace = variant.target.stream(route, {"model": variant.model_id, **body}, on_first=phases.first_token)
+    if trace.status != 200:
+        raise BenchError(f"{cell.get('extra', {}).get('cell', route)}: HTTP {trace.status}: {trace.error}")
+    m = measure(trace, variant.target.count_tokens)
+    return to_cell(m, variant=variant.label, **cell), trace, m
+
+
+def to_cell(m: Measured, **cell: Any) -> ResultCell:
+    depth = cell.pop("depth", m.prompt_tokens)
+    return ResultCell(mode=cell.pop("mode", "serial"), prompt_set=cell.pop("prompt_set"), depth=depth,
+                      prompt_tokens=m.prompt_tokens, generated_tokens=m.generated_tokens,
+                      ttft_ms=m.ttft_ms, prefill_tps=m.prefill_tps, client_decode_tps=m.client_decode_tps,
+                      engine_decode_tps=m.engine_decode_tps, tokens_per_step=m.tokens_per_step,
+                      engine_prefill_tps=m.engine_prefill_tps, cached_tokens=m.cached_tokens, **cell)
+
+
+def raw_cells(raw: RawReference, seqs: Sequence[Sequence[int]], n_gen: int, sampler: Any,
+              prompt_set: str, extra: dict[str, Any], **cell: Any) -> tuple[list[ResultCell], RawResult]:
+    """The raw reference for these token sequences (decoded together): one cell per sequence."""
+    phase = sampler.phase("raw") if sampler is not None else contextlib.nullcontext()
+    with phase:
+        r = raw.run(seqs, n_gen)
+    cells = []
+    for i, (seq, ttft) in enumerate(zip(seqs, r.ttft_ms)):
+        e = dict(extra)
+        if len(seqs) > 1:
+            e.update(stream=i, aggregate_tps=r.aggregate_tps)
+        cells.append(ResultCell(mode="serial", prompt_set=prompt_set, depth=len(seq),
+                                prompt_tokens=len(seq), generated_tokens=n_gen, ttft_ms=ttft,
+                                prefill_tps=1000.0 * len(seq) / ttft if ttft > 0 else None,
+                                client_decode_tps=r.decode_tps, engine_decode_tps=None,
+                                tokens_per_step=1.0, target="raw", extra=e, **cell))
+    return cells, r
+
+
+# -- the plan and its execution ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    label: str                         # the planned cell ("sweep p=2048")
+    repeat: int
+    variant: str
+    target: str                        # served or raw
+    measure: Callable[[], list[ResultCell]]
+
+    @property
+    def key(self) -> str:
+        who = self.target + (f" {self.variant}" if self.variant else "")
+        return f"{self.label} [{who}] run {self.repeat + 1}"
+
+
+@dataclass
+class Outcome:
+    status: RunStatus
+    done: list[str]
+    missing: list[str]
+    error: str = ""
+
+    def note(self) -> str:
+        if self.status is RunStatus.COMPLETE:
+            return ""
+        head = {RunStatus.INTERRUPTED: "interrupted", RunStatus.FAILED: "failed"}.get(self.status, "")
+        why = f" ({self.error})" if self.error else ""
+        return f"{head}{why}; {len(self.missing)} of {len(self.done) + len(self.missing)} cells missing: " \
+               + "; ".join(self.missing)
+
+
+def execute(store: Store, run_id: int, steps: Sequence[Step], progress: bool = True) -> Outcome:
+    """Measure every step in order, storing each step's cells as they come. Ctrl-C marks the
+    run interrupted; a dead server or raw worker marks it failed; either way what was measured
+    stays stored."""
+    from tqdm import tqdm
+
+    done: list[str] = []
+    bar = tqdm(total=len(steps), disable=not progress, file=sys.stderr, unit="cell",
+               dynamic_ncols=True, leave=False)
+    status, error = RunStatus.COMPLETE, ""
+    try:
+        for step in steps:
+            bar.set_description(step.key)
+            cells = step.measure()
+            store.add_cells(run_id, cells)
+            done.append(step.key)
+            bar.update(1)
+    except KeyboardInterrupt:
+        status, error = RunStatus.INTERRUPTED, "stopped by the user"
+    except (ServerGone, RawError) as e:
+        status, error = RunStatus.FAILED, str(e)
+    except BenchError as e:
+        status, error = RunStatus.FAILED, str(e)
+    finally:
+        bar.close()
+    missing = [s.key for s in steps[len(done):]]
+    return Outcome(status, done, missing, error)
+
+
+def host_snapshot() -> dict[str, Any]:
+    from hostcheck import collect
+
+    return collect().to_dict()
+
+
+def phase_summary(sampler: Any) -> dict[str, Any]:
+    return {name: asdict(stats) for name, stats in sampler.summary().items()}
+
+
+@contextlib.contextmanager
+def maybe_raw(model_path: str | None, variant: Variant, prefill_chunk: int, want: bool) -> Iterator[RawReference | None]:
+    """The raw reference worker when it can mirror the server: a local model file and the
+    server's llama.cpp settings from /health. Otherwise None, and the caller says why."""
+    if not want or model_path is None or not variant.health or "settings" not in variant.health:
+        yield None
+        return
+    from .raw import RawSettings
+
+    raw = RawReference(model_path, RawSettings.from_health(variant.health, prefill_chunk))
+    try:
+        yield raw
+    finally:
+        raw.close()
