@@ -30,6 +30,10 @@ class BenchError(RuntimeError):
     """A problem found before or during a run, with a message a person acts on."""
 
 
+class CellFailed(BenchError):
+    """The server refused or failed one cell's request; the run goes on without that cell."""
+
+
 class ServerGone(BenchError):
     """The server stopped answering in the middle of a run."""
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from ..store import ModelFingerprint, ResultCell, RunStatus, Store
 from . import prompt_sets
-from .client import BenchError, ServerGone, Target
-from .raw import RawError, RawReference, RawResult
+from .client import BenchError, CellFailed, Target
+from .raw import RawReference, RawResult
 from .timing import Measured, StreamTrace, measure
 
 
@@ -129,7 +129,7 @@ def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any
     with Phases(sampler) as phases:
         trace = variant.target.stream(route, {"model": variant.model_id, **body}, on_first=phases.first_token)
     if trace.status != 200:
-        raise BenchError(f"{cell.get('extra', {}).get('cell', route)}: HTTP {trace.status}: {trace.error}")
+        raise CellFailed(f"HTTP {trace.status}: {trace.error}")
     m = measure(trace, variant.target.count_tokens)
     return to_cell(m, variant=variant.label, **cell), trace, m
 
@@ -182,16 +182,21 @@ class Step:
 class Outcome:
     status: RunStatus
     done: list[str]
-    missing: list[str]
+    missing: list[str]                  # planned cells not measured: failed ones, then those never reached
     error: str = ""
+    failed: list[tuple[str, str]] = field(default_factory=list)   # (cell, why) of cells the server refused
 
     def note(self) -> str:
         if self.status is RunStatus.COMPLETE:
             return ""
-        head = {RunStatus.INTERRUPTED: "interrupted", RunStatus.FAILED: "failed"}.get(self.status, "")
-        why = f" ({self.error})" if self.error else ""
-        return f"{head}{why}; {len(self.missing)} of {len(self.done) + len(self.missing)} cells missing: " \
-               + "; ".join(self.missing)
+        parts = []
+        if self.error:
+            parts.append(f"{self.status.value} ({self.error})")
+        if self.failed:
+            parts.append("failed cells: " + "; ".join(f"{k}: {why}" for k, why in self.failed))
+        total = len(self.done) + len(self.missing)
+        parts.append(f"{len(self.missing)} of {total} cells missing: " + "; ".join(self.missing))
+        return "; ".join(parts)
 
 
 def execute(store: Store, run_id: int, steps: Sequence[Step], progress: bool = True) -> Outcome:
@@ -201,26 +206,34 @@ def execute(store: Store, run_id: int, steps: Sequence[Step], progress: bool = T
     from tqdm import tqdm
 
     done: list[str] = []
+    failed: list[tuple[str, str]] = []
     bar = tqdm(total=len(steps), disable=not progress, file=sys.stderr, unit="cell",
-               dynamic_ncols=True, leave=False)
+               dynamic_ncols=True, leave=False, mininterval=0.5)
     status, error = RunStatus.COMPLETE, ""
+    at = 0
     try:
-        for step in steps:
+        for at, step in enumerate(steps):
             bar.set_description(step.key)
-            cells = step.measure()
-            store.add_cells(run_id, cells)
-            done.append(step.key)
+            try:
+                cells = step.measure()
+            except CellFailed as e:
+                failed.append((step.key, str(e)))
+                bar.write(f"{step.key}: {e}", file=sys.stderr)
+            else:
+                store.add_cells(run_id, cells)
+                done.append(step.key)
             bar.update(1)
+        at = len(steps)
     except KeyboardInterrupt:
         status, error = RunStatus.INTERRUPTED, "stopped by the user"
-    except (ServerGone, RawError) as e:
-        status, error = RunStatus.FAILED, str(e)
-    except BenchError as e:
+    except BenchError as e:   # the server or the raw worker is gone: nothing more can be measured
         status, error = RunStatus.FAILED, str(e)
     finally:
         bar.close()
-    missing = [s.key for s in steps[len(done):]]
-    return Outcome(status, done, missing, error)
+    if failed and status is RunStatus.COMPLETE:
+        status = RunStatus.FAILED
+    missing = [k for k, _ in failed] + [s.key for s in steps[at:]]
+    return Outcome(status, done, missing, error, failed)
 
 
 def host_snapshot() -> dict[str, Any]:

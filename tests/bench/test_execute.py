@@ -1,0 +1,61 @@
+"""The plan executor: cells are stored as they are measured, a refused cell is skipped and named,
+Ctrl-C and a dead server end the run with every completed cell kept and the rest named."""
+from __future__ import annotations
+
+import pytest
+
+from appliance.bench.client import CellFailed, ServerGone
+from appliance.bench.session import Step, execute
+from appliance.store import ModelFingerprint, ResultCell, RunStatus, Store
+
+FP = ModelFingerprint("m.gguf", "0" * 64, "F32", 1)
+
+
+def cell(label: str) -> ResultCell:
+    return ResultCell(mode="serial", prompt_set="sweep", depth=8, prompt_tokens=8, generated_tokens=4,
+                      ttft_ms=1.0, prefill_tps=8000.0, client_decode_tps=100.0, engine_decode_tps=100.0,
+                      tokens_per_step=1.0, extra={"cell": label})
+
+
+def ok(label: str) -> Step:
+    return Step(label, 0, "", "served", lambda: [cell(label)])
+
+
+def raising(label: str, exc: BaseException) -> Step:
+    def run():
+        raise exc
+    return Step(label, 0, "", "served", run)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store.open(tmp_path / "r.db") as s:
+        yield s
+
+
+def run(store, steps):
+    run_id = store.start_run(["test"], {}, FP)
+    outcome = execute(store, run_id, steps, progress=False)
+    return outcome, [c.extra["cell"] for c in store.results(run_id)]
+
+
+def test_a_complete_plan(store):
+    outcome, stored = run(store, [ok("a"), ok("b")])
+    assert outcome.status is RunStatus.COMPLETE and outcome.missing == [] and outcome.note() == ""
+    assert stored == ["a", "b"]
+
+
+def test_a_refused_cell_is_skipped_and_named(store):
+    outcome, stored = run(store, [ok("a"), raising("b", CellFailed("HTTP 400: too long")), ok("c")])
+    assert stored == ["a", "c"] and outcome.status is RunStatus.FAILED
+    assert outcome.missing == ["b [served] run 1"]
+    assert "b [served] run 1: HTTP 400: too long" in outcome.note()
+
+
+@pytest.mark.parametrize("exc, status", [(KeyboardInterrupt(), RunStatus.INTERRUPTED),
+                                         (ServerGone("the server stopped answering"), RunStatus.FAILED)])
+def test_an_ended_run_keeps_what_was_done_and_names_the_rest(store, exc, status):
+    outcome, stored = run(store, [ok("a"), raising("b", exc), ok("c")])
+    assert stored == ["a"] and outcome.status is status
+    assert outcome.missing == ["b [served] run 1", "c [served] run 1"]
+    assert "2 of 3 cells missing" in outcome.note()
