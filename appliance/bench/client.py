@@ -98,6 +98,14 @@ class Target:
         raise BenchError(f"{self.url} has no tokenizer route (/tokenize or /extras/tokenize); "
                          "the bench needs one to build prompts of a given length")
 
+    def detokenize(self, ids: Sequence[int]) -> str | None:
+        """The text of these tokens, or None from a server without llama-server's /detokenize."""
+        try:
+            r = self.http.post(self.url + "/detokenize", json={"tokens": list(ids)}, timeout=60)
+        except requests.RequestException as e:
+            raise ServerGone(f"{self.url}/detokenize: {_reason(e)}") from None
+        return r.json().get("content") if r.status_code == 200 else None
+
     def count_tokens(self, text: str) -> int:
         if not text:
             return 0

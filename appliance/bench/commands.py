@@ -132,7 +132,7 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
     from . import results
     from .client import BenchError, serving
     from .plans import Context
-    from .session import Prompts, execute, host_snapshot, maybe_raw, open_variant, phase_summary
+    from .session import Prompts, execute, host_snapshot, maybe_raw, open_variant, peak_rss, phase_summary
 
     if args.runs < 1:
         return _fail(command, "--runs must be at least 1")
@@ -188,7 +188,8 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
             print(f"appliance {command}: run {run_id}, {len(steps)} cells", file=sys.stderr)
             outcome = execute(store, run_id, steps, progress=not args.quiet)
             sampler.stop()
-            store.record_host(run_id, snapshot, phase_summary(sampler))
+            rss = {k: n for v in variants for k, n in peak_rss(v).items()}
+            store.record_host(run_id, {**snapshot, "peak_rss_bytes": rss}, phase_summary(sampler))
             store.finish_run(run_id, outcome.status, outcome.note())
             info = store.run(run_id)
             print(results.render_run(info, store.host(run_id), store.results(run_id), "md"))

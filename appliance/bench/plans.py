@@ -7,6 +7,7 @@ given to raw and served (and to A and B) within a repeat; every repeat draws a f
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import secrets
@@ -66,22 +67,37 @@ def _rate_body(n_gen: int) -> dict[str, Any]:
 
 
 def _served_ids_step(ctx: Context, v: Variant, label: str, r: int, ids: Callable[[], list[int]],
-                     n_gen: int, kind: str, prompt_set: str, cache_on: bool = False) -> Step:
+                     n_gen: int, kind: str, prompt_set: str, cache_on: bool = False,
+                     pair: dict | None = None) -> Step:
     def run() -> list[ResultCell]:
-        cell, _, _ = served_cell(v, COMPLETIONS, {"prompt": ids(), **_rate_body(n_gen)}, ctx.sampler,
-                                 prompt_set=prompt_set, kind=kind, repeat_index=r, cache_on=cache_on,
-                                 extra={"cell": label})
-        return [cell]
+        cell, trace, _ = served_cell(v, COMPLETIONS, {"prompt": ids(), **_rate_body(n_gen)}, ctx.sampler,
+                                     prompt_set=prompt_set, kind=kind, repeat_index=r, cache_on=cache_on,
+                                     extra={"cell": label})
+        return [_with_identity(cell, pair, "served", [trace.text])]
     return Step(label, r, v.label, "served", run)
 
 
 def _raw_ids_step(ctx: Context, label: str, r: int, seqs: Callable[[], list[list[int]]], n_gen: int,
-                  kind: str, prompt_set: str, concurrency: int = 1) -> Step:
+                  kind: str, prompt_set: str, concurrency: int = 1, pair: dict | None = None) -> Step:
     def run() -> list[ResultCell]:
-        cells, _ = raw_cells(ctx.raw, seqs(), n_gen, ctx.sampler, prompt_set=prompt_set,
-                             extra={"cell": label}, kind=kind, repeat_index=r, concurrency=concurrency)
-        return cells
+        cells, result = raw_cells(ctx.raw, seqs(), n_gen, ctx.sampler, prompt_set=prompt_set,
+                                  extra={"cell": label}, kind=kind, repeat_index=r, concurrency=concurrency)
+        texts = [ctx.prompts.target.detokenize(t) for t in result.tokens]
+        return [_with_identity(c, pair, "raw", texts) for c in cells]
     return Step(label, r, "", "raw", run)
+
+
+def _with_identity(cell: ResultCell, pair: dict | None, side: str, texts: list[str | None]) -> ResultCell:
+    """Greedy served output must be llama.cpp's own, token for token (rule 12): the second of a
+    raw/served pair to finish compares the two texts and records the verdict on its cells."""
+    if pair is None or any(t is None for t in texts):
+        return cell
+    pair[side] = texts
+    other = pair.get("raw" if side == "served" else "served")
+    if other is None:
+        return cell
+    i = cell.extra.get("stream", 0)
+    return dataclasses.replace(cell, extra={**cell.extra, "identity": other[i] == texts[i]})
 
 
 def check_fits(ctx: Context, n_prompt: int, n_gen: int, what: str) -> None:
@@ -102,8 +118,11 @@ def sweep_plan(ctx: Context, sizes: Sequence[int], n_gen: int, runs: int, cache:
         for p in sizes:
             label = f"sweep p={p}"
             ids = _once(lambda p=p: ctx.prompts.ids(p))
-            served = [_served_ids_step(ctx, v, label, r, ids, n_gen, "sweep", "sweep") for v in ctx.variants]
-            raw = [_raw_ids_step(ctx, label, r, lambda ids=ids: [ids()], n_gen, "sweep", "sweep")] if ctx.raw else []
+            pair: dict = {}
+            served = [_served_ids_step(ctx, v, label, r, ids, n_gen, "sweep", "sweep", pair=pair)
+                      for v in ctx.variants]
+            raw = ([_raw_ids_step(ctx, label, r, lambda ids=ids: [ids()], n_gen, "sweep", "sweep", pair=pair)]
+                   if ctx.raw else [])
             steps += _ordered(r, served, raw)
             if cache:
                 steps += [_served_ids_step(ctx, v, f"sweep p={p} cached", r, ids, n_gen, "sweep", "sweep",
@@ -156,8 +175,9 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
         for c in levels:
             label = f"concurrency {c}"
             seqs = _once(lambda c=c: [ctx.prompts.ids(o.concurrency_prompt_tokens) for _ in range(c)])
-            served = [_concurrent_step(ctx, v, label, r, seqs, o.tokens) for v in ctx.variants]
-            raw = ([_raw_ids_step(ctx, label, r, seqs, o.tokens, "concurrency", "sweep", concurrency=c)]
+            pair: dict = {}
+            served = [_concurrent_step(ctx, v, label, r, seqs, o.tokens, pair) for v in ctx.variants]
+            raw = ([_raw_ids_step(ctx, label, r, seqs, o.tokens, "concurrency", "sweep", concurrency=c, pair=pair)]
                    if ctx.raw else [])
             steps += _ordered(r, served, raw)
     for v in ctx.variants:
@@ -202,7 +222,7 @@ def _depth_step(ctx: Context, v: Variant, depth: int, r: int, n_gen: int) -> Ste
 
 
 def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callable[[], list[list[int]]],
-                     n_gen: int) -> Step:
+                     n_gen: int, pair: dict | None = None) -> Step:
     def run() -> list[ResultCell]:
         prompts = seqs()
         traces: list[Any] = [None] * len(prompts)
@@ -241,7 +261,8 @@ def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callabl
             cells.append(to_cell(m, variant=v.label, prompt_set="sweep", kind="concurrency",
                                  concurrency=len(prompts), repeat_index=r,
                                  extra={"cell": label, "stream": i, "aggregate_tps": agg}))
-        return cells
+        texts = [t.text for t in traces]
+        return [_with_identity(c, pair, "served", texts) for c in cells]
     return Step(label, r, v.label, "served", run)
 
 

@@ -517,8 +517,17 @@ def _conditions(info: RunInfo, host: HostRecord | None) -> list[str]:
               f"finished {info.finished_at or 'never'}",
               f"- command: `{' '.join(info.command)}`",
               f"- engine: {_settings(info.engine_settings)}",
-              *_host(host), ""]
+              *_host(host), *_peak_rss(host), ""]
     return lines + _phases(host)
+
+
+def _peak_rss(host: HostRecord | None) -> list[str]:
+    """Peak resident memory of the processes the run measured, when the bench could read it."""
+    rss = (host.snapshot.get("peak_rss_bytes") if host else None) or {}
+    if not rss:
+        return []
+    return ["- peak RSS at the end of the run: " + ", ".join(f"{name} {n / 2**20:,.0f} MiB"
+                                                          for name, n in rss.items())]
 
 
 def _settings(settings: Mapping[str, Any]) -> str:

@@ -242,6 +242,23 @@ def host_snapshot() -> dict[str, Any]:
     return collect().to_dict()
 
 
+def peak_rss(variant: Variant) -> dict[str, int]:
+    """VmHWM of the server and engine processes, when they run on this machine: the server's
+    pid is known when the bench started it, the engine's comes from /health."""
+    health = variant.target.health() or {}
+    pids = {"server": variant.target.server.proc.pid if variant.target.server else None,
+            "engine": health.get("engine_pid") if variant.target.server else None}
+    out = {}
+    for name, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        except (OSError, StopIteration, ValueError, TypeError):
+            continue
+        out[name + (f" {variant.label}" if variant.label else "")] = kib * 1024
+    return out
+
+
 def phase_summary(sampler: Any) -> dict[str, Any]:
     return {name: asdict(stats) for name, stats in sampler.summary().items()}
 
