@@ -199,14 +199,29 @@ class LocalServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._tmp = Path(tempfile.mkdtemp(prefix="appliance-bench-"))
         self.log_path = self._tmp / "server.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if not any(a.startswith("--cache-dir") for a in self.serve_args):
-            env["APPLIANCE_CACHE_DIR"] = str(self._tmp / "prompt-cache")
-        with open(self.log_path, "w") as log:
+            self._env["APPLIANCE_CACHE_DIR"] = str(self._tmp / "prompt-cache")
+        self._start_timeout = start_timeout
+        self._launch()
+
+    def _launch(self) -> None:
+        with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "appliance", "serve", "--port", str(self.port), *self.serve_args],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._wait_healthy(start_timeout)
+                stdout=log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
+        self._wait_healthy(self._start_timeout)
+
+    def restart(self) -> None:
+        """Stop the server as SIGTERM does (idle slots' prompt states go to the disk tier) and
+        start it again on the same port with the same cache directory."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._launch()
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -80,6 +80,9 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--agent-turns", type=int, default=8, help="turns per agent conversation")
     bench.add_argument("--agent-system-tokens", type=int, default=2000, help="agent system prompt size")
     bench.add_argument("--agent-turn-tokens", type=int, default=300, help="tool result size per turn")
+    bench.add_argument("--agent-restart", action="store_true",
+                       help="after the replay, restart the server and measure each conversation's next turn "
+                            "(restored from the prompt cache's disk tier)")
     bench.add_argument("--needle-lengths", type=_ints, default=None,
                        help="needle prompt lengths (default: 1/4, 1/2, 0.9 of the context and one over it)")
     bench.add_argument("--no-needle", action="store_true", help="skip the needle check")
@@ -215,6 +218,16 @@ def run_sweep(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     if args.tokens < 2:
         return _fail("sweep", "-n must be at least 2 (a decode rate needs two tokens)")
+    need = max(args.prompt_sizes) + args.tokens
+    try:
+        configured = config.load(vars(args)).engine.n_ctx
+    except (ValueError, TypeError) as e:
+        return _fail("sweep", str(e))
+    if not args.url and args.n_ctx is None and configured and need > configured:
+        # the server this sweep starts gets the context its largest cell needs
+        args.n_ctx = -(-need // 256) * 256
+        print(f"appliance sweep: serving with --n-ctx {args.n_ctx} for the {max(args.prompt_sizes)}-token "
+              f"prompt and {args.tokens} generated tokens", file=sys.stderr)
     return _drive("sweep", args, argv, lambda ctx: sweep_plan(ctx, args.prompt_sizes, args.tokens, args.runs,
                                                              args.cache == "on"))
 
@@ -240,7 +253,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                            depths=args.depths, concurrency=args.concurrency,
                            agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
                            agent_system_tokens=args.agent_system_tokens,
-                           agent_turn_tokens=args.agent_turn_tokens,
+                           agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
                            needle_lengths=() if args.no_needle else args.needle_lengths)
     return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
 

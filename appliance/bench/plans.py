@@ -19,7 +19,7 @@ from typing import Any
 
 from ..store import ResultCell
 from . import prompt_sets
-from .client import BenchError
+from .client import BenchError, CellFailed
 from .raw import RawReference
 from .session import Prompts, Step, Variant, nonce, raw_cells, served_cell, to_cell
 from .timing import aggregate_rate, measure
@@ -146,6 +146,7 @@ class BenchOptions:
     agent_system_tokens: int = 2000
     agent_turn_tokens: int = 300
     agent_reply_tokens: int = 24
+    agent_restart: bool = False                # restart the server after the replay, then one more turn each
     needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
 
 
@@ -311,7 +312,6 @@ def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
         return []
     tools = next(p.tools for p in prompt_sets.load("tool-calls").prompts if p.tools)
     agents = _once(lambda: [Agent(ctx, o, i, tools) for i in range(o.agent_conversations)])
-    depth_at: dict[int, int] = {}
     steps = []
     for turn in range(o.agent_turns):
         for c in range(o.agent_conversations):
@@ -319,12 +319,12 @@ def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
                 agent = agents()[c]
                 if turn > 0:
                     agent.add_turn(turn)
-                cell, _, m = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent",
+                cell, _, _ = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent",
                                          cache_on=True, extra={"cell": "agent", "conversation": c, "turn": turn})
-                if c == 0:
-                    depth_at[turn] = m.prompt_tokens
                 return [cell]
             steps.append(Step(f"agent c{c} turn {turn}", 0, v.label, "served", run))
+    if o.agent_restart:
+        steps += _restart_steps(ctx, v, o, agents)
     for turn in sorted({min(1, o.agent_turns - 1), o.agent_turns - 1}):
         def cold(turn: int = turn) -> list[ResultCell]:
             agent = agents()[0]
@@ -336,6 +336,28 @@ def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
                                      kind="agent-cold", extra={"cell": f"agent cold turn {turn}", "turn": turn})
             return [cell]
         steps.append(Step(f"agent cold turn {turn}", 0, v.label, "served", cold))
+    return steps
+
+
+def _restart_steps(ctx: Context, v: Variant, o: BenchOptions, agents: Callable[[], list[Agent]]) -> list[Step]:
+    """Restart the server (its prompt states go to disk at SIGTERM), then each conversation's
+    next turn: what a saved conversation costs after a restart."""
+    def restart() -> list[ResultCell]:
+        if v.target.server is None:
+            raise CellFailed("--agent-restart needs a server the bench started (not --url)")
+        v.target.server.restart()
+        return []
+    steps = [Step("agent restart", 0, v.label, "served", restart)]
+    turn = o.agent_turns
+    for c in range(o.agent_conversations):
+        def run(c: int = c) -> list[ResultCell]:
+            agent = agents()[c]
+            agent.add_turn(turn)
+            cell, _, _ = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent-restart",
+                                     cache_on=True, extra={"cell": "agent after restart", "conversation": c,
+                                                           "turn": turn})
+            return [cell]
+        steps.append(Step(f"agent c{c} turn {turn} after restart", 0, v.label, "served", run))
     return steps
 
 

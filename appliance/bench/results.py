@@ -33,6 +33,8 @@ KIND_TITLES = {
     "depth": "Depth: decode after a long context",
     "concurrency": "Concurrency: several streams at once, per-stream rates",
     "agent": "Agent replay: every turn",
+    "agent-restart": "Agent replay: the next turn after a server restart",
+    "agent-cold": "Agent replay: cold requests at the conversation's depth",
     "needle": "Context-length verification",
 }
 CURVE_KINDS = ("sweep", "prompt", "depth")
@@ -501,9 +503,60 @@ def _markdown(info: RunInfo, host: HostRecord | None, cells: Sequence[ResultCell
         lines += _rate_table(kind, [r for r in all_rows if r.kind == kind], with_variant)
     for a, b, found in _ab_compares(cells):
         lines += [render_compare(found, a, b, f"A/B: {b} against {a}"), ""]
+    against_raw = served_against_raw(cells)
+    if against_raw:
+        lines += [render_compare(against_raw, "raw", "served", "Served against the raw llama.cpp reference"), ""]
     for summary in (_concurrency_table, _agent_table, _needle_table):
         lines += summary(all_rows, with_variant)
+    lines += _agent_against_cold(cells)
     return _lines(lines)
+
+
+def served_against_raw(cells: Sequence[ResultCell]) -> list[CompareRow]:
+    """Pairwise served / raw ratios for every cell measured both ways (the serving overhead)."""
+    raw = [c for c in cells if c.target == "raw"]
+    labels = {_label(c) for c in raw}
+    served = [c for c in cells if c.target == "served" and not c.variant and _label(c) in labels]
+    if not raw or not served:
+        return []
+    same = "reference"  # one target name on both sides, so compare() pairs them by cell label
+    return compare([dataclasses.replace(c, target=same) for c in raw],
+                   [dataclasses.replace(c, target=same) for c in served], "raw", "served")
+
+
+def agent_against_cold(cells: Sequence[ResultCell]) -> list[dict[str, Any]]:
+    """Each cold request of an agent replay beside what the replay paid at that depth: the
+    median TTFT of the follow-up turns of the same turn number, and of the turns after a
+    restart when the cold request is at the last turn; ratios to cold (issue #6's figures)."""
+    out = []
+    for variant in variants(cells) or [""]:
+        mine = [c for c in cells if c.variant == variant]
+        colds = sorted((c for c in mine if c.kind == "agent-cold"), key=_turn)
+        last_turn = max((_turn(c) for c in mine if c.kind == "agent"), default=None)
+        for cold in colds:
+            rows = [("follow-up", [c for c in mine if c.kind == "agent" and _turn(c) == _turn(cold)])]
+            if _turn(cold) == last_turn:
+                rows.append(("after restart", [c for c in mine if c.kind == "agent-restart"]))
+            for what, found in rows:
+                ttft = stat(c.ttft_ms for c in found).median
+                if ttft is None:
+                    continue
+                out.append({"variant": variant, "turn": _turn(cold), "what": what, "cold_depth": cold.prompt_tokens,
+                            "cold_ttft_ms": cold.ttft_ms, "ttft_ms": ttft, "n": len(found),
+                            "cached_tokens": stat(c.cached_tokens for c in found).median,
+                            "ratio": ttft / cold.ttft_ms if cold.ttft_ms else None})
+    return out
+
+
+def _agent_against_cold(cells: Sequence[ResultCell]) -> list[str]:
+    found = agent_against_cold(cells)
+    with_variant = any(r["variant"] for r in found)
+    body = [[*([r["variant"]] * with_variant), str(r["turn"]), r["what"], f"{r['cold_depth']:,}",
+             f"{r['cold_ttft_ms']:,.0f}", f"{r['ttft_ms']:,.0f} (n={r['n']})", f"{r['cached_tokens']:,.0f}",
+             _times(r["ratio"])] for r in found]
+    header = [*(["variant"] * with_variant), "turn", "request", "cold prompt tokens", "cold ttft ms",
+              "replay ttft ms, median", "cached tokens, median", "replay / cold"]
+    return _summary("Agent replay against a cold request at the same depth", header, body)
 
 
 def _conditions(info: RunInfo, host: HostRecord | None) -> list[str]:

@@ -50,7 +50,7 @@ def sweep_run(db):
 def bench_run(db, sweep_run):
     out = appliance("bench", "--prompts", "prose,tool-calls", "--tokens", "12", "--runs", "1", "--n-ctx", "2048",
                     "--depths", "700", "--concurrency", "1,2", "--agent-turns", "3",
-                    "--agent-system-tokens", "600", "--agent-turn-tokens", "100",
+                    "--agent-system-tokens", "600", "--agent-turn-tokens", "100", "--agent-restart",
                     "--needle-lengths", "300,2300", "--n-slots", "2", "--quiet", "--db-path", db)
     assert out.returncode == 0, out.stderr + out.stdout
     with Store.open(db) as s:
@@ -108,7 +108,12 @@ def test_bench_covers_prompt_sets_depth_concurrency_agent_and_needle(bench_run):
     assert [c.extra["turn"] for c in turns] == [0, 1, 2]
     assert turns[0].prompt_tokens < turns[1].prompt_tokens < turns[2].prompt_tokens
     assert all(c.cached_tokens > 0 for c in turns[1:])        # follow-ups reuse the conversation
-    assert labels(cells, kind="agent-cold")
+    colds = labels(cells, kind="agent-cold")
+    assert [c.extra["turn"] for c in colds] == [1, 2] and all(c.cached_tokens == 0 for c in colds)
+    # after a restart the conversation comes back from the disk tier, not recomputed
+    restarted = labels(cells, kind="agent-restart")
+    assert [c.extra["turn"] for c in restarted] == [3] and restarted[0].cached_tokens >= 512
+    assert "Agent replay against a cold request" in out.stdout and "after restart" in out.stdout
     short, over = labels(cells, cell="needle 300"), labels(cells, cell="needle 2300")
     assert short[0].extra["status"] == 200 and short[0].extra["expected_status"] == 200
     assert over[0].extra["status"] == 400 and over[0].extra["expected_status"] == 400

@@ -416,3 +416,30 @@ def _info(run_id=7):
 def test_stat_of_nothing():
     assert results.stat([None, None]) == Stat(None, None, None, 0)
     assert results.stat(np.array([1, 3, 2])) == Stat(1.0, 2.0, 3.0, 3)
+
+
+def test_served_against_raw_pairs_each_repeat():
+    cells = [cell("sweep p=512", target="raw", repeat_index=0, client_decode_tps=100.0),
+             cell("sweep p=512", target="served", repeat_index=0, client_decode_tps=95.0),
+             cell("sweep p=512", target="raw", repeat_index=1, client_decode_tps=80.0),
+             cell("sweep p=512", target="served", repeat_index=1, client_decode_tps=80.0),
+             cell("sweep p=64", target="served")]                       # no raw twin: left out
+    (row,) = results.served_against_raw(cells)
+    assert row.cell == "sweep p=512" and row.client_decode_tps.pairs == 2
+    assert row.client_decode_tps.ratio == pytest.approx((0.95 + 1.0) / 2)
+    assert results.served_against_raw([cell("sweep p=64")]) == []
+
+
+def test_agent_replay_against_cold_at_the_same_depth():
+    def agent(kind, turn, ttft, conversation=0, prompt=1000, cached=0):
+        return cell("agent", kind=kind, ttft_ms=ttft, prompt_tokens=prompt, cached_tokens=cached,
+                    extra={"cell": "agent" if kind == "agent" else kind, "turn": turn,
+                           "conversation": conversation})
+    cells = [agent("agent", 0, 5000.0), agent("agent", 1, 600.0, 0, cached=2048),
+             agent("agent", 1, 800.0, 1, cached=2048), agent("agent", 2, 700.0, cached=2560),
+             agent("agent-restart", 3, 1500.0, cached=2560),
+             agent("agent-cold", 1, 7000.0, prompt=2300), agent("agent-cold", 2, 9000.0, prompt=2600)]
+    found = results.agent_against_cold(cells)
+    assert [(r["turn"], r["what"]) for r in found] == [(1, "follow-up"), (2, "follow-up"), (2, "after restart")]
+    assert found[0]["ttft_ms"] == 700.0 and found[0]["ratio"] == pytest.approx(700 / 7000)
+    assert found[2]["ratio"] == pytest.approx(1500 / 9000) and found[2]["cold_depth"] == 2600
