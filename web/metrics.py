@@ -37,6 +37,12 @@ class EngineCollector:
             "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", s.get("cached_tokens", 0)),
             "prompt_cache_ram_bytes": ("bytes of saved prompt states in the RAM tier", s.get("ram_bytes", 0)),
             "prompt_cache_ram_entries": ("saved prompt states in the RAM tier", s.get("ram_entries", 0)),
+            "prompt_cache_ram_pinned_bytes": ("bytes of pinned prompt states in the RAM tier",
+                                              s.get("ram_pinned_bytes", 0)),
+            "prompt_cache_disk_bytes": ("bytes of saved prompt states in the disk tier", s.get("disk_bytes", 0)),
+            "prompt_cache_disk_entries": ("saved prompt states in the disk tier", s.get("disk_entries", 0)),
+            "prompt_cache_disk_pinned_bytes": ("bytes of pinned prompt states in the disk tier",
+                                               s.get("disk_pinned_bytes", 0)),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
@@ -44,6 +50,9 @@ class EngineCollector:
             "engine_steps": ("scheduler steps run", s.get("steps", 0)),
             "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", s.get("cache_hit_tokens", 0)),
             "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", s.get("ram_hit_tokens", 0)),
+            "prompt_cache_ram_hits": ("requests restored from the RAM tier", s.get("ram_hits", 0)),
+            "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", s.get("disk_hit_tokens", 0)),
+            "prompt_cache_disk_hits": ("requests restored from the disk tier", s.get("disk_hits", 0)),
             "draft_tokens_proposed": ("tokens proposed by speculative drafting", s.get("draft_proposed", 0)),
             "draft_tokens_accepted": ("drafted tokens accepted by verification", s.get("draft_accepted", 0)),
         }

@@ -43,6 +43,7 @@ def _sampling(n_ctx: int, model: str) -> dict[str, Any]:
         "stream_options": _nullable({"type": "object", "properties": {
             "include_usage": _nullable({"type": "boolean"})}}),
         "ignore_eos": _nullable({"type": "boolean"}), "cache_prompt": _nullable({"type": "boolean"}),
+        "cache_pin": _nullable({"type": "boolean"}),
         "response_format": _nullable({"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
             "json_schema": {"type": "object", "properties": {

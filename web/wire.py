@@ -338,7 +338,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     req = Request(id=request_id, params=params, messages=messages,
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-                  cache_prompt=_bool(body, "cache_prompt", True))
+                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False))
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -361,7 +361,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     top = _int(body, "logprobs", 0, 5, None)  # the legacy API: an int, how many alternatives
     params = dataclasses.replace(sampling_params(body, n_ctx, 16), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
-                  cache_prompt=_bool(body, "cache_prompt", True))
+                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False))
     return ParsedRequest(req, stream, include_usage, model)
 
 

@@ -7,11 +7,15 @@ key and its tokens), so any request sharing a whole-block prefix with a saved st
 and restores instead of recomputing. Every block of an entry is indexed, so a request that
 shares only part of an entry's prefix still hits (the restore is then truncated).
 
-RAM eviction is by value: an entry is worth the time it would take to recompute its tokens
-at their depths (from the engine's own measured prefill rates, `PrefillCost`) per byte it
-holds, halved for every `HALF_LIFE_S` since it was last used; the least valuable goes first.
-A long conversation is dear to recompute (attention grows with depth), so forty short ones
-do not push it out.
+Eviction, in both tiers, is by value: an entry is worth the time it would take to recompute
+its tokens at their depths (from the engine's own measured prefill rates, `PrefillCost`) per
+byte it holds, halved for every `HALF_LIFE_S` since it was last used; the least valuable goes
+first. A long conversation is dear to recompute (attention grows with depth), so forty short
+ones do not push it out.
+
+A request may pin its prompt (`cache_pin`: a system prompt with tool schemas that every turn of
+an agent starts with): a pinned entry is never evicted by value. Pins may hold at most
+`PIN_SHARE` of a tier; past that, the least recently used pin becomes an ordinary entry.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ def block_chain(tokens: Sequence[int], chunk: int) -> list[bytes]:
 
 
 HALF_LIFE_S = 600.0
+PIN_SHARE = 0.5    # most of a tier's bytes that pinned entries may hold
 BUCKET = 1024  # depth resolution of the prefill cost model, in tokens
 
 
@@ -74,16 +79,22 @@ class PrefillCost:
         return sum(BUCKET * self.rate(b) for b in range(full)) + rest * self.rate(full)
 
 
+def value(cost_ms: float, size: int, idle_s: float) -> float:
+    """What keeping an entry is worth: recompute milliseconds per byte, halved per HALF_LIFE_S idle."""
+    return cost_ms / max(1, size) * 0.5 ** (max(0.0, idle_s) / HALF_LIFE_S)
+
+
 @dataclass
 class Entry:
     keys: list[bytes]            # the block chain of its tokens
     blob: bytes                  # the runner's saved state for exactly those blocks
     cost_ms: float = 0.0         # what recomputing it would take
     last_used: float = field(default_factory=time.monotonic)
+    pinned: bool = False
 
     def value(self, now: float) -> float:
         """Recompute milliseconds per byte, halved per HALF_LIFE_S unused."""
-        return self.cost_ms / max(1, len(self.blob)) * 0.5 ** ((now - self.last_used) / HALF_LIFE_S)
+        return value(self.cost_ms, len(self.blob), now - self.last_used)
 
     @property
     def n_blocks(self) -> int:
@@ -100,22 +111,41 @@ class RamTier:
         self.hits = 0
         self.hit_tokens = 0
 
-    def put(self, tokens: Sequence[int], blob: bytes) -> bool:
-        """Keep this state (tokens must be whole blocks); False when it cannot fit at all."""
+    def put(self, tokens: Sequence[int], blob: bytes, pin: bool = False) -> bool:
+        """Keep this state (tokens must be whole blocks), pinned if asked; False when it cannot
+        fit at all."""
         keys = block_chain(tokens, self.chunk)
         if not keys or len(blob) > self.max_bytes:
             return False
-        if keys[-1] in self.entries:
-            self.entries[keys[-1]].last_used = time.monotonic()
-            return True
-        while self.bytes + len(blob) > self.max_bytes:
-            self._evict_least_valuable()
-        entry = Entry(keys, blob, self.cost.cost_ms(len(keys) * self.chunk))
-        self.entries[keys[-1]] = entry
-        self.bytes += len(blob)
-        for k in keys:
-            self.index[k] = keys[-1]
+        entry = self.entries.get(keys[-1])
+        if entry is None:
+            while self.bytes + len(blob) > self.max_bytes:
+                self._evict_least_valuable()
+            entry = Entry(keys, blob, self.cost.cost_ms(len(keys) * self.chunk))
+            self.entries[keys[-1]] = entry
+            self.bytes += len(blob)
+            for k in keys:
+                self.index[k] = keys[-1]
+        entry.last_used = time.monotonic()
+        if pin:
+            self._pin(entry)
         return True
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(len(e.blob) for e in self.entries.values() if e.pinned)
+
+    def _pin(self, entry: Entry) -> None:
+        limit = PIN_SHARE * self.max_bytes
+        if len(entry.blob) > limit:
+            log.warning("prompt cache: a %d-byte state is over the RAM tier's pin share (%d bytes); "
+                        "kept unpinned", len(entry.blob), limit)
+            return
+        entry.pinned = True
+        while self.pinned_bytes > limit:
+            oldest = min((e for e in self.entries.values() if e.pinned and e is not entry),
+                         key=lambda e: e.last_used)
+            oldest.pinned = False
 
     def holds(self, tokens: Sequence[int]) -> bool:
         keys = block_chain(tokens, self.chunk)
@@ -137,7 +167,11 @@ class RamTier:
 
     def _evict_least_valuable(self) -> None:
         now = time.monotonic()
-        last = min(self.entries, key=lambda k: self.entries[k].value(now))
+        unpinned = [k for k, e in self.entries.items() if not e.pinned]
+        if unpinned:
+            last = min(unpinned, key=lambda k: self.entries[k].value(now))
+        else:  # only pins left (a state larger than the free room): the least recently used
+            last = min(self.entries, key=lambda k: self.entries[k].last_used)
         entry = self.entries.pop(last)
         self.bytes -= len(entry.blob)
         for k in entry.keys:
@@ -151,7 +185,7 @@ class RamTier:
 
     def stats(self) -> dict[str, int]:
         return {"ram_bytes": self.bytes, "ram_entries": len(self.entries), "ram_hits": self.hits,
-                "ram_hit_tokens": self.hit_tokens}
+                "ram_hit_tokens": self.hit_tokens, "ram_pinned_bytes": self.pinned_bytes}
 
 
 MAGIC = b"APPLIANCE-KV1\n"
@@ -162,12 +196,16 @@ class DiskTier:
     (fingerprint, block keys, blob length and sha256), the blob. Written to a temporary name
     and renamed, so a crash never leaves a file that loads wrong; at start, files of another
     fingerprint (model, context, KV type, engine version) or that fail their checks are
-    deleted. Any OS error (full disk, read-only directory) turns the tier off with a warning;
-    it never fails a request."""
+    deleted. A pinned state has an empty `<key>.pin` beside it. Eviction is by value, with the
+    file's modification time (touched on every read) as its last use. Any OS error (full disk,
+    read-only directory) turns the tier off with a warning; it never fails a request."""
 
-    def __init__(self, root: Path, max_bytes: int, chunk: int, fingerprint: str) -> None:
+    def __init__(self, root: Path, max_bytes: int, chunk: int, fingerprint: str,
+                 cost: PrefillCost | None = None) -> None:
         self.root, self.max_bytes, self.chunk, self.fingerprint = root, max_bytes, chunk, fingerprint
+        self.cost = cost or PrefillCost()   # the scheduler hands in the one it measures
         self.files: dict[bytes, tuple[Path, list[bytes], int]] = {}   # last key -> (path, keys, size)
+        self.pinned: set[bytes] = set()
         self.index: dict[bytes, bytes] = {}
         self.enabled = True
         self.hits = 0
@@ -196,7 +234,13 @@ class DiskTier:
                          "stale fingerprint" if header else "unreadable or incomplete")
                 path.unlink(missing_ok=True)
                 continue
-            self._add(path, [bytes.fromhex(k) for k in header["keys"]], path.stat().st_size)
+            keys = [bytes.fromhex(k) for k in header["keys"]]
+            self._add(path, keys, path.stat().st_size)
+            if path.with_suffix(".pin").exists():
+                self.pinned.add(keys[-1])
+        for pin in self.root.glob("*.pin"):
+            if not pin.with_suffix(".kv").exists():
+                pin.unlink(missing_ok=True)
 
     def _header(self, path: Path) -> dict | None:
         try:
@@ -221,9 +265,13 @@ class DiskTier:
         keys = block_chain(tokens, self.chunk)
         return self.enabled and bool(keys) and keys[-1] in self.files
 
-    def put(self, tokens: Sequence[int], blob: bytes) -> None:
+    def put(self, tokens: Sequence[int], blob: bytes, pin: bool = False) -> None:
         keys = block_chain(tokens, self.chunk)
-        if not self.enabled or not keys or keys[-1] in self.files:
+        if not self.enabled or not keys:
+            return
+        if keys[-1] in self.files:
+            if pin:
+                self._pin(keys[-1])
             return
         header = json.dumps({"fingerprint": self.fingerprint, "keys": [k.hex() for k in keys],
                              "blob_len": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}).encode()
@@ -231,7 +279,7 @@ class DiskTier:
         if size > self.max_bytes:
             return
         while self.bytes + size > self.max_bytes and self.files:
-            self._evict_oldest()
+            self._evict_least_valuable()
         path = self.root / f"{keys[-1].hex()}.kv"
         tmp = path.with_suffix(".tmp")
         try:
@@ -245,6 +293,31 @@ class DiskTier:
             self._disable(f"writing {path}: {e}")
             return
         self._add(path, keys, path.stat().st_size)
+        if pin:
+            self._pin(keys[-1])
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(self.files[k][2] for k in self.pinned)
+
+    def _pin(self, owner: bytes) -> None:
+        path, _, size = self.files[owner]
+        limit = PIN_SHARE * self.max_bytes
+        if size > limit:
+            log.warning("prompt cache: %s is over the disk tier's pin share; kept unpinned", path.name)
+            return
+        try:
+            path.with_suffix(".pin").touch()
+        except OSError as e:
+            self._disable(f"pinning {path}: {e}")
+            return
+        self.pinned.add(owner)
+        while self.pinned_bytes > limit:
+            self._unpin(min((k for k in self.pinned if k != owner), key=lambda k: _mtime(self.files[k][0])))
+
+    def _unpin(self, owner: bytes) -> None:
+        self.pinned.discard(owner)
+        self.files[owner][0].with_suffix(".pin").unlink(missing_ok=True)
 
     def lookup(self, prompt: Sequence[int]) -> tuple[int, bytes | None]:
         """The longest whole-block prefix held on disk, and its blob (checked), or (0, None)."""
@@ -277,15 +350,25 @@ class DiskTier:
             return None
 
     def _drop(self, owner: bytes) -> None:
+        if owner in self.pinned:
+            self._unpin(owner)
         path, keys, _ = self.files.pop(owner)
         for k in keys:
             if self.index.get(k) == owner:
                 del self.index[k]
         path.unlink(missing_ok=True)
 
-    def _evict_oldest(self) -> None:
-        oldest = min(self.files, key=lambda k: _mtime(self.files[k][0]))
-        self._drop(oldest)
+    def _evict_least_valuable(self) -> None:
+        now = time.time()
+
+        def worth(k: bytes) -> float:
+            _, keys, size = self.files[k]
+            return value(self.cost.cost_ms(len(keys) * self.chunk), size, now - _mtime(self.files[k][0]))
+        unpinned = [k for k in self.files if k not in self.pinned]
+        if unpinned:
+            self._drop(min(unpinned, key=worth))
+        else:
+            self._drop(min(self.files, key=lambda k: _mtime(self.files[k][0])))
 
     def record_hit(self, n_tokens: int) -> None:
         self.hits += 1
@@ -293,7 +376,8 @@ class DiskTier:
 
     def stats(self) -> dict[str, int]:
         return {"disk_bytes": self.bytes if self.enabled else 0, "disk_entries": len(self.files),
-                "disk_hits": self.hits, "disk_hit_tokens": self.hit_tokens, "disk_enabled": int(self.enabled)}
+                "disk_hits": self.hits, "disk_hit_tokens": self.hit_tokens, "disk_enabled": int(self.enabled),
+                "disk_pinned_bytes": self.pinned_bytes if self.enabled else 0}
 
 
 def _mtime(path: Path) -> float:

@@ -104,6 +104,8 @@ class Scheduler:
         self.ram = RamTier(cfg.cache_ram_bytes, cfg.prefill_chunk, self.prefill_cost) \
             if cfg.prompt_cache and cfg.cache_ram_bytes > 0 else None
         self.disk = disk if cfg.prompt_cache else None
+        if self.disk is not None:
+            self.disk.cost = self.prefill_cost  # disk eviction values entries by the same measured rates
         self.by_id: dict[str, Active] = {}
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
@@ -252,6 +254,19 @@ class Scheduler:
         if want_disk:
             self.disk.put(kept, blob)
 
+    def _pin(self, slot: int) -> None:
+        """Save the slot's kept blocks into both tiers now, pinned: a system prompt with tool
+        schemas stays cached whatever else comes through."""
+        kept = self.kept[slot]
+        if not kept or (self.ram is None and self.disk is None):
+            return
+        self.runner.truncate(slot, len(kept))  # the reply's positions are not reusable
+        blob = self.runner.save(slot)
+        if self.ram is not None:
+            self.ram.put(kept, blob, pin=True)
+        if self.disk is not None:
+            self.disk.put(kept, blob, pin=True)
+
     def persist(self) -> None:
         """Save every idle slot's kept blocks to disk (at shutdown: they survive the restart)."""
         if self.disk is None:
@@ -372,6 +387,8 @@ class Scheduler:
             self.slots[act.slot] = None
             chunk = self.cfg.prefill_chunk
             self.kept[act.slot] = act.prompt[: min(act.n_past, len(act.prompt)) // chunk * chunk]
+            if act.req.cache_pin and reason != "cancelled":
+                self._pin(act.slot)
         self.by_id.pop(act.req.id, None)
         n_out = sum(1 for t in act.out if t not in self.runner.info.eog_ids or act.req.params.ignore_eos)
         usage = Usage(len(act.prompt), n_out, act.cached)

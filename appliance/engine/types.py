@@ -87,6 +87,7 @@ class Request:
     tool_choice: str = "auto"       # auto | none | required | the name of one tool
     parallel_tool_calls: bool = True
     cache_prompt: bool = True       # may reuse a cached prefix (llama-server's option name)
+    cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ def test_unwritable_directory_turns_the_tier_off_without_failing(tmp_path, caplo
     assert "disk tier off" in caplog.text
 
 
-def test_byte_bound_evicts_the_oldest_file(tmp_path):
+def test_byte_bound_evicts_the_least_valuable_file_the_oldest_of_equals(tmp_path):
     import os
     import time
 
@@ -196,3 +196,86 @@ def test_plain_lru_would_have_evicted_it():
     for i in range(40):
         ram.put([1000 + i] * 256, b"s" * (256 * per_token))
     assert ram.lookup([7] * 8192)[0] == 0
+
+
+def test_disk_eviction_by_value_keeps_a_long_conversation(tmp_path):
+    cost = PrefillCost()
+    for start in range(0, 8192, 512):
+        cost.observe(start, 512, 512 * (1 + start / 1024))
+    per_token = 100  # small blobs: the shape matters, not the size
+    disk = DiskTier(tmp_path, max_bytes=8192 * per_token + 20 * 256 * per_token + 40 * 400, chunk=256,
+                    fingerprint="m", cost=cost)
+    long_conv = [7] * 8192
+    disk.put(long_conv, b"L" * (8192 * per_token))
+    for i in range(40):
+        disk.put([1000 + i] * 256, b"s" * (256 * per_token))
+    assert disk.lookup(long_conv + [1])[0] == 8192 and disk.bytes <= disk.max_bytes
+
+
+# -- pinning ---------------------------------------------------------------------------------------
+
+def flat_cost() -> PrefillCost:
+    cost = PrefillCost()
+    cost.ms_per_token = {b: 1.0 for b in range(64)}
+    return cost
+
+
+def test_a_pinned_prefix_is_never_evicted_by_value():
+    per_token = 24_000
+    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, chunk=256, cost=flat_cost())
+    ram.put([7] * 2048, b"L" * (2048 * per_token), pin=True)   # the same arrivals that evict it unpinned
+    for i in range(60):
+        ram.put([1000 + i] * 256, b"s" * (256 * per_token))
+    assert ram.lookup([7] * 2048 + [1])[0] == 2048
+    assert ram.stats()["ram_pinned_bytes"] == 2048 * per_token and ram.bytes <= ram.max_bytes
+
+
+def test_pins_hold_at_most_their_share_and_the_oldest_pin_gives_way():
+    ram = RamTier(max_bytes=1000, chunk=4, cost=flat_cost())
+    ram.put([1] * 4, b"a" * 300, pin=True)
+    ram.put([2] * 4, b"b" * 300, pin=True)     # 600 pinned > 500: the older pin becomes ordinary
+    assert [e.pinned for e in ram.entries.values()] == [False, True]
+    ram.put([3] * 4, b"c" * 600, pin=True)     # over the share on its own: kept, not pinned
+    assert not ram.entries[block_chain([3] * 4, 4)[-1]].pinned
+    assert ram.lookup([2] * 4)[0] == 4 and ram.bytes <= 1000
+
+
+def test_a_disk_pin_survives_a_restart_and_eviction(tmp_path):
+    disk = DiskTier(tmp_path, max_bytes=2000, chunk=4, fingerprint="m", cost=flat_cost())
+    disk.put([1] * 4, b"p" * 300, pin=True)
+    disk = DiskTier(tmp_path, max_bytes=2000, chunk=4, fingerprint="m", cost=flat_cost())   # a restart
+    assert disk.pinned_bytes > 0
+    for i in range(20):
+        disk.put([100 + i] * 4, b"s" * 300)
+    assert disk.lookup([1] * 4 + [9])[0] == 4 and disk.bytes <= 2000
+    assert disk.stats()["disk_pinned_bytes"] == disk.pinned_bytes > 0
+    (tmp_path / next(tmp_path.glob("*.pin")).name).with_suffix(".kv").unlink()
+    DiskTier(tmp_path, max_bytes=2000, chunk=4, fingerprint="m")   # a pin without its state is removed
+    assert not list(tmp_path.glob("*.pin"))
+
+
+@pytest.mark.parametrize("pin, cached", [(True, 16), (False, 0)])
+def test_a_pinned_request_stays_cached_through_a_flood(pin, cached):
+    runner = FakeRunner(n_slots=1, n_ctx=256)
+    # a RAM tier of 64 bytes: the fake runner's states are a byte or two a token
+    cfg = EngineConfig(n_slots=1, n_ctx=256, prefill_chunk=4, step_token_budget=8, cache_ram_bytes=64)
+    events = []
+    sched = Scheduler(runner, cfg, events.append)
+    # every token equally dear and nothing learned from wall time: recency alone decides, so
+    # without the pin the system prompt is the first to go
+    sched.prefill_cost.ms_per_token = {b: 1.0 for b in range(4)}
+    sched.prefill_cost.observe = lambda *a: None
+
+    def go(rid, prompt, pin=False):
+        sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x",
+                             cache_pin=pin), prompt)
+        while sched.has_work():
+            sched.step()
+        return [e for e in events if isinstance(e, Done) and e.request_id == rid][0]
+
+    system = list(range(1, 17))
+    go("sys", system + [99], pin=pin)
+    assert (sched.ram.stats()["ram_pinned_bytes"] > 0) == pin
+    for i in range(30):                       # many other conversations pass through the one slot
+        go(f"o{i}", [200 + i] * 9)
+    assert go("turn", system + [42, 43]).usage.cached_tokens == cached

@@ -472,3 +472,11 @@ def test_pieces_that_are_not_utf8_come_as_bytes():
     assert tokenize_response(ev, False) == {"tokens": [5, 6, 7]}
     assert tokenize_response(ev, True) == {"tokens": [{"id": 5, "piece": "a"}, {"id": 6, "piece": [230, 151]},
                                                       {"id": 7, "piece": [165]}]}
+
+
+def test_cache_flags_are_booleans_with_llama_server_defaults():
+    p = parse_chat({"messages": USER}, "r", SERVED, N_CTX)
+    assert p.request.cache_prompt is True and p.request.cache_pin is False
+    assert chat(cache_pin=True, cache_prompt=False).request.cache_pin is True
+    assert parse_completion({"prompt": "x", "cache_pin": True}, "r", SERVED, N_CTX).request.cache_pin is True
+    assert chat_error(cache_pin="yes").param == "cache_pin"
