@@ -49,6 +49,7 @@ class Target:
             self.http.headers["Authorization"] = f"Bearer {api_key}"
         self._tokenize_route: str | None = None
         self._counts: dict[str, int] = {}
+        self._token_prompts: bool | None = None
         self.server: LocalServer | None = None   # set when the bench started the server
 
     # -- what the server is ------------------------------------------------------------------
@@ -99,12 +100,29 @@ class Target:
                          "the bench needs one to build prompts of a given length")
 
     def detokenize(self, ids: Sequence[int]) -> str | None:
-        """The text of these tokens, or None from a server without llama-server's /detokenize."""
-        try:
-            r = self.http.post(self.url + "/detokenize", json={"tokens": list(ids)}, timeout=60)
-        except requests.RequestException as e:
-            raise ServerGone(f"{self.url}/detokenize: {_reason(e)}") from None
-        return r.json().get("content") if r.status_code == 200 else None
+        """The text of these tokens (llama-server's /detokenize, or llama-cpp-python's
+        /extras/detokenize), or None from a server with neither."""
+        for route, key in (("/detokenize", "content"), ("/extras/detokenize", "text")):
+            try:
+                r = self.http.post(self.url + route, json={"tokens": list(ids)}, timeout=60)
+            except requests.RequestException as e:
+                raise ServerGone(f"{self.url}{route}: {_reason(e)}") from None
+            if r.status_code == 200:
+                return r.json().get(key)
+        return None
+
+    def accepts_token_prompts(self, model_id: str) -> bool:
+        """Whether /v1/completions takes a prompt of token ids (llama-server and ours do;
+        llama-cpp-python's server does not). Asked once, with a one-token request."""
+        if self._token_prompts is None:
+            ids = self.tokenize("Hello", add_special=True)
+            try:
+                r = self.http.post(self.url + "/v1/completions", timeout=60,
+                                   json={"model": model_id, "prompt": ids, "max_tokens": 1})
+            except requests.RequestException as e:
+                raise ServerGone(f"{self.url}/v1/completions: {_reason(e)}") from None
+            self._token_prompts = r.status_code == 200
+        return self._token_prompts
 
     def count_tokens(self, text: str) -> int:
         if not text:
@@ -128,6 +146,8 @@ class Target:
                     trace.status, trace.error = r.status_code, _error_message(r)
                     return trace
                 for line in r.iter_lines():
+                    if line.startswith(b"data: [DONE]"):
+                        trace.t_end = trace.t_end or time.perf_counter()
                     if not line.startswith(b"data: {"):
                         continue
                     now = time.perf_counter()
@@ -160,17 +180,19 @@ def _take(trace: StreamTrace, chunk: dict[str, Any], now: float) -> None:
             trace.chunks.append((now, text))
         if choice.get("finish_reason"):
             trace.finish_reason = choice["finish_reason"]
+            trace.t_end = now
     if chunk.get("timings"):
         trace.timings = chunk["timings"]
     if chunk.get("usage"):
         trace.usage = chunk["usage"]
 
 
-def _error_message(r: requests.Response) -> str:
+def _error_message(r: requests.Response, limit: int = 300) -> str:
     try:
-        return str(r.json()["error"]["message"])
+        text = str(r.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return r.text[:300]
+        text = r.text
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _reason(e: BaseException) -> str:

@@ -66,11 +66,22 @@ def _rate_body(n_gen: int) -> dict[str, Any]:
     return {"max_tokens": n_gen, "temperature": 0, "ignore_eos": True}
 
 
+def _prompt(v: Variant, ids: list[int]) -> list[int] | str:
+    """The token ids themselves where the server takes them, else their text (re-tokenized by
+    the server, so the count may differ by a token or two: the cell records what it got)."""
+    if v.target.accepts_token_prompts(v.model_id):
+        return ids
+    text = v.target.detokenize(ids)
+    if text is None:
+        raise CellFailed(f"{v.target.url} takes no token-id prompts and cannot detokenize")
+    return text
+
+
 def _served_ids_step(ctx: Context, v: Variant, label: str, r: int, ids: Callable[[], list[int]],
                      n_gen: int, kind: str, prompt_set: str, cache_on: bool = False,
                      pair: dict | None = None) -> Step:
     def run() -> list[ResultCell]:
-        cell, trace, _ = served_cell(v, COMPLETIONS, {"prompt": ids(), **_rate_body(n_gen)}, ctx.sampler,
+        cell, trace, _ = served_cell(v, COMPLETIONS, {"prompt": _prompt(v, ids()), **_rate_body(n_gen)}, ctx.sampler,
                                      prompt_set=prompt_set, kind=kind, repeat_index=r, cache_on=cache_on,
                                      extra={"cell": label})
         return [_with_identity(cell, pair, "served", [trace.text])]
@@ -225,7 +236,7 @@ def _depth_step(ctx: Context, v: Variant, depth: int, r: int, n_gen: int) -> Ste
 def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callable[[], list[list[int]]],
                      n_gen: int, pair: dict | None = None) -> Step:
     def run() -> list[ResultCell]:
-        prompts = seqs()
+        prompts = [_prompt(v, ids) for ids in seqs()]
         traces: list[Any] = [None] * len(prompts)
         errors: list[BaseException] = []
         start = threading.Barrier(len(prompts))
@@ -254,11 +265,11 @@ def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callabl
             raise errors[0]
         for t in traces:
             if t.status != 200:
-                raise BenchError(f"{label}: HTTP {t.status}: {t.error}")
+                raise CellFailed(f"HTTP {t.status}: {t.error}")
         agg = aggregate_rate(traces, v.target.count_tokens)
         cells = []
         for i, t in enumerate(traces):
-            m = measure(t, v.target.count_tokens)
+            m = measure(t, v.target.count_tokens, len(seqs()[i]))
             cells.append(to_cell(m, variant=v.label, prompt_set="sweep", kind="concurrency",
                                  concurrency=len(prompts), repeat_index=r,
                                  extra={"cell": label, "stream": i, "aggregate_tps": agg}))
@@ -293,7 +304,9 @@ class Agent:
     def add_turn(self, turn: int) -> None:
         call_id = f"call_{self.index}_{turn}"
         path = f"src/storage/part_{turn}.py"
-        self.messages.append({"role": "assistant", "content": None, "tool_calls": [
+        # content "" rather than none: templates that print message.content (SmolLM2's, rendered
+        # by llama-cpp-python's server) need the field
+        self.messages.append({"role": "assistant", "content": "", "tool_calls": [
             {"id": call_id, "type": "function",
              "function": {"name": "read_file", "arguments": json.dumps({"path": path})}}]})
         body = prompt_sets.filler(self.ctx.prompts.chars_for(self.o.agent_turn_tokens),
@@ -301,8 +314,9 @@ class Agent:
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": f"# {path}\n{body}"})
 
     def body(self, messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        # a fixed amount of decode per turn (the reply is replaced by the next tool call anyway)
         return {"messages": messages or self.messages, "tools": self.tools,
-                "max_tokens": self.o.agent_reply_tokens, "temperature": 0}
+                "max_tokens": self.o.agent_reply_tokens, "temperature": 0, "ignore_eos": True}
 
 
 def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:

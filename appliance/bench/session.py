@@ -10,6 +10,7 @@ the run is then marked interrupted or failed with a note naming the missing cell
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,7 @@ from ..store import ModelFingerprint, ResultCell, RunStatus, Store
 from . import prompt_sets
 from .client import BenchError, CellFailed, Target
 from .raw import RawReference, RawResult
-from .timing import Measured, StreamTrace, measure
+from .timing import Measured, NoContent, StreamTrace, measure
 
 
 def nonce() -> str:
@@ -130,8 +131,26 @@ def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any
         trace = variant.target.stream(route, {"model": variant.model_id, **body}, on_first=phases.first_token)
     if trace.status != 200:
         raise CellFailed(f"HTTP {trace.status}: {trace.error}")
-    m = measure(trace, variant.target.count_tokens)
+    m = measure(trace, variant.target.count_tokens, _prompt_size(variant.target, body))
+    if not (trace.usage or {}).get("prompt_tokens"):
+        cell["extra"] = {**cell.get("extra", {}), "prompt_tokens_estimated": True}
     return to_cell(m, variant=variant.label, **cell), trace, m
+
+
+def _prompt_size(target: Target, body: dict[str, Any]) -> int | None:
+    """The prompt's size for a server that reports no usage: exact for token ids, counted from
+    the text otherwise (chat: the messages' text and the tools, without the template's tokens,
+    so the cell is marked estimated)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return len(prompt)
+    if isinstance(prompt, str):
+        return target.count_tokens(prompt)
+    parts = [str(m.get("content") or "") for m in body.get("messages", [])]
+    parts += [c["function"]["arguments"] for m in body.get("messages", []) for c in m.get("tool_calls") or []]
+    if body.get("tools"):
+        parts.append(json.dumps(body["tools"]))
+    return target.count_tokens("\n".join(parts))
 
 
 def to_cell(m: Measured, **cell: Any) -> ResultCell:
@@ -216,7 +235,7 @@ def execute(store: Store, run_id: int, steps: Sequence[Step], progress: bool = T
             bar.set_description(step.key)
             try:
                 cells = step.measure()
-            except CellFailed as e:
+            except (CellFailed, NoContent) as e:
                 failed.append((step.key, str(e)))
                 bar.write(f"{step.key}: {e}", file=sys.stderr)
             else:

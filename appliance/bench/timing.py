@@ -27,6 +27,7 @@ class StreamTrace:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     finish_reason: str | None = None
+    t_end: float | None = None          # when the stream ended (its finish chunk or [DONE])
     status: int = 200
     error: str | None = None
 
@@ -54,17 +55,21 @@ class NoContent(ValueError):
     """The stream carried no content at all: nothing to time."""
 
 
-def measure(trace: StreamTrace, count_tokens: Callable[[str], int]) -> Measured:
-    if not trace.chunks:
+def measure(trace: StreamTrace, count_tokens: Callable[[str], int],
+            prompt_tokens: int | None = None) -> Measured:
+    """`prompt_tokens`: the count to use when the server reports no usage (servers without
+    `stream_options.include_usage`)."""
+    if not trace.chunks and (trace.status != 200 or trace.t_end is None):
         raise NoContent(f"the stream produced no content (status {trace.status}"
                         f"{', ' + trace.error if trace.error else ''})")
-    first_t, first_text = trace.chunks[0]
-    last_t = trace.chunks[-1][0]
+    # a reply that ended at once (end of generation first) has no first token: its end stands in
+    first_t, first_text = trace.chunks[0] if trace.chunks else (trace.t_end, "")
+    last_t = trace.chunks[-1][0] if trace.chunks else trace.t_end
     usage = trace.usage or {}
     generated = usage.get("completion_tokens")
     if generated is None:
         generated = count_tokens(trace.text)
-    prompt_tokens = int(usage.get("prompt_tokens", 0))
+    prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens or 0)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     ttft_s = first_t - trace.t_send
     after_first = generated - max(1, count_tokens(first_text))

@@ -50,7 +50,7 @@ def sweep_run(db):
 def bench_run(db, sweep_run):
     out = appliance("bench", "--prompts", "prose,tool-calls", "--tokens", "12", "--runs", "1", "--n-ctx", "2048",
                     "--depths", "700", "--concurrency", "1,2", "--agent-turns", "3",
-                    "--agent-system-tokens", "600", "--agent-turn-tokens", "100", "--agent-restart",
+                    "--agent-system-tokens", "400", "--agent-turn-tokens", "100", "--agent-restart",
                     "--needle-lengths", "300,2300", "--n-slots", "2", "--quiet", "--db-path", db)
     assert out.returncode == 0, out.stderr + out.stdout
     with Store.open(db) as s:

@@ -67,3 +67,14 @@ def test_aggregate_counts_only_the_window_where_every_stream_decodes():
 def test_nonces_differ():
     seen = {nonce() for _ in range(1000)}
     assert len(seen) == 1000 and all(len(n) == 12 for n in seen)
+
+
+def test_a_reply_that_ends_at_once_is_timed_by_its_end():
+    t = StreamTrace(t_send=10.0, usage={"prompt_tokens": 50, "completion_tokens": 0}, t_end=10.25)
+    m = measure(t, words)
+    assert m.ttft_ms == pytest.approx(250.0) and m.generated_tokens == 0 and m.client_decode_tps is None
+
+
+def test_a_missing_usage_takes_the_given_prompt_size():
+    m = measure(trace([(10.5, " a"), (10.6, " b")]), words, prompt_tokens=300)
+    assert m.prompt_tokens == 300 and m.prefill_tps == pytest.approx(600.0)
