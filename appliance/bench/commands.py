@@ -69,12 +69,14 @@ def add_parsers(sub: Any) -> None:
         epilog=EPILOG_SETTINGS)
     bench.add_argument("--modes", type=_names, default=("serial",), help="decoding modes (default serial)")
     bench.add_argument("--prompts", type=_names, default=None,
-                       help="prompt sets (default: all shipped sets; see `appliance bench --list-prompts`)")
+                       help="prompt sets (default: all shipped sets; '' for none; see --list-prompts)")
     bench.add_argument("--list-prompts", action="store_true", help="list the shipped prompt sets and exit")
     bench.add_argument("--tokens", type=int, default=128, help="tokens generated per request (default 128)")
     bench.add_argument("--depths", type=_ints, default=(), help="long-context rows at these depths "
                        "(default: half the server's context)")
-    bench.add_argument("--concurrency", type=_ints, default=(1, 2, 4), help="stream counts (default 1,2,4)")
+    bench.add_argument("--no-depth", action="store_true", help="skip the long-context rows")
+    bench.add_argument("--concurrency", type=_ints, default=(1, 2, 4),
+                       help="stream counts (default 1,2,4; '' for none)")
     bench.add_argument("--agent-conversations", type=int, default=1,
                        help="agent conversations replayed interleaved (0 = no agent replay)")
     bench.add_argument("--agent-turns", type=int, default=8, help="turns per agent conversation")
@@ -250,7 +252,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     except prompt_sets.UnknownPromptSet as e:
         return _fail("bench", str(e))
     options = BenchOptions(modes=args.modes, prompt_sets=tuple(sets), tokens=args.tokens, runs=args.runs,
-                           depths=args.depths, concurrency=args.concurrency,
+                           depths=None if args.no_depth else args.depths, concurrency=args.concurrency,
                            agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
                            agent_system_tokens=args.agent_system_tokens,
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,

@@ -149,7 +149,7 @@ class BenchOptions:
     prompt_sets: tuple[str, ...] = prompt_sets.DEFAULT_SETS
     tokens: int = 128
     runs: int = 3
-    depths: tuple[int, ...] = ()              # empty: half the context
+    depths: tuple[int, ...] | None = ()       # empty: half the context; None: no depth rows
     concurrency: tuple[int, ...] = (1, 2, 4)
     concurrency_prompt_tokens: int = 512
     agent_conversations: int = 1
@@ -170,7 +170,7 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
             raise BenchError(f"mode {mode!r} is not available yet (modes: {', '.join(SUPPORTED_MODES)}); "
                              "speculative modes come with issue #7")
     sets = [prompt_sets.load(name) for name in o.prompt_sets]
-    depths = o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,))
+    depths = () if o.depths is None else (o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,)))
     for d in depths:
         check_fits(ctx, d, o.tokens, f"depth {d}")
     levels = [c for c in o.concurrency if c >= 1]
