@@ -44,6 +44,8 @@ class EngineConfig:
     cache_dir: str | None = _opt(None, "directory of the prompt cache's disk tier, which survives "
                                  "restarts (default: $XDG_DATA_HOME/appliance/prompt-cache)")
     cache_disk_bytes: int = _opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
+    plan: str | None = _opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
+                            "directory, when present); 'off' to use the fixed defaults")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     seed: int = _opt(0, "default sampling seed for requests that give none")
@@ -60,6 +62,14 @@ class EngineConfig:
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_data_dir() / "prompt-cache"
+
+    def resolved_plan(self) -> tuple[Path | None, bool]:
+        """The plan file to read and whether it was named explicitly (None: plans are off)."""
+        if self.plan is not None and self.plan.strip().lower() == "off":
+            return None, True
+        if self.plan:
+            return Path(self.plan).expanduser(), True
+        return default_data_dir() / "plan.json", False
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil

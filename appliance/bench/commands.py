@@ -134,7 +134,7 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
     from ..errors import ApplianceError
     from ..models import file_fingerprint, resolve
     from ..store import model_fingerprint
-    from . import results
+    from . import report
     from .client import BenchError, serving
     from .plans import Context
     from .session import Prompts, execute, host_snapshot, maybe_raw, open_variant, peak_rss, phase_summary
@@ -197,7 +197,7 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
             store.record_host(run_id, {**snapshot, "peak_rss_bytes": rss}, phase_summary(sampler))
             store.finish_run(run_id, outcome.status, outcome.note())
             info = store.run(run_id)
-            print(results.render_run(info, store.host(run_id), store.results(run_id), "md"))
+            print(report.render_run(info, store.host(run_id), store.results(run_id), "md"))
     except BenchError as e:
         return _fail(command, str(e))
     print(f"stored as run {run_id} in {db_path}" + (f" ({outcome.status.value})" if outcome.missing else ""))
@@ -261,7 +261,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
 
 def run_results(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    from . import results
+    from . import report, results
     from ..store import UnknownRun
 
     cfg = config.load(vars(args))
@@ -271,18 +271,18 @@ def run_results(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                                 "`appliance bench` first)")
     with Store.open(db_path) as store:
         try:
-            return _results(args, store, results)
+            return _results(args, store, results, report)
         except UnknownRun as e:
             return _fail("results", str(e))
         except ValueError as e:
             return _fail("results", str(e))
 
 
-def _results(args: argparse.Namespace, store: Store, results: Any) -> int:
+def _results(args: argparse.Namespace, store: Store, results: Any, report: Any) -> int:
     last = store.last_run()
     if args.compare:
         a, b = args.compare
-        print(results.render_compare(results.compare(store.results(a), store.results(b),
+        print(report.render_compare(results.compare(store.results(a), store.results(b),
                                                      f"run {a}", f"run {b}"), f"run {a}", f"run {b}"))
         return 0
     if args.estimate:
@@ -299,7 +299,7 @@ def _results(args: argparse.Namespace, store: Store, results: Any) -> int:
         run_id = args.run or (last.id if last else None)
         if run_id is None:
             return _fail("results", "no runs stored yet")
-        print(results.render_run(store.run(run_id), store.host(run_id), store.results(run_id), args.format))
+        print(report.render_run(store.run(run_id), store.host(run_id), store.results(run_id), args.format))
         return 0
-    print(results.render_runs(store.runs(), results.cell_counts(store)))
+    print(report.render_runs(store.runs(), report.cell_counts(store)))
     return 0

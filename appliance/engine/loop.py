@@ -11,12 +11,14 @@ import dataclasses
 import logging
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidToken
-from ..models import resolve
+from ..models import file_fingerprint, resolve
+from . import plan as plan_mod
 from .chat import ChatTemplate
 from . import tools
 from .constraints import Constraints
@@ -31,18 +33,40 @@ from .types import Constraint, Error, Event, Request, Tokenized
 log = logging.getLogger("appliance.engine")
 
 STATS_INTERVAL_S = 0.1
+IDLE_PERSIST_S = 1.0   # idle this long, the engine writes kept prompt states to the disk tier
+
+
+def apply_plan(cfg: EngineConfig, model_path: Path) -> tuple[EngineConfig, plan_mod.Resolved]:
+    """Fill the llama.cpp settings left at their defaults from the tuned plan's entry for this
+    model at the working depth (half the context: llama.cpp fixes these per context, so one
+    entry is used for the whole run). Flags and environment variables that set them win."""
+    path, explicit = cfg.resolved_plan()
+    if path is None:
+        return cfg, plan_mod.Resolved("off")
+    fingerprint = plan_mod.current_fingerprint(plan_mod.llama_cpp_build())
+    depth = (cfg.n_ctx or 8192) // 2
+    choice, resolved = plan_mod.resolve(path, explicit, fingerprint, file_fingerprint(model_path), depth)
+    if choice is None:
+        return cfg, resolved
+    defaults = EngineConfig()
+    wanted = {k: v for k, v in choice.settings().items() if getattr(cfg, k) == getattr(defaults, k)}
+    if cfg.prefill_chunk > wanted.get("n_batch", cfg.n_batch):
+        wanted["n_batch"] = cfg.prefill_chunk  # a prompt chunk must fit one llama_decode
+    return dataclasses.replace(cfg, **wanted), resolved
 
 
 class EngineLoop:
     def __init__(self, cfg: EngineConfig) -> None:
         ref = resolve(cfg.model, cfg.model_alias)
         t0 = time.perf_counter()
+        cfg, self.plan = apply_plan(cfg, ref.path)
         self.runner = LlamaCppRunner(cfg, ref.path, ref.alias)
         # what the scheduler adds to the runner's settings: /health reports both, and a bench's raw
         # reference row prefills on the same chunk grid
         self.info = dataclasses.replace(self.runner.info, settings={
             **self.runner.info.settings, "prefill_chunk": cfg.prefill_chunk,
-            "step_token_budget": cfg.step_token_budget, "prompt_cache": cfg.prompt_cache})
+            "step_token_budget": cfg.step_token_budget, "prompt_cache": cfg.prompt_cache,
+            "plan": self.plan.as_dict()})
         self.template = ChatTemplate(self.info.chat_template, self.info.bos_text, self.info.eos_text)
         self.tool_format = tools.detect_format(self.info.chat_template)
         self.think_markers = markers_for(self.info.chat_template)
@@ -63,6 +87,10 @@ class EngineLoop:
         fingerprint = "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}",
                                 f"kv={self.info.settings.get('kv_type')}",
                                 f"llama_cpp_python={self.info.settings.get('llama_cpp_python')}",
+                                # batch shapes and kernels change the computed KV: a state saved
+                                # under other settings would not restore exactly
+                                *(f"{k}={self.info.settings.get(k)}" for k in
+                                  ("n_batch", "n_ubatch", "flash_attn", "n_threads", "n_threads_batch")),
                                 f"appliance={__version__}", f"chunk={cfg.prefill_chunk}"])
         return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, cfg.prefill_chunk, fingerprint)
 
@@ -150,10 +178,12 @@ class EngineLoop:
     # -- loop ----------------------------------------------------------------------------
     def run(self, cmd: Connection, evt: Connection) -> None:
         last_stats = 0.0
+        busy_at = time.monotonic()
         while True:
             timeout = 0.0 if self.scheduler.has_work() else 0.25
             while cmd.poll(timeout):
                 timeout = 0.0
+                busy_at = time.monotonic()
                 try:
                     msg = cmd.recv()
                 except EOFError:
@@ -172,6 +202,11 @@ class EngineLoop:
                     return
             if self.scheduler.has_work():
                 self._step()
+                busy_at = time.monotonic()
+            elif time.monotonic() - busy_at > IDLE_PERSIST_S:
+                # write-behind: one slot's state per idle tick, so a request that arrives
+                # meanwhile waits for at most one write, and a restart finds the conversations
+                self.scheduler.persist_one()
             now = time.monotonic()
             stats_due = now - last_stats > STATS_INTERVAL_S
             if self.outbox or stats_due:

@@ -134,7 +134,9 @@ class EngineClient:
     def state(self) -> EngineState:
         return self._state
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the engine; it first writes idle slots' prompt states to disk, which may take a
+        while for long contexts (most are written while idle already)."""
         self._closing = True
         self._send(("stop",), quiet=True)
         proc = self._proc

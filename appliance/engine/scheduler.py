@@ -269,12 +269,20 @@ class Scheduler:
 
     def persist(self) -> None:
         """Save every idle slot's kept blocks to disk (at shutdown: they survive the restart)."""
-        if self.disk is None:
-            return
+        while self.persist_one():
+            pass
+
+    def persist_one(self) -> bool:
+        """Write one idle slot's kept blocks to disk if they are not there yet (the engine calls
+        this while idle, so little is left to write at shutdown); False when nothing was left."""
+        if self.disk is None or not self.disk.enabled:
+            return False
         for i, act in enumerate(self.slots):
             if act is None and self.kept[i] and not self.disk.holds(self.kept[i]):
                 self.runner.truncate(i, len(self.kept[i]))
                 self.disk.put(self.kept[i], self.runner.save(i))
+                return True
+        return False
 
     def _restore_saved(self, act: Active, slot: int, reuse: int) -> int:
         """Restore the longest saved prefix (RAM, then disk) if it beats the slot's own."""

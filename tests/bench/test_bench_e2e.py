@@ -213,3 +213,18 @@ def test_a_server_dying_mid_run_marks_the_run_failed_and_keeps_its_cells(tmp_pat
         info = s.last_run()
         assert info.status is RunStatus.FAILED and s.results(info.id)
     assert "stopped answering" in info.note and "missing" in info.note
+
+
+def test_ab_alternates_two_servers_and_reports_pairwise_ratios(tmp_path):
+    db = str(tmp_path / "r.db")
+    out = appliance("sweep", "-p", "64", "-n", "8", "--runs", "2", "--ab", "--n-ubatch 256", "--n-ubatch 512",
+                    "--db-path", db, *SMALL)
+    assert out.returncode == 0, out.stderr + out.stdout
+    with Store.open(db) as s:
+        info = s.last_run()
+        cells = s.results(info.id)
+    # A B A B, no raw row (it has one setting), each side's settings stored
+    assert [(c.variant, c.repeat_index) for c in cells] == [("A", 0), ("B", 0), ("A", 1), ("B", 1)]
+    assert all(c.target == "served" for c in cells)
+    assert info.engine_settings["A"]["n_ubatch"] == 256 and info.engine_settings["B"]["n_ubatch"] == 512
+    assert "A/B: B against A" in out.stdout

@@ -8,8 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from appliance.bench import report as reports
 from appliance.bench import results
-from appliance.bench.results import Stat, compare, estimate, render_run, rows
+from appliance.bench.report import render_run
+from appliance.bench.results import Stat, compare, estimate, rows
 from appliance.store import ModelFingerprint, ResultCell, RunInfo, RunStatus, Store
 from hostcheck.cpu import CpuInfo
 from hostcheck.facts import Unavailable
@@ -223,7 +225,7 @@ def test_compare_pairs_only_matched_repeats_and_rows():
     (row,) = compare(a, b, "run 1", "run 2")
     assert row.client_decode_tps.pairs == 1 and row.client_decode_tps.ratio == pytest.approx(1.1)
     assert row.client_decode_tps.a == 110.0       # the median of all of side A's cells
-    text = results.render_compare([row], "run 1", "run 2")
+    text = reports.render_compare([row], "run 1", "run 2")
     assert text.startswith("### run 2 against run 1\n")
     with pytest.raises(ValueError, match="several variants"):
         compare(ab_cells("A", [1.0]) + ab_cells("B", [1.0]), b)
@@ -253,8 +255,8 @@ def test_markdown_begins_with_the_conditions(tmp_path):
                            "stopped before the depth rows")
     with store:
         md = report(store, run_id)
-        counts = results.cell_counts(store)
-        listing = results.render_runs(store.runs(), counts)
+        counts = reports.cell_counts(store)
+        listing = reports.render_runs(store.runs(), counts)
     head = md.split("### ")[0]
     assert head.startswith(f"## Run {run_id}: bench, interrupted\n")
     for expected in ("**INCOMPLETE: this run is interrupted, not complete.** stopped before the "

@@ -279,3 +279,18 @@ def test_a_pinned_request_stays_cached_through_a_flood(pin, cached):
     for i in range(30):                       # many other conversations pass through the one slot
         go(f"o{i}", [200 + i] * 9)
     assert go("turn", system + [42, 43]).usage.cached_tokens == cached
+
+
+def test_idle_slots_are_written_behind_one_at_a_time(tmp_path):
+    runner = FakeRunner(n_slots=2, n_ctx=256)
+    cfg = EngineConfig(n_slots=2, n_ctx=256, prefill_chunk=4, step_token_budget=8)
+    disk = DiskTier(tmp_path, max_bytes=1 << 20, chunk=4, fingerprint="fake")
+    sched = Scheduler(runner, cfg, lambda e: None, disk)
+    for rid, prompt in (("a", list(range(1, 10))), ("b", list(range(50, 59)))):
+        sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x"), prompt)
+    while sched.has_work():
+        sched.step()
+    assert sched.persist_one() and len(disk.files) == 1
+    assert sched.persist_one() and len(disk.files) == 2
+    assert not sched.persist_one()            # nothing left: shutdown has nothing to write
+    assert disk.lookup(list(range(1, 10)))[0] == 8 and disk.lookup(list(range(50, 59)))[0] == 8

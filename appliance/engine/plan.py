@@ -1,0 +1,274 @@
+"""The tuned plan: engine settings measured once on this machine by `appliance tune`, read at
+start so every process makes the same choices (issue #9).
+
+    {"version": 1,
+     "fingerprint": {"appliance": "0.1.0", "kernel_sources": "<sha256>", "llama_cpp_python": "0.3.36",
+                     "llama_cpp_build": "...", "torch": "absent", "triton": "absent", "backend": "llama.cpp-cpu",
+                     "device": "AMD EPYC ...", "arch": "x86_64", "runtime": "none", "cpu_model": "..."},
+     "created_at": "...",
+     "llamacpp": {"<model fingerprint>": [
+         {"depth_max": 1024, "n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512,
+          "flash_attn": false, "measured": {...what was timed...}},
+         ...]}}
+
+A plan is used whole or not at all: its fingerprint must equal this machine's and software's
+field for field, or it is refused with a log line naming the fields that differ. Lookups are
+pure functions of the plan and the key. A key the plan does not hold (another model) is a
+miss: the engine keeps its fixed defaults, counts the miss and records the key in
+`<plan>.misses.json`, which `appliance tune` reads to measure what was missed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .. import __version__
+
+log = logging.getLogger("appliance.plan")
+
+PLAN_VERSION = 1
+LLAMACPP_FIELDS = ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn")
+
+
+class PlanRefused(ValueError):
+    """The plan file cannot be used: corrupt, another version, or another machine's."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def kernel_sources_hash() -> str:
+    """sha256 over the runners' sources: a plan tuned for other kernels is another plan."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent / "runners"
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def cpu_model(root: str | Path = "/") -> str:
+    try:
+        for line in (Path(root) / "proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def llama_cpp_build() -> str:
+    """llama.cpp's system info line: the CPU features and backends it was compiled with."""
+    import llama_cpp  # the engine and `tune` have it loaded already
+
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+
+
+def current_fingerprint(llama_cpp_build: str = "", device: str | None = None) -> dict[str, str]:
+    """What a plan's measurements depend on. `llama_cpp_build` is llama.cpp's system info line
+    (its compiled CPU features), given by a caller that has llama_cpp loaded."""
+    cpu = cpu_model()
+    return {"appliance": __version__, "kernel_sources": kernel_sources_hash(),
+            "llama_cpp_python": _version("llama_cpp_python"), "llama_cpp_build": llama_cpp_build,
+            "torch": _version("torch"), "triton": _version("triton"), "backend": "llama.cpp-cpu",
+            "device": device or cpu, "arch": platform.machine(), "runtime": "none", "cpu_model": cpu}
+
+
+@dataclass(frozen=True)
+class LlamaCppChoice:
+    """llama.cpp settings for contexts up to `depth_max` positions (the last entry: any depth)."""
+
+    depth_max: int
+    n_threads: int
+    n_threads_batch: int
+    n_batch: int
+    n_ubatch: int
+    flash_attn: bool
+    measured: Mapping[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in LLAMACPP_FIELDS}
+
+
+@dataclass(frozen=True)
+class Plan:
+    fingerprint: Mapping[str, str]
+    llamacpp: Mapping[str, tuple[LlamaCppChoice, ...]]   # model fingerprint -> entries by depth_max
+    created_at: str = ""
+    version: int = PLAN_VERSION
+
+    def to_json(self) -> str:
+        body = {"version": self.version, "fingerprint": dict(self.fingerprint), "created_at": self.created_at,
+                "llamacpp": {m: [asdict(c) | {"measured": dict(c.measured)} for c in cs]
+                             for m, cs in sorted(self.llamacpp.items())}}
+        return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def lookup(self, model: str, depth: int) -> LlamaCppChoice | None:
+        """The entry for this model covering `depth` (the first whose depth_max >= depth, else the
+        last); None when the plan has nothing for this model."""
+        entries = self.llamacpp.get(model)
+        if not entries:
+            return None
+        return next((c for c in entries if depth <= c.depth_max), entries[-1])
+
+
+def parse(text: str, source: str = "plan") -> Plan:
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise PlanRefused(f"{source} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("version") != PLAN_VERSION:
+        raise PlanRefused(f"{source} is not a version-{PLAN_VERSION} plan "
+                          f"(version {doc.get('version') if isinstance(doc, dict) else None!r})")
+    try:
+        fp = {str(k): str(v) for k, v in doc["fingerprint"].items()}
+        llamacpp = {}
+        for model, entries in doc.get("llamacpp", {}).items():
+            choices = tuple(sorted((LlamaCppChoice(
+                depth_max=int(e["depth_max"]), n_threads=int(e["n_threads"]),
+                n_threads_batch=int(e["n_threads_batch"]), n_batch=int(e["n_batch"]),
+                n_ubatch=int(e["n_ubatch"]), flash_attn=bool(e["flash_attn"]),
+                measured=dict(e.get("measured", {}))) for e in entries), key=lambda c: c.depth_max))
+            if not choices or any(min(c.n_threads, c.n_threads_batch, c.n_batch, c.n_ubatch) < 1
+                                  for c in choices):
+                raise ValueError(f"bad entries for {model}")
+            llamacpp[str(model)] = choices
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise PlanRefused(f"{source} is malformed ({e})") from None
+    return Plan(fingerprint=fp, llamacpp=llamacpp, created_at=str(doc.get("created_at", "")))
+
+
+def differences(plan_fp: Mapping[str, str], here: Mapping[str, str]) -> list[str]:
+    return [f"{k}: plan {plan_fp.get(k, '(none)')!r}, here {here.get(k, '(none)')!r}"
+            for k in sorted(set(plan_fp) | set(here)) if plan_fp.get(k) != here.get(k)]
+
+
+def load(path: str | Path, fingerprint: Mapping[str, str]) -> Plan:
+    """Read and check a plan. PlanRefused names what is wrong (the differing fingerprint fields)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlanRefused(f"cannot read {path}: {e.strerror or e}") from None
+    plan = parse(text, str(path))
+    diff = differences(plan.fingerprint, fingerprint)
+    if diff:
+        raise PlanRefused(f"{path} was tuned for another machine or build: " + "; ".join(diff))
+    return plan
+
+
+def save(plan: Plan, path: str | Path) -> None:
+    """Write atomically: a reader sees the old plan or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(plan.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def misses_path(path: str | Path) -> Path:
+    return Path(str(path) + ".misses.json")
+
+
+def record_miss(path: str | Path, key: Mapping[str, Any]) -> None:
+    """Remember a key the plan lacked, for the next `tune` (deduplicated; best effort)."""
+    target = misses_path(path)
+    try:
+        known = json.loads(target.read_text()) if target.exists() else []
+        if dict(key) not in known:
+            known.append(dict(key))
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+            os.replace(tmp, target)
+    except (OSError, ValueError) as e:
+        log.warning("tuned plan: cannot record the missed key in %s: %s", target, e)
+
+
+def clear_misses(path: str | Path, model: str) -> None:
+    """Forget the recorded misses of a model that has just been tuned."""
+    target = misses_path(path)
+    left = [m for m in read_misses(path) if m.get("model") != model]
+    try:
+        if left:
+            target.write_text(json.dumps(left, indent=1, sort_keys=True))
+        else:
+            target.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("tuned plan: cannot update %s: %s", target, e)
+
+
+def read_misses(path: str | Path) -> list[dict[str, Any]]:
+    try:
+        found = json.loads(misses_path(path).read_text())
+        return [m for m in found if isinstance(m, dict)]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the engine did with the plan at start: reported in /health and stored with runs."""
+
+    status: str                     # used, miss, refused, absent, off
+    path: str = ""
+    hash: str = ""
+    reason: str = ""
+    choice: Mapping[str, Any] = field(default_factory=dict)
+    misses: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "path": self.path, "hash": self.hash, "reason": self.reason,
+                "choice": dict(self.choice), "misses": self.misses}
+
+
+def resolve(path: str | Path | None, explicit: bool, fingerprint: Mapping[str, str], model: str,
+            depth: int) -> tuple[LlamaCppChoice | None, Resolved]:
+    """The choice for this model at this working depth, and what happened. A plan named
+    explicitly that cannot be used is logged as an error; the default location's, as a warning."""
+    if path is None:
+        return None, Resolved("off")
+    path = Path(path)
+    if not path.exists():
+        if explicit:
+            log.error("tuned plan %s does not exist; using the fixed defaults", path)
+        return None, Resolved("absent", str(path), reason="no plan file")
+    try:
+        plan = load(path, fingerprint)
+    except PlanRefused as e:
+        log.log(logging.ERROR if explicit else logging.WARNING, "tuned plan refused: %s", e)
+        return None, Resolved("refused", str(path), reason=str(e))
+    choice = plan.lookup(model, depth)
+    if choice is None:
+        key = {"backend": "llama.cpp", "model": model, "depth": depth}
+        record_miss(path, key)
+        log.warning("tuned plan %s has no entry for model %s; using the fixed defaults (recorded for "
+                    "the next `appliance tune`)", path, model)
+        return None, Resolved("miss", str(path), plan.hash, reason=f"no entry for model {model}", misses=1)
+    log.info("tuned plan %s (%s): %s", path, plan.hash, choice.settings())
+    return choice, Resolved("used", str(path), plan.hash, choice=choice.settings())
+
+
+def candidates(cores: int, logical: int, flash: Sequence[bool] = (False, True),
+               ubatches: Sequence[int] = (256, 512)) -> list[dict[str, Any]]:
+    """The llama.cpp settings `tune` measures, in order (near-ties go to the earlier one): the
+    physical cores first, then every logical CPU if there are more."""
+    threads = [cores] + ([logical] if logical > cores else [])
+    return [{"n_threads": t, "n_threads_batch": t, "n_batch": max(ubatches), "n_ubatch": u, "flash_attn": fa}
+            for t in threads for fa in flash for u in sorted(ubatches, reverse=True)]

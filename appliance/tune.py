@@ -1,0 +1,202 @@
+"""`appliance tune`: measure llama.cpp's settings on this machine once, write the tuned plan.
+
+For each candidate (threads, micro-batch size, flash attention; `plan.candidates`) a raw
+llama.cpp worker (the bench's raw reference: nothing of the server in the path) prefills a
+prompt of each measured depth and decodes after it. Candidates are alternated inside every
+repeat, so drift on a shared machine lands on all of them alike; each figure is the median of
+the repeats. The score at a depth is the time of a typical step of work there: one 512-token
+prompt chunk at the measured prefill rate plus 128 tokens at the measured decode rate. The
+lowest score wins; a candidate within `NEAR_TIE` of the best loses to an earlier one.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import config
+
+NEAR_TIE = 0.02
+CHUNK_TOKENS = 512      # the score: one prompt chunk...
+DECODE_TOKENS = 128     # ...and this many generated tokens, at the depth
+
+
+@dataclass(frozen=True)
+class Measurement:
+    candidate: int
+    depth: int
+    prefill_tps: float
+    decode_tps: float
+
+    @property
+    def score_s(self) -> float:
+        return CHUNK_TOKENS / self.prefill_tps + DECODE_TOKENS / self.decode_tps
+
+
+def choose(cands: Sequence[dict[str, Any]], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
+    """The winning candidate's index at this depth and the medians it was chosen on."""
+    medians = {}
+    for i in range(len(cands)):
+        mine = [m for m in measured if m.candidate == i and m.depth == depth]
+        if mine:
+            medians[i] = {"prefill_tps": statistics.median(m.prefill_tps for m in mine),
+                          "decode_tps": statistics.median(m.decode_tps for m in mine),
+                          "score_s": statistics.median(m.score_s for m in mine), "runs": len(mine)}
+    if not medians:
+        raise ValueError(f"nothing measured at depth {depth}")
+    best = min(v["score_s"] for v in medians.values())
+    winner = min(i for i, v in medians.items() if v["score_s"] <= best * (1 + NEAR_TIE))
+    return winner, medians
+
+
+def depth_ranges(depths: Sequence[int]) -> list[int]:
+    """depth_max for each measured depth: halfway to the next one; the last covers any depth."""
+    ds = sorted(depths)
+    return [(a + b) // 2 for a, b in zip(ds, ds[1:])] + [1 << 30]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("tune", help="measure llama.cpp settings on this machine and write the tuned plan",
+                       description="Measure threads, micro-batch size and flash attention with the "
+                                   "embedded or given model at several depths, through llama.cpp directly; "
+                                   "write the winners as the tuned plan the engine reads at start.")
+    p.add_argument("--model", help="GGUF to tune for (default: the embedded model)")
+    p.add_argument("--depths", default=None,
+                   help="depths to measure, comma-separated (default 512,2048,6144 within --n-ctx, "
+                        "plus depths the engine recorded as plan misses)")
+    p.add_argument("--n-ctx", type=int, default=8192, help="largest context to tune for (default 8192)")
+    p.add_argument("--runs", type=int, default=3, help="repeats per candidate and depth (default 3)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens decoded per measurement (default 32)")
+    p.add_argument("--out", help="plan file (default: plan.json in the data directory)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import psutil
+    from tqdm import tqdm
+
+    from .bench import prompt_sets
+    from .bench.raw import RawError, RawReference, RawSettings
+    from .engine import plan as plan_mod
+    from .errors import ApplianceError
+    from .models import file_fingerprint, resolve
+
+    try:
+        ref = resolve(args.model)
+    except ApplianceError as e:
+        print(f"appliance tune: {e.message}", file=sys.stderr)
+        return 2
+    out = Path(args.out).expanduser() if args.out else config.default_data_dir() / "plan.json"
+    model_key = file_fingerprint(ref.path)
+    missed = sorted({int(m["depth"]) for m in plan_mod.read_misses(out)
+                     if m.get("model") == model_key and isinstance(m.get("depth"), int)})
+    try:
+        wanted = ([int(d) for d in args.depths.split(",") if d.strip()] if args.depths
+                  else [512, 2048, 6144] + missed)
+    except ValueError:
+        print(f"appliance tune: --depths must be comma-separated integers, got {args.depths!r}", file=sys.stderr)
+        return 2
+    depths = sorted({d for d in wanted if 0 < d <= args.n_ctx - args.tokens})
+    if not depths or args.runs < 1 or args.tokens < 2:
+        print("appliance tune: nothing to measure (depths within --n-ctx, --runs >= 1, --tokens >= 2)",
+              file=sys.stderr)
+        return 2
+    cores = psutil.cpu_count(logical=False) or 1
+    cands = plan_mod.candidates(cores, psutil.cpu_count() or cores)
+    ids = _prompt_ids(ref.path, max(depths), prompt_sets)
+    print(f"appliance tune: {ref.path.name}, {len(cands)} candidates x {len(depths)} depths x {args.runs} runs",
+          file=sys.stderr)
+    workers = []
+    measured: list[Measurement] = []
+    try:
+        for c in cands:
+            workers.append(RawReference(str(ref.path), RawSettings(
+                n_ctx=max(depths) + args.tokens, n_slots=1, prefill_chunk=CHUNK_TOKENS, **c)))
+        steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
+        for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
+            res = workers[i].run([ids[:d]], args.tokens)
+            measured.append(Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps))
+    except RawError as e:
+        print(f"appliance tune: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("appliance tune: interrupted; no plan written", file=sys.stderr)
+        return 130
+    finally:
+        for w in workers:
+            w.close()
+
+    entries, table = [], []
+    for d, depth_max in zip(depths, depth_ranges(depths)):
+        winner, medians = choose(cands, measured, d)
+        entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, **cands[winner],
+                                               measured={"depth": d, **{str(i): m for i, m in medians.items()}}))
+        table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
+    fingerprint = plan_mod.current_fingerprint(_build_info())
+    plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod)
+    plan_mod.save(plan, out)
+    plan_mod.clear_misses(out, model_key)
+    print(_render(ref.path.name, table))
+    print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
+    return 0
+
+
+def _build_info() -> str:
+    from .engine.plan import llama_cpp_build
+
+    return llama_cpp_build()
+
+
+def _prompt_ids(model_path: Path, n: int, prompt_sets: Any) -> list[int]:
+    """n token ids of filler prose, tokenized by the model's own vocabulary (loaded alone)."""
+    import ctypes
+
+    import llama_cpp as L
+
+    quiet = L.llama_log_callback(lambda *a: None)
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(model_path).encode(), params)
+    try:
+        vocab = L.llama_model_get_vocab(model)
+        chars = n * 8 + 64
+        while True:
+            data = prompt_sets.filler(chars, seed=0).encode()
+            buf = (L.llama_token * (len(data) + 16))()
+            got = L.llama_tokenize(vocab, data, len(data), buf, len(buf), True, False)
+            if got >= n:
+                return list(buf[:n])
+            chars *= 2
+    finally:
+        L.llama_model_free(model)
+
+
+def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tuple, plan_mod: Any) -> Any:
+    """This model's entries in the existing plan when it was made here, else a new plan."""
+    others: dict[str, tuple] = {}
+    try:
+        others = dict(plan_mod.load(out, fingerprint).llamacpp) if out.exists() else {}
+    except plan_mod.PlanRefused:
+        pass  # another machine's or a broken plan: replaced whole
+    others[model_key] = entries
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return plan_mod.Plan(fingerprint=fingerprint, llamacpp=others, created_at=now)
+
+
+def _render(model: str, table: list) -> str:
+    lines = [f"## Tuned plan for {model}", "",
+             f"score = {CHUNK_TOKENS} prompt tokens at the prefill rate + {DECODE_TOKENS} tokens at the decode "
+             f"rate, at the depth (median of the runs; near-ties within {NEAR_TIE:.0%} go to the earlier candidate)",
+             "", "| depth | candidate | threads | n_ubatch | flash attn | prefill tok/s | decode tok/s | score s | chosen |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for d, i, c, m, won in table:
+        lines.append(f"| {d:,} | {i} | {c['n_threads']} | {c['n_ubatch']} | {'on' if c['flash_attn'] else 'off'} | "
+                     f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} | "
+                     f"{'**yes**' if won else ''} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,122 @@
+"""The tuned plan: used whole or refused whole, pure lookups, misses recorded, and `tune` on a
+tiny model writing a plan that the engine then uses (visible in /health)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from appliance.engine import plan as plan_mod
+from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
+from appliance.tune import Measurement, choose, depth_ranges
+
+FP = {"appliance": "0.1.0", "kernel_sources": "abc", "llama_cpp_python": "0.3.36", "llama_cpp_build": "AVX2 = 1",
+      "torch": "absent", "triton": "absent", "backend": "llama.cpp-cpu", "device": "cpu", "arch": "x86_64",
+      "runtime": "none", "cpu_model": "AMD EPYC"}
+
+
+def choice(depth_max: int, **kw) -> LlamaCppChoice:
+    values = dict(n_threads=2, n_threads_batch=2, n_batch=512, n_ubatch=512, flash_attn=False)
+    return LlamaCppChoice(depth_max=depth_max, **(values | kw))
+
+
+PLAN = Plan(fingerprint=FP, llamacpp={"98:abc": (choice(1280, n_ubatch=256), choice(4096),
+                                                 choice(1 << 30, flash_attn=True))})
+
+
+def test_round_trip_and_a_stable_hash(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_mod.save(PLAN, path)
+    loaded = plan_mod.load(path, FP)
+    assert loaded.llamacpp == PLAN.llamacpp and loaded.hash == PLAN.hash
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_lookup_is_a_pure_function_of_model_and_depth():
+    assert PLAN.lookup("98:abc", 0).n_ubatch == 256
+    assert PLAN.lookup("98:abc", 1280).n_ubatch == 256
+    assert PLAN.lookup("98:abc", 1281).n_ubatch == 512 and not PLAN.lookup("98:abc", 4096).flash_attn
+    assert PLAN.lookup("98:abc", 10**6).flash_attn
+    assert [PLAN.lookup("98:abc", 3000) for _ in range(3)] == [PLAN.lookup("98:abc", 3000)] * 3
+    assert PLAN.lookup("other", 100) is None
+
+
+def test_a_fingerprint_mismatch_refuses_the_whole_plan_naming_what_differs(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_mod.save(PLAN, path)
+    here = FP | {"cpu_model": "Intel Xeon", "llama_cpp_python": "0.3.40"}
+    with pytest.raises(PlanRefused) as e:
+        plan_mod.load(path, here)
+    assert "cpu_model" in str(e.value) and "llama_cpp_python" in str(e.value) and "arch" not in str(e.value)
+    got, resolved = plan_mod.resolve(path, True, here, "98:abc", 2048)
+    assert got is None and resolved.status == "refused" and "cpu_model" in resolved.reason
+
+
+@pytest.mark.parametrize("text, words", [("{not json", "not valid JSON"), ('{"version": 9}', "version-1"),
+                                         ('{"version": 1, "fingerprint": {}, "llamacpp": {"m": [{"depth_max": 1}]}}',
+                                          "malformed")])
+def test_a_corrupt_file_is_refused_with_a_clear_message(tmp_path, text, words):
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(PlanRefused, match=words):
+        plan_mod.load(path, FP)
+
+
+def test_a_miss_keeps_the_defaults_and_records_its_key(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_mod.save(PLAN, path)
+    got, resolved = plan_mod.resolve(path, False, FP, "77:new", 4096)
+    assert got is None and resolved.status == "miss" and resolved.misses == 1
+    plan_mod.resolve(path, False, FP, "77:new", 4096)   # recorded once
+    assert plan_mod.read_misses(path) == [{"backend": "llama.cpp", "model": "77:new", "depth": 4096}]
+    plan_mod.clear_misses(path, "77:new")
+    assert plan_mod.read_misses(path) == []
+    got, resolved = plan_mod.resolve(path, False, FP, "98:abc", 4096)
+    assert got == choice(4096) and resolved.status == "used" and resolved.hash == PLAN.hash
+    assert plan_mod.resolve(tmp_path / "none.json", False, FP, "98:abc", 1)[1].status == "absent"
+
+
+def test_choose_takes_the_lowest_score_and_gives_near_ties_to_the_earlier_candidate():
+    cands = [{"n": 0}, {"n": 1}, {"n": 2}]
+    measured = [Measurement(0, 512, 1000.0, 100.0), Measurement(1, 512, 1010.0, 101.0),   # 1% better
+                Measurement(2, 512, 400.0, 50.0)]
+    assert choose(cands, measured, 512)[0] == 0
+    measured.append(Measurement(1, 2048, 2000.0, 200.0))
+    measured.append(Measurement(0, 2048, 500.0, 60.0))
+    winner, medians = choose(cands, measured, 2048)
+    assert winner == 1 and medians[1]["score_s"] == pytest.approx(512 / 2000 + 128 / 200)
+    assert depth_ranges([512, 6144, 2048]) == [1280, 4096, 1 << 30]
+
+
+def test_candidates_come_in_a_fixed_order():
+    cands = plan_mod.candidates(2, 4)
+    assert cands[0] == {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512, "flash_attn": False}
+    assert len(cands) == 8 and cands == plan_mod.candidates(2, 4)
+    assert {c["n_threads"] for c in plan_mod.candidates(2, 2)} == {2}
+
+
+def test_tune_on_a_tiny_model_writes_a_plan_the_engine_uses(tmp_path):
+    from .engine.gguf_fixtures import write_tiny_llama
+    from .web.conftest import running_server
+
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf")
+    out = tmp_path / "plan.json"
+    done = subprocess.run([sys.executable, "-m", "appliance", "tune", "--model", str(tiny), "--depths", "32,96",
+                           "--n-ctx", "128", "--runs", "1", "--tokens", "4", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert done.returncode == 0, done.stderr
+    assert "| 32 |" in done.stdout and "**yes**" in done.stdout and str(out) in done.stdout
+    doc = json.loads(out.read_text())
+    (entries,) = doc["llamacpp"].values()
+    assert [e["depth_max"] for e in entries] == [64, 1 << 30]
+    with running_server(tmp_path, "--model", str(tiny), "--n-ctx", "128", "--n-slots", "1",
+                        "--plan", str(out)) as server:
+        settings = requests.get(server.url + "/health", timeout=10).json()["settings"]
+    assert settings["plan"]["status"] == "used" and settings["plan"]["path"] == str(out)
+    chosen = entries[0]      # the working depth, half of the 128-token context, is in the first range (to 64)
+    assert settings["n_ubatch"] == chosen["n_ubatch"] and settings["flash_attn"] == chosen["flash_attn"]
+    assert settings["plan"]["choice"]["n_ubatch"] == chosen["n_ubatch"]
