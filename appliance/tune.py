@@ -68,7 +68,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--depths", default=None,
                    help="depths to measure, comma-separated (default 512,2048,6144 within --n-ctx, "
                         "plus depths the engine recorded as plan misses)")
-    p.add_argument("--n-ctx", type=int, default=8192, help="largest context to tune for (default 8192)")
+    p.add_argument("--n-ctx", type=int, default=config.EngineConfig.n_ctx,
+                   help="context per slot of the server to tune for (default 8192)")
+    p.add_argument("--n-slots", type=int, default=config.EngineConfig.n_slots,
+                   help="slots of the server to tune for (default 4): llama.cpp's kernels are timed "
+                        "on the KV pool the server will have")
     p.add_argument("--runs", type=int, default=3, help="repeats per candidate and depth (default 3)")
     p.add_argument("--tokens", type=int, default=32, help="tokens decoded per measurement (default 32)")
     p.add_argument("--out", help="plan file (default: plan.json in the data directory)")
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance tune: --depths must be comma-separated integers, got {args.depths!r}", file=sys.stderr)
         return 2
     depths = sorted({d for d in wanted if 0 < d <= args.n_ctx - args.tokens})
-    if not depths or args.runs < 1 or args.tokens < 2:
+    if not depths or args.runs < 1 or args.tokens < 2 or args.n_slots < 1:
         print("appliance tune: nothing to measure (depths within --n-ctx, --runs >= 1, --tokens >= 2)",
               file=sys.stderr)
         return 2
@@ -115,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
     measured: list[Measurement] = []
     try:
         for c in cands:
+            # the server's pool shape (n_slots x n_ctx, not unified): in a one-slot context sized
+            # to the prompt, flash attention measured faster at depth than it ran in the server
             workers.append(RawReference(str(ref.path), RawSettings(
-                n_ctx=max(depths) + args.tokens, n_slots=1, prefill_chunk=CHUNK_TOKENS, **c)))
+                n_ctx=args.n_ctx, n_slots=args.n_slots, prefill_chunk=CHUNK_TOKENS, **c)))
         steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
         for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
             res = workers[i].run([ids[:d]], args.tokens)
@@ -134,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
     entries, table = [], []
     for d, depth_max in zip(depths, depth_ranges(depths)):
         winner, medians = choose(cands, measured, d)
-        entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, **cands[winner],
-                                               measured={"depth": d, **{str(i): m for i, m in medians.items()}}))
+        entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, **cands[winner], measured={
+            "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
     fingerprint = plan_mod.current_fingerprint(_build_info())
     plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod)

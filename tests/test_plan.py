@@ -106,7 +106,7 @@ def test_tune_on_a_tiny_model_writes_a_plan_the_engine_uses(tmp_path):
     tiny = write_tiny_llama(tmp_path / "tiny.gguf")
     out = tmp_path / "plan.json"
     done = subprocess.run([sys.executable, "-m", "appliance", "tune", "--model", str(tiny), "--depths", "32,96",
-                           "--n-ctx", "128", "--runs", "1", "--tokens", "4", "--out", str(out), "--quiet"],
+                           "--n-ctx", "128", "--n-slots", "1", "--runs", "1", "--tokens", "4", "--out", str(out), "--quiet"],
                           capture_output=True, text=True, timeout=600, env={**os.environ})
     assert done.returncode == 0, done.stderr
     assert "| 32 |" in done.stdout and "**yes**" in done.stdout and str(out) in done.stdout
