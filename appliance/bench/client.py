@@ -237,13 +237,17 @@ class LocalServer:
     def restart(self) -> None:
         """Stop the server as SIGTERM does (idle slots' prompt states go to the disk tier) and
         start it again on the same port with the same cache directory."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        self._terminate(120)
         self._launch()
+
+    def _terminate(self, grace: float) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -272,13 +276,7 @@ class LocalServer:
         return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        self._terminate(90)
         self._cleanup()
 
     def _cleanup(self) -> None:
