@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     measured: list[Measurement] = []
     try:
         for c in cands:
-            # the server's pool shape (n_slots x n_ctx, not unified): in a one-slot context sized
-            # to the prompt, flash attention measured faster at depth than it ran in the server
+            # the server's pool shape (n_slots x n_ctx, not unified): the kernels are timed on
+            # the KV pool they will run on
             workers.append(RawReference(str(ref.path), RawSettings(
                 n_ctx=args.n_ctx, n_slots=args.n_slots, prefill_chunk=CHUNK_TOKENS, **c)))
         steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
