@@ -99,7 +99,8 @@ def test_bench_covers_prompt_sets_depth_concurrency_agent_and_needle(bench_run):
         assert c.kind == "prompt" and c.prompt_set == name and c.generated_tokens == 12
         assert c.client_decode_tps > 0 and c.prefill_tps > 0
     (deep,) = labels(cells, cell="depth 700")
-    assert 600 <= deep.prompt_tokens <= 800
+    # padded by a characters-per-token estimate over random filler: near the depth, recorded exactly
+    assert 525 <= deep.prompt_tokens <= 875 and deep.depth == deep.prompt_tokens
     pair = labels(cells, cell="concurrency 2", target="served")
     assert len(pair) == 2 and {c.extra["stream"] for c in pair} == {0, 1}
     assert all(c.concurrency == 2 and c.extra["aggregate_tps"] > 0 for c in pair)
