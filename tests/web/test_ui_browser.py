@@ -27,6 +27,10 @@ def test_chat_page_streams_two_turns_and_shows_timings(tmp_path):
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
             page.goto(srv.url + "/")
             try:
+                # greedy and short: a long sampled first reply could leave no room for the second
+                # turn's max_tokens in a 1,024-token context (the page then shows the 400)
+                page.fill("#temperature", "0")
+                page.fill("#max_tokens", "64")
                 page.fill("#input", "What is the capital of France?")
                 page.keyboard.press("Enter")
                 page.wait_for_selector(".stats")
