@@ -131,8 +131,10 @@ def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any
         trace = variant.target.stream(route, {"model": variant.model_id, **body}, on_first=phases.first_token)
     if trace.status != 200:
         raise CellFailed(f"HTTP {trace.status}: {trace.error}")
-    m = measure(trace, variant.target.count_tokens, _prompt_size(variant.target, body))
-    if not (trace.usage or {}).get("prompt_tokens"):
+    reported = bool((trace.usage or {}).get("prompt_tokens"))
+    # counting the prompt costs a /tokenize of its whole text: only when the server said nothing
+    m = measure(trace, variant.target.count_tokens, None if reported else _prompt_size(variant.target, body))
+    if not reported:
         cell["extra"] = {**cell.get("extra", {}), "prompt_tokens_estimated": True}
     return to_cell(m, variant=variant.label, **cell), trace, m
 

@@ -99,6 +99,7 @@ class Scheduler:
         self.waiting: deque[Active] = deque()
         self.slots: list[Active | None] = [None] * runner.info.n_slots
         self.kept: list[list[int]] = [[] for _ in self.slots]  # reusable prompt blocks per slot
+        self.on_disk: list[bool] = [False for _ in self.slots]  # kept blocks already checked/written
         self.cache_hit_tokens = 0
         self.prefill_cost = PrefillCost()
         self.ram = RamTier(cfg.cache_ram_bytes, cfg.prefill_chunk, self.prefill_cost) \
@@ -278,7 +279,10 @@ class Scheduler:
         if self.disk is None or not self.disk.enabled:
             return False
         for i, act in enumerate(self.slots):
-            if act is None and self.kept[i] and not self.disk.holds(self.kept[i]):
+            if act is not None or not self.kept[i] or self.on_disk[i]:
+                continue
+            self.on_disk[i] = True  # the engine asks every idle tick: hash a slot's blocks once
+            if not self.disk.holds(self.kept[i]):
                 self.runner.truncate(i, len(self.kept[i]))
                 self.disk.put(self.kept[i], self.runner.save(i))
                 return True
@@ -395,6 +399,7 @@ class Scheduler:
             self.slots[act.slot] = None
             chunk = self.cfg.prefill_chunk
             self.kept[act.slot] = act.prompt[: min(act.n_past, len(act.prompt)) // chunk * chunk]
+            self.on_disk[act.slot] = False
             if act.req.cache_pin and reason != "cancelled":
                 self._pin(act.slot)
         self.by_id.pop(act.req.id, None)

@@ -175,18 +175,24 @@ def _wait_for_cells(db: str, n: int, timeout: float = 300) -> None:
     raise AssertionError(f"no {n} cells stored within {timeout} s")
 
 
-def test_ctrl_c_keeps_every_completed_cell_and_names_the_missing_ones(tmp_path):
-    db = str(tmp_path / "r.db")
+def _sweep_until(db: str, n_cells: int, interrupt, *args: str) -> subprocess.Popen:
+    """A long sweep, interrupted by `interrupt()` once n_cells are stored; returns it finished."""
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "sweep", "-p", "64", "-n", "8", "--runs", "50",
-                             "--no-raw", "--db-path", db, *SMALL],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--db-path", db, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_cells(db, 2)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        _wait_for_cells(db, n_cells)
+        interrupt(proc)
+        proc.stdout_text, proc.stderr_text = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc
+
+
+def test_ctrl_c_keeps_every_completed_cell_and_names_the_missing_ones(tmp_path):
+    db = str(tmp_path / "r.db")
+    proc = _sweep_until(db, 2, lambda p: p.send_signal(signal.SIGINT), "--no-raw", *SMALL)
+    stdout, stderr = proc.stdout_text, proc.stderr_text
     assert proc.returncode == 130, stderr
     with Store.open(db) as s:
         info = s.last_run()
@@ -199,17 +205,8 @@ def test_ctrl_c_keeps_every_completed_cell_and_names_the_missing_ones(tmp_path):
 def test_a_server_dying_mid_run_marks_the_run_failed_and_keeps_its_cells(tmp_path):
     db = str(tmp_path / "r.db")
     with running_server(tmp_path, "--n-ctx", "1024", "--n-slots", "1") as server:
-        proc = subprocess.Popen([sys.executable, "-m", "appliance", "sweep", "--url", server.url, "-p", "64",
-                                 "-n", "8", "--runs", "50", "--quiet", "--db-path", db],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            _wait_for_cells(db, 1)
-            server.proc.kill()
-            stdout, stderr = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 1, stderr
+        proc = _sweep_until(db, 1, lambda p: server.proc.kill(), "--url", server.url, "--quiet")
+    assert proc.returncode == 1, proc.stderr_text
     with Store.open(db) as s:
         info = s.last_run()
         assert info.status is RunStatus.FAILED and s.results(info.id)
