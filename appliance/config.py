@@ -27,6 +27,12 @@ class EngineConfig:
 
     model: str | None = _opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     model_alias: str | None = _opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
+    engine: str = _opt("llamacpp", "model runner: llamacpp (llama.cpp) or torch (the own PyTorch runner)")
+    torch_dtype: str = _opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
+                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
+    torch_int4: bool = _opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit and "
+                            "multiply with torch's int4 kernel (off: dequantize them)")
+    torch_device: str = _opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
     n_ctx: int = _opt(8192, "context positions per slot (prompt + output); 0 = the model's trained context")
     n_slots: int = _opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
     n_threads: int = _opt(0, "threads for decode (0 = physical cores)")
@@ -51,6 +57,9 @@ class EngineConfig:
     seed: int = _opt(0, "default sampling seed for requests that give none")
 
     def __post_init__(self) -> None:
+        _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
+        _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
+                 "torch_dtype must be auto, bfloat16, float16 or float32")
         _require(self.n_slots >= 1, "n_slots must be at least 1")
         _require(self.n_ctx >= 0, "n_ctx must be 0 (the model's) or positive")
         _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from .. import __version__
 from ..config import EngineConfig
-from ..errors import ApplianceError, EngineFailure, InvalidToken
+from ..errors import ApplianceError, EngineFailure, InvalidToken, ModelLoadError
 from ..models import file_fingerprint, resolve
 from . import plan as plan_mod
 from .chat import ChatTemplate
@@ -26,7 +26,6 @@ from .prefix_cache import DiskTier
 from .output import OutputParser
 from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
 from .runners.base import Span
-from .runners.llamacpp import LlamaCppRunner
 from .scheduler import Scheduler
 from .types import Constraint, Error, Event, Request, Tokenized
 
@@ -43,6 +42,8 @@ def apply_plan(cfg: EngineConfig, model_path: Path) -> tuple[EngineConfig, plan_
     path, explicit = cfg.resolved_plan()
     if path is None:
         return cfg, plan_mod.Resolved("off")
+    if cfg.engine != "llamacpp":  # the plan holds llama.cpp settings only, for now
+        return cfg, plan_mod.Resolved("off", reason=f"the plan has no entries for --engine {cfg.engine}")
     fingerprint = plan_mod.current_fingerprint(plan_mod.llama_cpp_build())
     depth = (cfg.n_ctx or 8192) // 2
     choice, resolved = plan_mod.resolve(path, explicit, fingerprint, file_fingerprint(model_path), depth)
@@ -55,12 +56,26 @@ def apply_plan(cfg: EngineConfig, model_path: Path) -> tuple[EngineConfig, plan_
     return dataclasses.replace(cfg, **wanted), resolved
 
 
+def make_runner(cfg: EngineConfig, model_path: Path, alias: str):
+    """The runner `--engine` names; each imports its backend only when chosen."""
+    if cfg.engine == "torch":
+        try:
+            from .runners.torch.runner import TorchRunner
+        except ImportError as e:
+            raise ModelLoadError(f"--engine torch needs PyTorch, which is not installed ({e}); "
+                                 "install the torch extra: pip install 'appliance[torch]'") from None
+        return TorchRunner(cfg, model_path, alias)
+    from .runners.llamacpp import LlamaCppRunner
+
+    return LlamaCppRunner(cfg, model_path, alias)
+
+
 class EngineLoop:
     def __init__(self, cfg: EngineConfig) -> None:
         ref = resolve(cfg.model, cfg.model_alias)
         t0 = time.perf_counter()
         cfg, self.plan = apply_plan(cfg, ref.path)
-        self.runner = LlamaCppRunner(cfg, ref.path, ref.alias)
+        self.runner = make_runner(cfg, ref.path, ref.alias)
         # what the scheduler adds to the runner's settings: /health reports both, and a bench's raw
         # reference row prefills on the same chunk grid
         self.info = dataclasses.replace(self.runner.info, settings={
@@ -87,6 +102,9 @@ class EngineLoop:
         fingerprint = "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}",
                                 f"kv={self.info.settings.get('kv_type')}",
                                 f"llama_cpp_python={self.info.settings.get('llama_cpp_python')}",
+                                # the torch runner's states: another layout, dtype and kernels
+                                *(f"{k}={self.info.settings[k]}" for k in
+                                  ("torch", "dtype", "device", "int4") if k in self.info.settings),
                                 # batch shapes and kernels change the computed KV: a state saved
                                 # under other settings would not restore exactly
                                 *(f"{k}={self.info.settings.get(k)}" for k in

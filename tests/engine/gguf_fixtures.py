@@ -1,16 +1,21 @@
-"""GGUF files generated at test time: a tiny random-weight llama that llama.cpp loads, and
+"""GGUF files generated at test time: tiny random-weight models that llama.cpp loads, and
 files that it must refuse. Nothing here is ever written into the repository; callers pass a
 path under pytest's tmp_path.
 
-The tiny model borrows the embedded SmolLM2's tokenizer (gpt2 BPE, 49152 tokens, ChatML
-specials), so text round-trips and the chat template's special tokens exist. Its weights are
-random: its output is gibberish, which is all the serving path needs to be exercised.
+The tiny models borrow the embedded SmolLM2's tokenizer (gpt2 BPE, 49152 tokens, ChatML
+specials), so text round-trips and the chat template's special tokens exist. Their weights are
+random. `write_tiny_llama` is the serving-path fixture (near-uniform gibberish);
+`write_tiny(path, arch)` writes llama, qwen2, qwen3, qwen3moe or mixtral with weights scaled
+so that llama.cpp's logits are a reference another engine can be compared against.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import gguf
 import numpy as np
@@ -19,6 +24,29 @@ from appliance.models import embedded_model_path
 
 ARCH = "llama"
 GGUF_MAGIC = b"GGUF"
+
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "mixtral")
+_FILE_ARCH = {"mixtral": "llama"}          # llama.cpp runs Mixtral as llama with experts
+_QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
+_MOE_ARCHS = frozenset({"qwen3moe", "mixtral"})
+
+# Weight scales of write_tiny. With N(0, 0.02) weights every block adds almost nothing to the
+# embedding and the logits are nearly flat (top-1 decided by noise), so an engine compared
+# against llama.cpp would agree by chance and a wrong RoPE or a skipped norm would go unseen.
+# - layer matrices: std WEIGHT_GAIN / sqrt(n_embd), so each projection of an RMS-normed input
+#   has O(1) entries: attention scores spread by about 1 (RoPE and q/k norms change the
+#   pattern), and every block changes the residual as much as the embedding (EMBD_STD 1).
+# - output.weight: std LOGIT_STD / sqrt(n_embd), so (after output_norm) the logits have std
+#   about 6 over the 49152 tokens: at the defaults the top-1 minus top-2 gap has median
+#   0.8-1.2 and the top probability median about 0.4, per arch (test_gguf_fixtures checks).
+# - norm weights 1 + N(0, NORM_STD), so an engine that ignores one is seen to disagree.
+# - qwen2's q/k/v biases N(0, _BIAS_STD): as large as the projections they shift, as in real
+#   Qwen2 checkpoints, so an engine that drops them disagrees on most tokens.
+WEIGHT_GAIN = 1.0
+LOGIT_STD = 6.0
+EMBD_STD = 1.0
+NORM_STD = 0.1
+_BIAS_STD = 0.5
 
 _TOKENIZER_CACHE: list[tuple[str, object, gguf.GGUFValueType, gguf.GGUFValueType | None]] | None = None
 
@@ -54,60 +82,192 @@ def embedded_vocab_size() -> int:
     raise AssertionError("the embedded GGUF has no tokenizer.ggml.tokens")
 
 
-def write_tiny_llama(path: os.PathLike[str] | str, *, chat_template: str | None = None,
-                     n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
-                     n_ff: int = 128, n_ctx: int = 512, seed: int = 0) -> Path:
-    """Write a random-weight llama-arch GGUF (F32) with SmolLM2's tokenizer; returns the path."""
-    assert n_embd % n_head == 0 and n_head % n_head_kv == 0
-    path = Path(path)
-    head_dim = n_embd // n_head
-    n_vocab = embedded_vocab_size()
-    rng = np.random.default_rng(seed)
+@dataclass(frozen=True)
+class TinyDims:
+    """The shapes of one tiny model (head_dim resolved, vocab from the borrowed tokenizer)."""
 
-    def rand(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int            # dense FFN width; for the MoE archs, each expert's width
+    n_ctx: int
+    n_expert: int        # 0 for the dense archs
+    n_expert_used: int
+    head_dim: int
+    n_vocab: int
 
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
+    @property
+    def file_arch(self) -> str:
+        return _FILE_ARCH.get(self.arch, self.arch)
 
-    w = gguf.GGUFWriter(str(path), ARCH)
-    w.add_name("tiny-random-llama")
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_layer_norm_rms_eps(1e-5)
+
+def tiny_dims(arch: str, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+              n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 512, n_expert: int = 4,
+              n_expert_used: int = 2, head_dim: int | None = None) -> TinyDims:
+    """Check the arguments of `write_tiny` and resolve head_dim (qwen3's default is twice
+    n_embd / n_head, so the key_length path, where n_head * head_dim != n_embd, is exercised)."""
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny arch {arch!r}; one of {TINY_ARCHS}")
+    if n_head % n_head_kv:
+        raise ValueError("n_head must be a multiple of n_head_kv")
+    if head_dim is None:
+        head_dim = 2 * n_embd // n_head if arch in _QK_NORM_ARCHS else n_embd // n_head
+    # qwen2 sizes attn_output as {n_embd, n_embd}: it cannot have any other head_dim
+    if arch == "qwen2" and head_dim * n_head != n_embd:
+        raise ValueError("qwen2 needs head_dim == n_embd / n_head")
+    if head_dim % 2:
+        raise ValueError("RoPE needs an even head_dim")
+    moe = arch in _MOE_ARCHS
+    if moe and not 0 < n_expert_used <= n_expert:
+        raise ValueError("need 0 < n_expert_used <= n_expert")
+    return TinyDims(arch, n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx,
+                    n_expert if moe else 0, n_expert_used if moe else 0, head_dim,
+                    embedded_vocab_size())
+
+
+class _Init:
+    """Random tensors, drawn from one generator in the order they are asked for."""
+
+    def __init__(self, seed: int, weight_std: float, norm_std: float) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.weight_std, self.norm_std = weight_std, norm_std
+
+    def rand(self, *shape: int, std: float | None = None) -> np.ndarray:
+        std = self.weight_std if std is None else std
+        return (self.rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(self, n: int) -> np.ndarray:
+        # noise, so an engine that skips a norm's weight (or applies the wrong one) disagrees;
+        # no draw at all when norm_std is 0, which keeps write_tiny_llama's stream unchanged
+        if self.norm_std == 0:
+            return np.ones(n, dtype=np.float32)
+        return 1.0 + self.rand(n, std=self.norm_std)
+
+
+def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str,
+                   chat_template: str | None) -> None:
+    w.add_name(name)
+    w.add_context_length(d.n_ctx)
+    w.add_embedding_length(d.n_embd)
+    w.add_block_count(d.n_layer)
+    # qwen3moe reads each expert's width from expert_feed_forward_length. Its
+    # feed_forward_length is then unused by llama.cpp: write n_ff * n_expert_used, as in
+    # Qwen3-30B-A3B (6144 = 768 x 8), which is also what llama.cpp's fallback for a missing
+    # expert key (feed_forward_length / expert_used_count) turns back into n_ff, and which an
+    # engine that sizes experts from the wrong key trips over. Mixtral (arch llama) has no
+    # expert key: its experts are feed_forward_length wide.
+    w.add_feed_forward_length(d.n_ff * d.n_expert_used if d.arch == "qwen3moe" else d.n_ff)
+    w.add_head_count(d.n_head)
+    w.add_head_count_kv(d.n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5 if d.arch in ("llama", "mixtral") else 1e-6)
     w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
-    w.add_vocab_size(n_vocab)
+    w.add_rope_dimension_count(d.head_dim)
+    # without key_length llama.cpp takes head_dim = n_embd / n_head
+    if d.arch in _QK_NORM_ARCHS or d.head_dim * d.n_head != d.n_embd:
+        w.add_key_length(d.head_dim)
+        w.add_value_length(d.head_dim)
+    if d.n_expert:
+        w.add_expert_count(d.n_expert)
+        w.add_expert_used_count(d.n_expert_used)
+        if d.arch == "qwen3moe":
+            w.add_expert_feed_forward_length(d.n_ff)
+    w.add_vocab_size(d.n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for name, value, vtype, sub in tokenizer_fields():
-        w.add_key_value(name, value, vtype, sub)
+    for key, value, vtype, sub in tokenizer_fields():
+        w.add_key_value(key, value, vtype, sub)
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    # numpy shapes are PyTorch's (rows = output features); GGUF stores them reversed
-    w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
-    w.add_tensor("output_norm.weight", ones(n_embd))
-    w.add_tensor("output.weight", rand(n_vocab, n_embd))
-    for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", ones(n_embd))
-        w.add_tensor(f"blk.{i}.attn_q.weight", rand(n_head * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_k.weight", rand(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_v.weight", rand(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_output.weight", rand(n_embd, n_head * head_dim))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones(n_embd))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
 
+def _attn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.ndarray]]:
+    p, q_dim, kv_dim = f"blk.{i}.", d.n_head * d.head_dim, d.n_head_kv * d.head_dim
+    yield p + "attn_norm.weight", init.norm(d.n_embd)
+    for t, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+        yield p + f"attn_{t}.weight", init.rand(rows, d.n_embd)
+        if d.arch == "qwen2":  # optional in llama.cpp, but every Qwen2 checkpoint has them
+            yield p + f"attn_{t}.bias", init.rand(rows, std=_BIAS_STD)
+    yield p + "attn_output.weight", init.rand(d.n_embd, q_dim)
+    if d.arch in _QK_NORM_ARCHS:  # RMSNorm over each head's head_dim, before RoPE
+        yield p + "attn_q_norm.weight", init.norm(d.head_dim)
+        yield p + "attn_k_norm.weight", init.norm(d.head_dim)
+
+
+def _ffn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.ndarray]]:
+    p = f"blk.{i}."
+    yield p + "ffn_norm.weight", init.norm(d.n_embd)
+    if not d.n_expert:
+        yield p + "ffn_gate.weight", init.rand(d.n_ff, d.n_embd)
+        yield p + "ffn_up.weight", init.rand(d.n_ff, d.n_embd)
+        yield p + "ffn_down.weight", init.rand(d.n_embd, d.n_ff)
+        return
+    # numpy (PyTorch) order; GGUF reverses it to ggml's {n_embd, n_ff, n_expert} etc.
+    yield p + "ffn_gate_inp.weight", init.rand(d.n_expert, d.n_embd)
+    yield p + "ffn_gate_exps.weight", init.rand(d.n_expert, d.n_ff, d.n_embd)
+    yield p + "ffn_up_exps.weight", init.rand(d.n_expert, d.n_ff, d.n_embd)
+    yield p + "ffn_down_exps.weight", init.rand(d.n_expert, d.n_embd, d.n_ff)
+
+
+def tiny_tensors(d: TinyDims, *, seed: int = 0, weight_std: float | None = None,
+                 embd_std: float = EMBD_STD, out_std: float | None = None,
+                 norm_std: float = NORM_STD) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of the model `write_tiny` writes, as (GGUF name, F32 array in numpy /
+    PyTorch order: rows are output features; GGUF stores the shape reversed). weight_std
+    (every layer matrix) defaults to WEIGHT_GAIN / sqrt(n_embd), out_std (output.weight) to
+    LOGIT_STD / sqrt(n_embd): see the comment at the top for why."""
+    if weight_std is None:
+        weight_std = WEIGHT_GAIN / math.sqrt(d.n_embd)
+    if out_std is None:
+        out_std = LOGIT_STD / math.sqrt(d.n_embd)
+    init = _Init(seed, weight_std, norm_std)
+    yield "token_embd.weight", init.rand(d.n_vocab, d.n_embd, std=embd_std)
+    yield "output_norm.weight", init.norm(d.n_embd)
+    # always untied, at its own scale: llama.cpp would fall back to token_embd, but then an
+    # engine that reads the embedding where it should read the head would still agree
+    yield "output.weight", init.rand(d.n_vocab, d.n_embd, std=out_std)
+    for i in range(d.n_layer):
+        yield from _attn_tensors(d, init, i)
+        yield from _ffn_tensors(d, init, i)
+
+
+def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_embd: int = 64,
+               n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 512,
+               n_expert: int = 4, n_expert_used: int = 2, head_dim: int | None = None,
+               seed: int = 0, weight_std: float | None = None, embd_std: float = EMBD_STD,
+               out_std: float | None = None, norm_std: float = NORM_STD,
+               chat_template: str | None = None, name: str | None = None) -> Path:
+    """Write a random-weight F32 GGUF of `arch` (one of TINY_ARCHS) with SmolLM2's tokenizer
+    that llama.cpp loads; returns the path. The weights are `tiny_tensors` (same arguments).
+    "mixtral" is written as general.architecture "llama" with experts."""
+    d = tiny_dims(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                  n_ff=n_ff, n_ctx=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
+                  head_dim=head_dim)
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), d.file_arch)
+    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template)
+    for tname, data in tiny_tensors(d, seed=seed, weight_std=weight_std, embd_std=embd_std,
+                                    out_std=out_std, norm_std=norm_std):
+        w.add_tensor(tname, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_tiny_llama(path: os.PathLike[str] | str, *, chat_template: str | None = None,
+                     n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                     n_ff: int = 128, n_ctx: int = 512, seed: int = 0) -> Path:
+    """Write a random-weight llama-arch GGUF (F32) with SmolLM2's tokenizer; returns the path.
+
+    The serving-path fixture: every weight N(0, 0.02) and norms exactly one, so the file is the
+    same, byte for byte, as before `write_tiny` existed (near-uniform gibberish that other tests
+    have been tuned against). Use `write_tiny` for a model whose logits mean something."""
+    return write_tiny(path, "llama", n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                      n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, seed=seed, weight_std=0.02,
+                      embd_std=0.02, out_std=0.02, norm_std=0.0, chat_template=chat_template,
+                      name="tiny-random-llama")
 
 
 def write_garbage(path: os.PathLike[str] | str, kind: str = "truncated", seed: int = 0) -> Path:

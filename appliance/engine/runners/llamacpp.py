@@ -14,7 +14,6 @@ request's tokens are computed in the same shapes whatever else is running.
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -26,37 +25,14 @@ from ...config import EngineConfig
 from ...errors import EngineFailure, ModelLoadError
 from ...models import file_fingerprint
 from .base import RunnerInfo, Span
-
-log = logging.getLogger("appliance.llamacpp")
-
-# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
-_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+from .vocab import TextMethods, Vocab, load_model, meta
 
 
-@L.llama_log_callback
-def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    lvl = _LEVELS.get(level, logging.DEBUG)
-    if lvl >= logging.WARNING and log.isEnabledFor(lvl):
-        log.log(lvl, "%s", text.decode(errors="replace").rstrip())
-
-
-def _meta(model: L.llama_model_p, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(4096)
-    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-    return buf.value.decode(errors="replace") if n >= 0 else None
-
-
-class LlamaCppRunner:
+class LlamaCppRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
-        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
-        if not self.model:
-            raise ModelLoadError(f"{model_path}: llama.cpp could not load this file as a GGUF model")
-        self.vocab = L.llama_model_get_vocab(self.model)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.model = load_model(model_path)
+        self.text = Vocab(self.model)
+        self.n_vocab = self.text.n_vocab
         n_ctx_train = L.llama_model_n_ctx_train(self.model)
         n_ctx = cfg.n_ctx or n_ctx_train
         threads, threads_batch = cfg.resolved_threads()
@@ -79,18 +55,12 @@ class LlamaCppRunner:
         self.mem = L.llama_get_memory(self.ctx)
         self.n_batch = cfg.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
-        self._piece = ctypes.create_string_buffer(256)
         n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
         self.info = RunnerInfo(
             backend="llama.cpp", model_path=str(model_path), model_name=model_name,
-            arch=_meta(self.model, "general.architecture") or "unknown",
-            n_vocab=self.n_vocab, n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train,
-            n_slots=cfg.n_slots, eog_ids=self._eog_ids(),
-            bos_id=self._opt_token(L.llama_vocab_bos(self.vocab)),
-            add_bos=bool(L.llama_vocab_get_add_bos(self.vocab)),
-            chat_template=self._chat_template(),
-            bos_text=self._text(L.llama_vocab_bos(self.vocab)),
-            eos_text=self._text(L.llama_vocab_eos(self.vocab)),
+            arch=meta(self.model, "general.architecture") or "unknown",
+            n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
+            **self.text.facts(),
             kv_bytes=self._kv_bytes(n_ctx_seq * cfg.n_slots),
             settings={"n_threads": threads, "n_threads_batch": threads_batch,
                       "n_batch": cfg.n_batch, "n_ubatch": cp.n_ubatch,
@@ -100,56 +70,16 @@ class LlamaCppRunner:
         )
 
     # -- model facts ---------------------------------------------------------------------
-    def _opt_token(self, tok: int) -> int | None:
-        return tok if 0 <= tok < self.n_vocab else None
-
-    def _text(self, tok: int) -> str:
-        return self.detokenize([tok]).decode(errors="replace") if self._opt_token(tok) is not None else ""
-
-    def _eog_ids(self) -> frozenset[int]:
-        return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
-
-    def _chat_template(self) -> str | None:
-        raw = L.llama_model_chat_template(self.model, None)
-        return raw.decode(errors="replace") if raw else None
-
     def _kv_bytes(self, positions: int) -> int:
-        """f16 K and V for every layer and position: what llama.cpp allocates for the pool."""
+        """f16 K and V for every layer and position: what llama.cpp allocates for the pool (a head
+        may be wider than n_embd / n_head: qwen3 says so in attention.key_length)."""
         n_layer = L.llama_model_n_layer(self.model)
         n_head = L.llama_model_n_head(self.model)
         n_head_kv = L.llama_model_n_head_kv(self.model)
-        head_dim = L.llama_model_n_embd(self.model) // n_head
-        return positions * n_layer * 2 * n_head_kv * head_dim * 2
-
-    # -- text ----------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
-        data = text.encode()
-        cap = len(data) + 16
-        buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
-
-    def detokenize(self, ids: Sequence[int]) -> bytes:
-        out = bytearray()
-        for tok in ids:
-            n = L.llama_token_to_piece(self.vocab, tok, self._piece, len(self._piece), 0, True)
-            if n < 0:
-                big = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, tok, big, -n, 0, True)
-                out += big.raw[:n]
-            else:
-                out += self._piece.raw[:n]
-        return bytes(out)
-
-    def guidance_tokenizer(self):
-        """llguidance's view of this vocabulary, for structured output (built on first use)."""
-        import llguidance.llamacpp
-
-        return llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, eos_token=sorted(self.info.eog_ids))
+        arch = meta(self.model, "general.architecture")
+        k_dim = int(meta(self.model, f"{arch}.attention.key_length") or L.llama_model_n_embd(self.model) // n_head)
+        v_dim = int(meta(self.model, f"{arch}.attention.value_length") or k_dim)
+        return positions * n_layer * n_head_kv * (k_dim + v_dim) * 2
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:

@@ -1,0 +1,309 @@
+"""The transformer, in one file: llama (SmolLM2, Llama 3, Mixtral), qwen2, qwen3, qwen3moe.
+
+Read top to bottom: the config from GGUF metadata and the registry of architectures, then
+RMSNorm, RoPE (both kinds), attention over the slot's KV, the SwiGLU MLP, the MoE block,
+and the model.
+
+Numerics follow llama.cpp's so the two agree: the residual stream, norms, RoPE and softmax
+run in float32, and only the matmul operands are in the compute dtype (llama.cpp also keeps
+activations in float32 and its weights quantized). What differs per architecture is listed
+in `ARCHS`.
+
+Shape legend: N tokens in the call, D model width, H query heads, G KV heads, E head dim,
+X experts, F MLP width, V vocabulary, L positions of a slot's KV in use.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ....errors import ModelLoadError
+from . import qlinear
+from .kv import KVPool
+from .weights import GGUFWeights
+
+
+DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) attend row-wise
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    rope: str               # "norm": rotate adjacent pairs; "neox": pairs half a head apart
+    qk_norm: bool = False   # RMSNorm over each head's Q and K before RoPE (qwen3, qwen3moe)
+    norm_topk: bool = True  # renormalise the top-k router weights to sum to one
+
+
+# keyed by general.architecture; Mixtral is "llama" with experts
+ARCHS = {
+    "llama": ArchSpec(rope="norm"),
+    "qwen2": ArchSpec(rope="neox"),
+    "qwen3": ArchSpec(rope="neox", qk_norm=True),
+    "qwen3moe": ArchSpec(rope="neox", qk_norm=True),
+}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    spec: ArchSpec
+    n_layer: int
+    dim: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    ff: int
+    eps: float
+    rope_base: float
+    rope_dim: int
+    rope_scale: float       # positions are multiplied by this (linear scaling: 1 / factor)
+    n_ctx_train: int
+    n_vocab: int
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_ff: int = 0
+
+    @classmethod
+    def from_gguf(cls, w: GGUFWeights) -> "ModelArgs":
+        arch = str(w.meta("general.architecture"))
+        if arch not in ARCHS:
+            raise ModelLoadError(f"{w.path}: architecture {arch!r} is not supported by the torch "
+                                 f"runner (supported: {', '.join(sorted(ARCHS))})")
+
+        def m(key: str, default=None):
+            return w.meta(f"{arch}.{key}", default) if default is not None else w.meta(f"{arch}.{key}")
+
+        dim, n_head = int(m("embedding_length")), int(m("attention.head_count"))
+        n_head_kv = m("attention.head_count_kv", n_head)
+        if isinstance(n_head_kv, list):
+            raise ModelLoadError(f"{w.path}: per-layer KV head counts are not supported")
+        head_dim = int(m("attention.key_length", dim // n_head))
+        if int(m("attention.value_length", head_dim)) != head_dim:
+            raise ModelLoadError(f"{w.path}: key and value head sizes differ, which is not supported")
+        scaling = str(m("rope.scaling.type", "none"))
+        if scaling not in ("none", "linear"):
+            raise ModelLoadError(f"{w.path}: RoPE scaling {scaling!r} is not supported")
+        factor = float(m("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        n_expert = int(m("expert_count", 0))
+        ff = int(m("feed_forward_length", 0))
+        return cls(
+            arch=arch, spec=ARCHS[arch], n_layer=int(m("block_count")), dim=dim, n_head=n_head,
+            n_head_kv=int(n_head_kv), head_dim=head_dim, ff=ff,
+            eps=float(m("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(m("rope.freq_base", 10000.0)),
+            rope_dim=int(m("rope.dimension_count", head_dim)), rope_scale=1.0 / (factor or 1.0),
+            n_ctx_train=int(m("context_length", 2048)), n_vocab=int(w.blocks("token_embd.weight").shape[0]),
+            n_expert=n_expert, n_expert_used=int(m("expert_used_count", 0)),
+            expert_ff=int(m("expert_feed_forward_length", ff)) if n_expert else 0)
+
+
+# -- building blocks -------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [..., C] float32; weight: [C] float32
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+class Linear:
+    """y = x W^T (+ b): operands in the compute dtype, result in float32."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias   # weight: [out, in]; bias: [out] float32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(self.weight.dtype), self.weight).float()
+        return y + self.bias if self.bias is not None else y
+
+
+class Rope:
+    def __init__(self, args: ModelArgs, freq_factors: torch.Tensor | None, device) -> None:
+        self.kind, self.dim = args.spec.rope, args.rope_dim
+        i = torch.arange(0, self.dim, 2, dtype=torch.float64, device=device)
+        inv = args.rope_scale * args.rope_base ** (-i / self.dim)          # [E/2]
+        if freq_factors is not None:                                     # Llama 3's rope_freqs
+            inv = inv / freq_factors.to(torch.float64)
+        self.inv_freq = inv
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]   # [N, E/2]
+        return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [N, heads, E] float32; cos, sin: [N, 1, E/2]
+        rot, rest = x[..., :self.dim], x[..., self.dim:]
+        if self.kind == "norm":
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        else:
+            a, b = rot[..., :self.dim // 2], rot[..., self.dim // 2:]
+            out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One span's rows in the call: rows [row, row + n) are positions [start, start + n) of slot."""
+
+    slot: int
+    row: int
+    n: int
+    start: int
+
+
+class Attention:
+    def __init__(self, args: ModelArgs, layer: int, wq: Linear, wk: Linear, wv: Linear, wo: Linear,
+                 q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> None:
+        self.args, self.layer = args, layer
+        self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+    def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, cos, sin,
+                 kv: KVPool) -> torch.Tensor:
+        a = self.args
+        q = self.wq(x).view(-1, a.n_head, a.head_dim)                 # [N, H, E]
+        k = self.wk(x).view(-1, a.n_head_kv, a.head_dim)              # [N, G, E]
+        v = self.wv(x).view(-1, a.n_head_kv, a.head_dim)              # [N, G, E]
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, a.eps), rms_norm(k, self.k_norm, a.eps)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        out = torch.empty(x.shape[0], a.n_head * a.head_dim, dtype=torch.float32, device=x.device)
+        for s in segs:
+            rows = slice(s.row, s.row + s.n)
+            keys, values = kv.write(self.layer, s.slot, s.start, k[rows], v[rows])   # [G, L, E]
+            out[rows] = self._attend(q[rows], keys, values, s.start)
+        return self.wo(out)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        # q: [T, H, E]; keys, values: [G, L, E] in the KV dtype
+        t, length = q.shape[0], keys.shape[1]
+        if t <= DECODE_ROWS:
+            return self._attend_rows(q, keys, values, start)
+        mask = (torch.arange(length, device=q.device)[None, :]               # causal, queries at
+                <= torch.arange(start, start + t, device=q.device)[:, None])  # start .. start+t-1
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None].to(keys.dtype), keys[None], values[None], attn_mask=mask,
+            scale=1.0 / math.sqrt(self.args.head_dim), enable_gqa=self.args.n_head != self.args.n_head_kv)
+        return o[0].transpose(0, 1).reshape(t, -1).float()               # [T, H*E]
+
+    def _attend_rows(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Decode and short verify spans: two batched matmuls over the KV heads. On CPU this is
+        several times faster than SDPA for a handful of query rows (SDPA's kernel is built
+        for long query blocks)."""
+        a, t, length = self.args, q.shape[0], keys.shape[1]
+        per = a.n_head // a.n_head_kv
+        # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
+        qg = q.view(t, a.n_head_kv, per, a.head_dim).permute(1, 2, 0, 3).reshape(a.n_head_kv, per * t, a.head_dim)
+        scores = torch.bmm(qg.to(keys.dtype), keys.transpose(1, 2)).float() / math.sqrt(a.head_dim)
+        if t > 1:  # [G, per, T, L]: token i of the span sees positions <= start + i
+            hidden = (torch.arange(length, device=q.device)[None, :]
+                      > torch.arange(start, start + t, device=q.device)[:, None])
+            scores = scores.view(a.n_head_kv, per, t, length).masked_fill(hidden, float("-inf"))
+            scores = scores.view(a.n_head_kv, per * t, length)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)                 # [G, per*T, L]
+        o = torch.bmm(probs, values).float()                                    # [G, per*T, E]
+        return o.view(a.n_head_kv, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
+
+class MLP:
+    def __init__(self, gate: Linear, up: Linear, down: Linear) -> None:
+        self.gate, self.up, self.down = gate, up, down
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class MoE:
+    """Top-k routing over X experts (softmax router, as llama.cpp's build_moe_ffn)."""
+
+    def __init__(self, args: ModelArgs, router: Linear, gate: torch.Tensor, up: torch.Tensor,
+                 down: torch.Tensor) -> None:
+        self.args, self.router = args, router
+        self.gate, self.up, self.down = gate, up, down    # [X, F, D], [X, F, D], [X, D, F]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.router(x), dim=-1)                      # [N, X]
+        weights, chosen = torch.topk(probs, self.args.n_expert_used, dim=-1)   # [N, k]
+        if self.args.spec.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in chosen.unique().tolist():
+            rows, which = (chosen == e).nonzero(as_tuple=True)
+            h = x[rows].to(self.gate.dtype)
+            y = F.linear(F.silu(F.linear(h, self.gate[e])) * F.linear(h, self.up[e]), self.down[e])
+            out.index_add_(0, rows, y.float() * weights[rows, which, None])
+        return out
+
+
+class Block:
+    def __init__(self, args: ModelArgs, attn: Attention, ffn: MLP | MoE, attn_norm: torch.Tensor,
+                 ffn_norm: torch.Tensor) -> None:
+        self.args, self.attn, self.ffn = args, attn, ffn
+        self.attn_norm, self.ffn_norm = attn_norm, ffn_norm
+
+    def __call__(self, x, segs, rope, cos, sin, kv) -> torch.Tensor:
+        h = x + self.attn(rms_norm(x, self.attn_norm, self.args.eps), segs, rope, cos, sin, kv)
+        return h + self.ffn(rms_norm(h, self.ffn_norm, self.args.eps))
+
+
+class Transformer:
+    def __init__(self, args: ModelArgs, embed: torch.Tensor, blocks: list[Block], norm: torch.Tensor,
+                 output: Linear, rope: Rope) -> None:
+        self.args, self.embed, self.blocks = args, embed, blocks
+        self.norm, self.output, self.rope = norm, output, rope
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segs: Sequence[Segment],
+                logit_rows: torch.Tensor, kv: KVPool) -> torch.Tensor:
+        """tokens, positions: [N]; logit_rows: the rows whose logits are wanted -> [R, V] float32."""
+        x = self.embed[tokens].float()                                      # [N, D]
+        cos, sin = self.rope.tables(positions)
+        for block in self.blocks:
+            x = block(x, segs, self.rope, cos, sin, kv)
+        x = rms_norm(x[logit_rows], self.norm, self.args.eps)               # [R, D]
+        return self.output(x)                                               # [R, V]
+
+
+# -- loading ---------------------------------------------------------------------------------
+def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool = False) -> Transformer:
+    """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32).
+    With `int4`, the Q4_0 / Q4_1 matrices of the layers stay 4-bit (`qlinear.Int4Linear`)."""
+    def mat(name: str, *shape: int) -> torch.Tensor:
+        return w.load(name, shape, dtype, device)
+
+    def vec(name: str, n: int) -> torch.Tensor:
+        return w.load(name, (n,), torch.float32, device)
+
+    def lin(name: str, n_out: int, n_in: int) -> Linear | qlinear.Int4Linear:
+        bias = vec(f"{name}.bias", n_out) if w.has(f"{name}.bias") else None
+        blocks = w.blocks(f"{name}.weight")
+        if int4 and blocks.qtype in qlinear.SUPPORTED and blocks.shape == (n_out, n_in):
+            return qlinear.Int4Linear(blocks, dtype, bias)
+        return Linear(mat(f"{name}.weight", n_out, n_in), bias)
+
+    a = args
+    q_dim, kv_dim = a.n_head * a.head_dim, a.n_head_kv * a.head_dim
+    blocks = []
+    for i in range(a.n_layer):
+        p = f"blk.{i}"
+        norms = ((vec(f"{p}.attn_q_norm.weight", a.head_dim), vec(f"{p}.attn_k_norm.weight", a.head_dim))
+                 if a.spec.qk_norm else (None, None))
+        attn = Attention(a, i, lin(f"{p}.attn_q", q_dim, a.dim), lin(f"{p}.attn_k", kv_dim, a.dim),
+                         lin(f"{p}.attn_v", kv_dim, a.dim), lin(f"{p}.attn_output", a.dim, q_dim), *norms)
+        if a.n_expert:
+            x, f = a.n_expert, a.expert_ff
+            # the router in float32: a near-tie between two experts must not flip on rounding
+            router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, a.dim), torch.float32, device))
+            ffn: MLP | MoE = MoE(a, router,
+                                 mat(f"{p}.ffn_gate_exps.weight", x, f, a.dim),
+                                 mat(f"{p}.ffn_up_exps.weight", x, f, a.dim),
+                                 mat(f"{p}.ffn_down_exps.weight", x, a.dim, f))
+        else:
+            ffn = MLP(lin(f"{p}.ffn_gate", a.ff, a.dim), lin(f"{p}.ffn_up", a.ff, a.dim),
+                      lin(f"{p}.ffn_down", a.dim, a.ff))
+        blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim), vec(f"{p}.ffn_norm.weight", a.dim)))
+    embed = mat("token_embd.weight", a.n_vocab, a.dim)
+    # the output matrix stays in `dtype`: it is tied to the embedding in most small models
+    output = Linear(mat("output.weight", a.n_vocab, a.dim)) if w.has("output.weight") else Linear(embed)
+    factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
+    return Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))

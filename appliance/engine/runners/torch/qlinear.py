@@ -1,0 +1,63 @@
+"""4-bit GGUF weights kept 4-bit on the CPU: Q4_0 and Q4_1 matrices multiplied by torch's
+int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`), so a decode step reads a quarter of
+the bytes a bfloat16 copy would.
+
+Format mapping. A GGUF block is 32 consecutive weights of one row (along the input
+dimension), 18 bytes for Q4_0 (f16 d, 16 bytes of nibbles) and 20 for Q4_1 (f16 d, f16 m,
+nibbles); byte j holds element j in its low nibble and element j + 16 in its high nibble.
+  Q4_0: w = d * (q - 8)          Q4_1: w = d * q + m
+torch's kernel computes w = (q - 8) * scale + zero per group of `group` input elements, with
+`scales_and_zeros` [K / group, N, 2]. So scale = d, and zero = 0 (Q4_0) or m + 8 d (Q4_1):
+the same 4-bit codes, with the block's scale and offset rounded to the activation dtype
+(bfloat16), which is the only change from the file.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import gguf
+
+from .weights import QuantBlocks
+
+GROUP = 32
+SUPPORTED = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+_BLOCK_BYTES = {gguf.GGMLQuantizationType.Q4_0: 18, gguf.GGMLQuantizationType.Q4_1: 20}
+
+
+def available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def unpack(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """codes [N, K] uint8 in 0..15, scale [N, K/32] float32, zero [N, K/32] float32, such that
+    w = (codes - 8) * scale + zero equals gguf's dequantization of the same blocks."""
+    n, k = b.shape
+    raw = np.ascontiguousarray(b.data).reshape(n, k // GROUP, _BLOCK_BYTES[b.qtype])
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # [N, K/32]
+    if b.qtype == gguf.GGMLQuantizationType.Q4_1:
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zero, nib = m + 8 * d, raw[..., 4:]
+    else:
+        zero, nib = np.zeros_like(d), raw[..., 2:]
+    codes = np.concatenate((nib & 0x0F, nib >> 4), axis=-1).reshape(n, k)          # [N, K]
+    return codes, d, zero
+
+
+class Int4Linear:
+    """y = x W^T with W in torch's packed int4 layout; x and y as in `model.Linear`."""
+
+    def __init__(self, b: QuantBlocks, dtype: torch.dtype, bias: torch.Tensor | None = None) -> None:
+        codes, scale, zero = unpack(b)
+        n, k = b.shape
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            torch.from_numpy(codes.astype(np.int32)), 2)
+        sz = np.stack((scale, zero), axis=-1).transpose(1, 0, 2)                   # [K/32, N, 2]
+        self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(dtype)
+        self.dtype, self.bias, self.shape = dtype, bias, (n, k)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(self.dtype).reshape(-1, self.shape[1]), self.packed, GROUP, self.scales_zeros)
+        y = y.float().view(*x.shape[:-1], self.shape[0])
+        return y + self.bias if self.bias is not None else y

@@ -1,0 +1,127 @@
+"""A GGUF's vocabulary through llama.cpp: tokenize, detokenize, special tokens, chat template.
+
+Both runners use it, so the same text becomes the same token ids whatever computes the
+logits: the llama.cpp runner over its loaded model, the torch runner over a vocab-only load
+of the same file (no weights are read).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as L
+
+from ...errors import ModelLoadError
+
+log = logging.getLogger("appliance.llamacpp")
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    lvl = _LEVELS.get(level, logging.DEBUG)
+    if lvl >= logging.WARNING and log.isEnabledFor(lvl):
+        log.log(lvl, "%s", text.decode(errors="replace").rstrip())
+
+
+def init_backend() -> None:
+    L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    L.llama_backend_init()
+
+
+def load_model(path: Path, vocab_only: bool = False) -> L.llama_model_p:
+    init_backend()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.vocab_only = vocab_only
+    model = L.llama_model_load_from_file(str(path).encode(), mp)
+    if not model:
+        raise ModelLoadError(f"{path}: llama.cpp could not load this file as a GGUF model")
+    return model
+
+
+def meta(model: L.llama_model_p, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(4096)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else None
+
+
+class Vocab:
+    """The vocabulary of a loaded llama.cpp model (which the caller owns and frees)."""
+
+    def __init__(self, model: L.llama_model_p) -> None:
+        self.model = model
+        self.vocab = L.llama_model_get_vocab(model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self._piece = ctypes.create_string_buffer(256)
+
+    # -- model facts ---------------------------------------------------------------------
+    def opt_token(self, tok: int) -> int | None:
+        return tok if 0 <= tok < self.n_vocab else None
+
+    def text_of(self, tok: int) -> str:
+        return self.detokenize([tok]).decode(errors="replace") if self.opt_token(tok) is not None else ""
+
+    def eog_ids(self) -> frozenset[int]:
+        return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
+
+    def chat_template(self) -> str | None:
+        raw = L.llama_model_chat_template(self.model, None)
+        return raw.decode(errors="replace") if raw else None
+
+    def facts(self) -> dict:
+        """The RunnerInfo fields that come from the vocabulary."""
+        bos, eos = L.llama_vocab_bos(self.vocab), L.llama_vocab_eos(self.vocab)
+        return {"n_vocab": self.n_vocab, "eog_ids": self.eog_ids(), "bos_id": self.opt_token(bos),
+                "add_bos": bool(L.llama_vocab_get_add_bos(self.vocab)),
+                "chat_template": self.chat_template(), "bos_text": self.text_of(bos),
+                "eos_text": self.text_of(eos)}
+
+    # -- text ----------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        out = bytearray()
+        for tok in ids:
+            n = L.llama_token_to_piece(self.vocab, tok, self._piece, len(self._piece), 0, True)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, tok, big, -n, 0, True)
+                out += big.raw[:n]
+            else:
+                out += self._piece.raw[:n]
+        return bytes(out)
+
+    def guidance_tokenizer(self):
+        """llguidance's view of this vocabulary, for structured output (built on first use)."""
+        import llguidance.llamacpp
+
+        return llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, eos_token=sorted(self.eog_ids()))
+
+
+class TextMethods:
+    """The protocol's text methods for a runner whose `text` is a `Vocab`."""
+
+    text: Vocab
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        return self.text.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        return self.text.detokenize(ids)
+
+    def guidance_tokenizer(self):
+        return self.text.guidance_tokenizer()
