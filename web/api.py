@@ -237,6 +237,7 @@ def health():
     if st.status == "ready" and not _state().draining and engine.info is not None:
         info = engine.info
         body.update(status="ok", model=info.model_name, model_fingerprint=info.fingerprint,
+                    backend=info.backend,
                     n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
                     settings=info.settings, engine=engine.stats, in_flight=engine.in_flight())
         return jsonify(body)

@@ -10,6 +10,7 @@ from appliance.engine.scheduler import Scheduler
 from appliance.engine.types import Delta, Done, Request, SamplingParams
 
 from .fake_runner import FakeRunner
+from .runner_kinds import KINDS, make_runner
 
 
 def test_block_chain_keys_depend_on_the_whole_prefix():
@@ -59,13 +60,12 @@ def test_scheduler_spills_a_needed_slot_and_restores_it():
     assert runner.kv[0][:14] == a + [50]
 
 
-@pytest.fixture(scope="module")
-def real():
-    from appliance.engine.runners.llamacpp import LlamaCppRunner
+@pytest.fixture(scope="module", params=KINDS)
+def real(request):
     from appliance.models import embedded_model_path
 
     cfg = EngineConfig(n_slots=1, n_ctx=1024, prefill_chunk=128)
-    runner = LlamaCppRunner(cfg, embedded_model_path(), "smol")
+    runner = make_runner(request.param, cfg, embedded_model_path(), "smol")
     yield runner, cfg
     runner.close()
 

@@ -1,5 +1,6 @@
 """End to end through HTTP with the official `openai` client, against `appliance serve` on the
-embedded SmolLM2-135M model: one server for the whole module."""
+embedded SmolLM2-135M model: one server per runner (llama.cpp, and torch where installed),
+each for the whole module."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -9,6 +10,7 @@ import openai
 import pytest
 import requests
 
+from ..engine.runner_kinds import KINDS
 from .conftest import running_server
 
 N_CTX = 1024
@@ -20,9 +22,10 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("srv"), "--n-ctx", str(N_CTX), "--n-slots", "4",
+@pytest.fixture(scope="module", params=KINDS)
+def server(tmp_path_factory, request):
+    with running_server(tmp_path_factory.mktemp("srv"), "--engine", request.param,
+                        "--n-ctx", str(N_CTX), "--n-slots", "4",
                         "--keepalive-s", "0.2", "--prefill-chunk", "128") as srv:
         yield srv
 
@@ -66,7 +69,7 @@ def test_health_reports_the_engine(server):
     h = server.health()
     assert h["status"] == "ok" and h["n_ctx"] == N_CTX and h["n_slots"] == 4
     assert h["kv_bytes"] > 0 and h["engine_pid"] > 0
-    assert h["settings"]["n_batch"] == 512
+    assert h["settings"]["n_batch"] == 512 and h["backend"] in ("llama.cpp", "torch")
     size, digest = h["model_fingerprint"].split(":")
     assert int(size) > 0 and len(digest) == 16
 

@@ -2,8 +2,10 @@
 restored and gives exactly the cold answer."""
 from __future__ import annotations
 
+import pytest
 import requests
 
+from ..engine.runner_kinds import KINDS
 from .conftest import running_server
 
 STORY = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 30
@@ -17,9 +19,10 @@ def ask(srv, messages, cache=True):
     return r.json()
 
 
-def test_restart_restores_from_disk_exactly(tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_restart_restores_from_disk_exactly(tmp_path, kind):
     cache_dir = str(tmp_path / "kv")
-    args = ("--n-ctx", "1024", "--n-slots", "1", "--prefill-chunk", "128", "--cache-dir", cache_dir)
+    args = ("--engine", kind, "--n-ctx", "1024", "--n-slots", "1", "--prefill-chunk", "128", "--cache-dir", cache_dir)
     first = [{"role": "user", "content": STORY}]
     with running_server(tmp_path, *args) as srv:
         ask(srv, first)

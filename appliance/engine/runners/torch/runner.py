@@ -81,7 +81,7 @@ class TorchRunner(TextMethods):
             backend="torch", model_path=str(model_path), model_name=model_name, arch=args.arch,
             n_ctx=n_ctx, n_ctx_train=args.n_ctx_train, n_slots=cfg.n_slots, **self.text.facts(),
             kv_bytes=self.kv.nbytes,
-            settings={"n_threads": threads, "dtype": str(self.dtype).removeprefix("torch."),
+            settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": str(self.dtype).removeprefix("torch."),
                       "device": str(self.device), "int4": self.int4, "kv_type": str(self.dtype).removeprefix("torch."),
                       "torch": torch.__version__},
             fingerprint=file_fingerprint(model_path))

@@ -1,0 +1,228 @@
+"""The torch runner against llama.cpp, an independent implementation of the same models:
+teacher-forced next-token distributions on every tiny architecture and on the embedded model,
+greedy generation, the 4-bit weight mapping against gguf's own dequantization, the KV state
+format, and the files it refuses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .runner_kinds import HAVE_TORCH
+
+pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed (the torch extra)")
+
+import gguf  # noqa: E402
+
+from appliance.config import EngineConfig  # noqa: E402
+from appliance.engine.runners.base import Span  # noqa: E402
+from appliance.errors import EngineFailure, ModelLoadError  # noqa: E402
+from appliance.models import embedded_model_path  # noqa: E402
+
+from .gguf_fixtures import TINY_ARCHS, write_garbage, write_tiny  # noqa: E402
+from .runner_kinds import make_runner  # noqa: E402
+
+TEXT = (Path(__file__).parents[2] / "appliance" / "bench" / "prompts" / "filler.txt").read_text()
+N_TOKENS, CHUNK = 300, 64
+
+
+def teacher_forced(r, ids, chunk: int = CHUNK) -> np.ndarray:
+    """Every position's next-token logits, the text fed in chunks: [len(ids), V]."""
+    r.truncate(0, 0)
+    rows = [r.forward([Span(0, tuple(ids[i:i + chunk]), i, len(ids[i:i + chunk]))])[0]
+            for i in range(0, len(ids), chunk)]
+    return np.concatenate(rows)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def agreement(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(share of positions with the same argmax, mean KL(ref || got))."""
+    lr, lg = log_softmax(ref), log_softmax(got)
+    kl = (np.exp(lr) * (lr - lg)).sum(-1)
+    return float((ref.argmax(-1) == got.argmax(-1)).mean()), float(kl.mean())
+
+
+def both(path: Path, **cfg):
+    config = EngineConfig(n_slots=1, n_ctx=512, **cfg)
+    return make_runner("llamacpp", config, path), make_runner("torch", config, path)
+
+
+# -- the five architectures, in float32 -------------------------------------------------------
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_each_architecture_agrees_with_llama_cpp(tmp_path, arch):
+    """float32 against llama.cpp's float32 matmuls (f16 KV): measured 100% of argmaxes and a
+    mean KL below 1e-6 for every arch. A wrong RoPE kind, a skipped q/k norm, a router not
+    renormalised or dropped qwen2 biases each fall to 5-76% (the fixtures' docstring)."""
+    ref_r, r = both(write_tiny(tmp_path / f"{arch}.gguf", arch), torch_dtype="float32")
+    try:
+        ids = ref_r.tokenize(TEXT, add_special=True)[:N_TOKENS]
+        assert r.tokenize(TEXT, add_special=True)[:N_TOKENS] == ids
+        assert r.info.arch == ref_r.info.arch and r.info.kv_bytes == 2 * ref_r.info.kv_bytes  # f32 KV
+        agree, kl = agreement(teacher_forced(ref_r, ids), teacher_forced(r, ids))
+        assert agree >= 0.97 and kl < 0.01, (agree, kl)
+    finally:
+        ref_r.close()
+        r.close()
+
+
+# -- the embedded model (Q4_1) ------------------------------------------------------------------
+# llama.cpp computes Q4_1 matmuls on activations it quantizes to 8 bits, and its KV in f16, so
+# two correct implementations part at near-ties, and over 30 layers a 135M model has many.
+# The yardstick is llama.cpp against itself with its other attention kernel (flash attention
+# on): measured here, it agrees with flash attention off on 95.7% of teacher-forced argmaxes
+# (KL 0.0035), and its 32-token greedy replies are identical on 0 of 6 prompts (common prefix
+# 5-30 tokens). The torch runner: 94.3% (bfloat16 and int4 weights; KL 0.0043) and 96.0%
+# (float32; KL 0.0034), identical greedy replies on 2 and 3 of 6 prompts.
+
+CHAT = ["What is the capital of France?", "Write a haiku about autumn leaves.",
+        "List three uses of copper.", "Explain in one sentence what a compiler does.",
+        "Give me a short recipe for pancakes.", "What does a lighthouse keeper do?"]
+N_GREEDY = 32
+
+
+def greedy(r, ids: list[int], n: int = N_GREEDY) -> list[int]:
+    r.truncate(0, 0)
+    (out,) = r.forward([Span(0, tuple(ids), 0, 1)])
+    toks = [int(np.argmax(out[-1]))]
+    while len(toks) < n:
+        (out,) = r.forward([Span(0, (toks[-1],), len(ids) + len(toks) - 1, 1)])
+        toks.append(int(np.argmax(out[0])))
+    return toks
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+
+
+@dataclass
+class Reference:
+    ids: list[int]            # the text's tokens
+    logits: np.ndarray        # llama.cpp, flash attention off: [N_TOKENS, V]
+    chats: list[list[int]]    # the chat prompts' tokens
+    replies: list[list[int]]  # llama.cpp's greedy replies
+    fa_agree: float           # flash attention on against off: teacher-forced argmax agreement
+    fa_kl: float
+    fa_prefixes: list[int]    # and the common prefix of each greedy reply
+
+
+@pytest.fixture(scope="module")
+def smol() -> Reference:
+    off = make_runner("llamacpp", EngineConfig(n_slots=1, n_ctx=512), embedded_model_path())
+    on = make_runner("llamacpp", EngineConfig(n_slots=1, n_ctx=512, flash_attn=True), embedded_model_path())
+    try:
+        ids = off.tokenize(TEXT, add_special=True)[:N_TOKENS]
+        chats = [off.tokenize(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n", True)
+                 for q in CHAT]
+        logits, replies = teacher_forced(off, ids), [greedy(off, c) for c in chats]
+        agree, kl = agreement(logits, teacher_forced(on, ids))
+        prefixes = [common_prefix(r, greedy(on, c)) for r, c in zip(replies, chats)]
+    finally:
+        off.close()
+        on.close()
+    return Reference(ids, logits, chats, replies, agree, kl, prefixes)
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_embedded_model_agrees_with_llama_cpp(smol, dtype):
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype=dtype), embedded_model_path())
+    try:
+        got = teacher_forced(r, smol.ids)
+        prefixes = [common_prefix(ref, greedy(r, c)) for ref, c in zip(smol.replies, smol.chats)]
+    finally:
+        r.close()
+    agree, kl = agreement(smol.logits, got)
+    print(f"torch {dtype}: argmax {agree:.4f}, KL {kl:.5f}, greedy prefixes {prefixes}; llama.cpp "
+          f"flash attention on: {smol.fa_agree:.4f}, {smol.fa_kl:.5f}, {smol.fa_prefixes}")
+    assert kl < 0.01 and kl < 2 * smol.fa_kl, kl
+    assert agree >= smol.fa_agree - 0.03, (agree, smol.fa_agree)
+    # where llama.cpp's top-1 is clearly ahead, the torch runner picks it too
+    top2 = np.sort(smol.logits, -1)[:, -2:]
+    decisive = top2[:, 1] - top2[:, 0] >= 0.5
+    assert decisive.mean() > 0.5                            # measured 65%: not a vacuous subset
+    assert (smol.logits.argmax(-1) == got.argmax(-1))[decisive].mean() >= 0.99
+    # greedy replies stay with llama.cpp's at least as long as its own other kernel does
+    assert sum(p == N_GREEDY for p in prefixes) >= sum(p == N_GREEDY for p in smol.fa_prefixes)
+    assert np.mean(prefixes) >= np.mean(smol.fa_prefixes) - 2
+
+
+# -- 4-bit weights ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1])
+def test_int4_codes_reproduce_gguf_dequantization(qtype):
+    import torch
+
+    from appliance.engine.runners.torch import qlinear
+    from appliance.engine.runners.torch.weights import QuantBlocks
+
+    w = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
+    raw = gguf.quants.quantize(w, qtype)
+    blocks = QuantBlocks(raw, qtype, (48, 96))
+    codes, scale, zero = qlinear.unpack(blocks)
+    mine = (codes.astype(np.float32) - 8) * np.repeat(scale, 32, 1) + np.repeat(zero, 32, 1)
+    np.testing.assert_allclose(mine, gguf.quants.dequantize(raw, qtype), rtol=0, atol=1e-6)
+    if not qlinear.available():
+        return
+    x = torch.randn(5, 96)
+    dense = x @ torch.from_numpy(mine).T                             # float32 reference
+    got = qlinear.Int4Linear(blocks, torch.bfloat16)(x)
+    assert got.dtype == torch.float32 and got.shape == (5, 48)
+    assert torch.allclose(got, dense, rtol=0.03, atol=0.15)          # bf16 operands and output
+
+
+# -- KV states and refusals ---------------------------------------------------------------------
+
+def test_a_state_from_another_pool_shape_is_refused(tmp_path):
+    a = make_runner("torch", EngineConfig(n_slots=1, n_ctx=64, torch_dtype="float32"),
+                    write_tiny(tmp_path / "a.gguf", "llama"))
+    b = make_runner("torch", EngineConfig(n_slots=1, n_ctx=64, torch_dtype="float32"),
+                    write_tiny(tmp_path / "b.gguf", "qwen3"))
+    try:
+        a.forward([Span(0, (1, 2, 3), 0, 1)])
+        blob = a.save(0)
+        with pytest.raises(EngineFailure, match="does not fit"):
+            b.restore(0, blob)
+        with pytest.raises(EngineFailure, match="expected"):
+            a.restore(0, blob[:-7])
+        with pytest.raises(EngineFailure, match="not a saved torch KV state"):
+            a.restore(0, b"GGUF and then nonsense")
+        with pytest.raises(EngineFailure, match="KV write"):   # a hole before the span
+            a.forward([Span(0, (4,), 10, 1)])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_malformed_and_unsupported_files_are_refused_by_name(tmp_path):
+    cfg = EngineConfig(n_slots=1, n_ctx=64)
+    for kind in ("truncated", "random"):
+        bad = write_garbage(tmp_path / f"{kind}.gguf", kind)
+        with pytest.raises(ModelLoadError, match=str(bad)):
+            make_runner("torch", cfg, bad)
+    other = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(other), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="'gpt2' is not supported"):
+        make_runner("torch", cfg, other)
+
+
+def test_without_torch_the_engine_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from appliance.engine.loop import make_runner as make
+
+    monkeypatch.setitem(sys.modules, "appliance.engine.runners.torch.runner", None)
+    with pytest.raises(ModelLoadError, match=r"pip install 'appliance\[torch\]'"):
+        make(EngineConfig(engine="torch"), embedded_model_path(), "x")
