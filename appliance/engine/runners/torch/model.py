@@ -126,20 +126,23 @@ class Rope:
             inv = inv / freq_factors.to(torch.float64)
         self.inv_freq = inv
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rotation for each position: [N, 1, E/2] complex (cos + i sin of each angle)."""
         angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]   # [N, E/2]
-        return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+        return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)[:, None, :]
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [N, heads, E] float32; cos, sin: [N, 1, E/2]
-        rot, rest = x[..., :self.dim], x[..., self.dim:]
-        if self.kind == "norm":
-            a, b = rot[..., 0::2], rot[..., 1::2]
-            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-        else:
-            a, b = rot[..., :self.dim // 2], rot[..., self.dim // 2:]
-            out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+    def __call__(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        # x: [N, heads, E] float32; rot: [N, 1, E/2] complex64. A pair (a, b) rotated by angle t
+        # is (a + ib)(cos t + i sin t): one complex multiply per pair
+        n, heads, e = x.shape
+        part = x[..., :self.dim]
+        if self.kind == "norm":       # pairs are adjacent: (x0, x1), (x2, x3), ...
+            z = torch.view_as_complex(part.reshape(n, heads, self.dim // 2, 2).contiguous())
+            out = torch.view_as_real(z * rot).reshape(n, heads, self.dim)
+        else:                         # pairs are half a head apart: (x0, x_{E/2}), ...
+            z = torch.complex(part[..., :self.dim // 2], part[..., self.dim // 2:])
+            out = torch.view_as_real(z * rot).transpose(-1, -2).reshape(n, heads, self.dim)
+        return torch.cat((out, x[..., self.dim:]), dim=-1) if self.dim < e else out
 
 
 @dataclass(frozen=True)
@@ -153,21 +156,22 @@ class Segment:
 
 
 class Attention:
-    def __init__(self, args: ModelArgs, layer: int, wq: Linear, wk: Linear, wv: Linear, wo: Linear,
+    def __init__(self, args: ModelArgs, layer: int, wqkv: Linear, wo: Linear,
                  q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> None:
         self.args, self.layer = args, layer
-        self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
+        self.wqkv, self.wo = wqkv, wo             # wqkv: Q, K and V stacked, one matmul
         self.q_norm, self.k_norm = q_norm, k_norm
 
-    def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, cos, sin,
+    def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, rot: torch.Tensor,
                  kv: KVPool) -> torch.Tensor:
         a = self.args
-        q = self.wq(x).view(-1, a.n_head, a.head_dim)                 # [N, H, E]
-        k = self.wk(x).view(-1, a.n_head_kv, a.head_dim)              # [N, G, E]
-        v = self.wv(x).view(-1, a.n_head_kv, a.head_dim)              # [N, G, E]
+        n, h, g = x.shape[0], a.n_head, a.n_head_kv
+        qkv = self.wqkv(x).view(n, h + 2 * g, a.head_dim)               # [N, H + 2G, E]
+        qk, v = qkv[:, :h + g], qkv[:, h + g:]                          # [N, H + G, E], [N, G, E]
         if self.q_norm is not None:
-            q, k = rms_norm(q, self.q_norm, a.eps), rms_norm(k, self.k_norm, a.eps)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+            qk = torch.cat((rms_norm(qk[:, :h], self.q_norm, a.eps), rms_norm(qk[:, h:], self.k_norm, a.eps)), 1)
+        qk = rope(qk, rot)                                               # Q and K in one call
+        q, k = qk[:, :h], qk[:, h:]                                      # [N, H, E], [N, G, E]
         out = torch.empty(x.shape[0], a.n_head * a.head_dim, dtype=torch.float32, device=x.device)
         for s in segs:
             rows = slice(s.row, s.row + s.n)
@@ -195,7 +199,10 @@ class Attention:
         per = a.n_head // a.n_head_kv
         # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
         qg = q.view(t, a.n_head_kv, per, a.head_dim).permute(1, 2, 0, 3).reshape(a.n_head_kv, per * t, a.head_dim)
-        scores = torch.bmm(qg.to(keys.dtype), keys.transpose(1, 2)).float() / math.sqrt(a.head_dim)
+        qg = qg.to(keys.dtype)
+        # one mm per KV head: a batched matmul over the pool's strided heads copies K first
+        # (measured 3x slower at 4,096 positions)
+        scores = torch.stack([qg[g] @ keys[g].T for g in range(a.n_head_kv)]).float() / math.sqrt(a.head_dim)
         if t > 1:  # [G, per, T, L]: token i of the span sees positions <= start + i
             hidden = (torch.arange(length, device=q.device)[None, :]
                       > torch.arange(start, start + t, device=q.device)[:, None])
@@ -206,11 +213,12 @@ class Attention:
         return o.view(a.n_head_kv, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
 class MLP:
-    def __init__(self, gate: Linear, up: Linear, down: Linear) -> None:
-        self.gate, self.up, self.down = gate, up, down
+    def __init__(self, gate_up: Linear, down: Linear) -> None:
+        self.gate_up, self.down = gate_up, down   # gate_up: the two stacked, one matmul
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class MoE:
@@ -241,8 +249,8 @@ class Block:
         self.args, self.attn, self.ffn = args, attn, ffn
         self.attn_norm, self.ffn_norm = attn_norm, ffn_norm
 
-    def __call__(self, x, segs, rope, cos, sin, kv) -> torch.Tensor:
-        h = x + self.attn(rms_norm(x, self.attn_norm, self.args.eps), segs, rope, cos, sin, kv)
+    def __call__(self, x, segs, rope, rot, kv) -> torch.Tensor:
+        h = x + self.attn(rms_norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
         return h + self.ffn(rms_norm(h, self.ffn_norm, self.args.eps))
 
 
@@ -257,9 +265,9 @@ class Transformer:
                 logit_rows: torch.Tensor, kv: KVPool) -> torch.Tensor:
         """tokens, positions: [N]; logit_rows: the rows whose logits are wanted -> [R, V] float32."""
         x = self.embed[tokens].float()                                      # [N, D]
-        cos, sin = self.rope.tables(positions)
+        rot = self.rope.tables(positions)
         for block in self.blocks:
-            x = block(x, segs, self.rope, cos, sin, kv)
+            x = block(x, segs, self.rope, rot, kv)
         x = rms_norm(x[logit_rows], self.norm, self.args.eps)               # [R, D]
         return self.output(x)                                               # [R, V]
 
@@ -274,12 +282,17 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     def vec(name: str, n: int) -> torch.Tensor:
         return w.load(name, (n,), torch.float32, device)
 
-    def lin(name: str, n_out: int, n_in: int) -> Linear | qlinear.Int4Linear:
-        bias = vec(f"{name}.bias", n_out) if w.has(f"{name}.bias") else None
-        blocks = w.blocks(f"{name}.weight")
-        if int4 and blocks.qtype in qlinear.SUPPORTED and blocks.shape == (n_out, n_in):
+    def lin(names: str | Sequence[str], n_in: int, *n_outs: int) -> Linear | qlinear.Int4Linear:
+        """One matmul for matrices that share their input, stacked along the output."""
+        names = [names] if isinstance(names, str) else list(names)
+        biases = [vec(f"{n}.bias", o) if w.has(f"{n}.bias") else torch.zeros(o, device=device)
+                  for n, o in zip(names, n_outs)]
+        bias = torch.cat(biases) if any(w.has(f"{n}.bias") for n in names) else None
+        blocks = [w.blocks(f"{n}.weight") for n in names]
+        if int4 and all(b.qtype in qlinear.SUPPORTED and b.shape == (o, n_in)
+                        for b, o in zip(blocks, n_outs)):
             return qlinear.Int4Linear(blocks, dtype, bias)
-        return Linear(mat(f"{name}.weight", n_out, n_in), bias)
+        return Linear(torch.cat([mat(f"{n}.weight", o, n_in) for n, o in zip(names, n_outs)]), bias)
 
     a = args
     q_dim, kv_dim = a.n_head * a.head_dim, a.n_head_kv * a.head_dim
@@ -288,8 +301,8 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         p = f"blk.{i}"
         norms = ((vec(f"{p}.attn_q_norm.weight", a.head_dim), vec(f"{p}.attn_k_norm.weight", a.head_dim))
                  if a.spec.qk_norm else (None, None))
-        attn = Attention(a, i, lin(f"{p}.attn_q", q_dim, a.dim), lin(f"{p}.attn_k", kv_dim, a.dim),
-                         lin(f"{p}.attn_v", kv_dim, a.dim), lin(f"{p}.attn_output", a.dim, q_dim), *norms)
+        attn = Attention(a, i, lin([f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"], a.dim, q_dim, kv_dim, kv_dim),
+                         lin(f"{p}.attn_output", q_dim, a.dim), *norms)
         if a.n_expert:
             x, f = a.n_expert, a.expert_ff
             # the router in float32: a near-tie between two experts must not flip on rounding
@@ -299,8 +312,7 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
                                  mat(f"{p}.ffn_up_exps.weight", x, f, a.dim),
                                  mat(f"{p}.ffn_down_exps.weight", x, a.dim, f))
         else:
-            ffn = MLP(lin(f"{p}.ffn_gate", a.ff, a.dim), lin(f"{p}.ffn_up", a.ff, a.dim),
-                      lin(f"{p}.ffn_down", a.dim, a.ff))
+            ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim))
         blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim), vec(f"{p}.ffn_norm.weight", a.dim)))
     embed = mat("token_embd.weight", a.n_vocab, a.dim)
     # the output matrix stays in `dtype`: it is tied to the embedding in most small models

@@ -13,6 +13,8 @@ the same 4-bit codes, with the block's scale and offset rounded to the activatio
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
 
@@ -45,11 +47,14 @@ def unpack(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class Int4Linear:
-    """y = x W^T with W in torch's packed int4 layout; x and y as in `model.Linear`."""
+    """y = x W^T with W in torch's packed int4 layout; x and y as in `model.Linear`. Several
+    matrices with the same input (Q, K, V; gate and up) are stacked into one along the output."""
 
-    def __init__(self, b: QuantBlocks, dtype: torch.dtype, bias: torch.Tensor | None = None) -> None:
-        codes, scale, zero = unpack(b)
-        n, k = b.shape
+    def __init__(self, blocks: QuantBlocks | Sequence[QuantBlocks], dtype: torch.dtype,
+                 bias: torch.Tensor | None = None) -> None:
+        parts = [unpack(b) for b in ([blocks] if isinstance(blocks, QuantBlocks) else blocks)]
+        codes, scale, zero = (np.concatenate(x) for x in zip(*parts))
+        n, k = codes.shape
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             torch.from_numpy(codes.astype(np.int32)), 2)
         sz = np.stack((scale, zero), axis=-1).transpose(1, 0, 2)                   # [K/32, N, 2]
