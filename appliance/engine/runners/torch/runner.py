@@ -56,6 +56,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 class TorchRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
         self.device = resolve_device(cfg.torch_device)
@@ -81,9 +85,10 @@ class TorchRunner(TextMethods):
             backend="torch", model_path=str(model_path), model_name=model_name, arch=args.arch,
             n_ctx=n_ctx, n_ctx_train=args.n_ctx_train, n_slots=cfg.n_slots, **self.text.facts(),
             kv_bytes=self.kv.nbytes,
-            settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": str(self.dtype).removeprefix("torch."),
-                      "device": str(self.device), "int4": self.int4, "kv_type": str(self.dtype).removeprefix("torch."),
-                      "torch": torch.__version__},
+            settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": _name(self.dtype),
+                      "device": str(self.device), "int4": self.int4, "kv_type": _name(self.dtype),
+                      # a str, not torch's TorchVersion: that would import torch where unpickled
+                      "torch": str(torch.__version__)},
             fingerprint=file_fingerprint(model_path))
 
     # -- compute -------------------------------------------------------------------------
