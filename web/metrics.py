@@ -55,6 +55,9 @@ class EngineCollector:
             "prompt_cache_disk_hits": ("requests restored from the disk tier", s.get("disk_hits", 0)),
             "draft_tokens_proposed": ("tokens proposed by speculative drafting", s.get("draft_proposed", 0)),
             "draft_tokens_accepted": ("drafted tokens accepted by verification", s.get("draft_accepted", 0)),
+            "speculative_steps": ("decode steps that verified a draft", s.get("spec_steps", 0)),
+            "speculative_tokens_committed": ("tokens committed by steps that verified a draft",
+                                             s.get("spec_committed", 0)),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)

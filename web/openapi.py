@@ -44,6 +44,7 @@ def _sampling(n_ctx: int, model: str) -> dict[str, Any]:
             "include_usage": _nullable({"type": "boolean"})}}),
         "ignore_eos": _nullable({"type": "boolean"}), "cache_prompt": _nullable({"type": "boolean"}),
         "cache_pin": _nullable({"type": "boolean"}),
+        "speculate": _nullable({"type": "string", "enum": ["off", "lookup"]}),
         "response_format": _nullable({"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
             "json_schema": {"type": "object", "properties": {

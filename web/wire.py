@@ -21,6 +21,7 @@ from appliance.engine.types import (ChatMessage, Constraint, Delta, Done, Reques
                                     Tokenized, ToolCall, ToolSpec)
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
+SPECULATE_MODES = ("off", "lookup")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
@@ -338,7 +339,8 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     req = Request(id=request_id, params=params, messages=messages,
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False))
+                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False),
+                  speculate=_speculate(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -361,8 +363,18 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     top = _int(body, "logprobs", 0, 5, None)  # the legacy API: an int, how many alternatives
     params = dataclasses.replace(sampling_params(body, n_ctx, 16), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
-                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False))
+                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False),
+                  speculate=_speculate(body))
     return ParsedRequest(req, stream, include_usage, model)
+
+
+def _speculate(body: dict) -> str | None:
+    """Our extension: "off" or "lookup" for this request (absent or null: the server's default)."""
+    v = body.get("speculate")
+    if v is not None and v not in SPECULATE_MODES:
+        raise InvalidRequest(f"'speculate' must be one of {', '.join(SPECULATE_MODES)}; got {v!r}",
+                             param="speculate")
+    return v
 
 
 def _is_ids(v: Any) -> bool:

@@ -161,14 +161,18 @@ class BenchOptions:
     needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
 
 
-SUPPORTED_MODES = ("serial",)
+SUPPORTED_MODES = ("serial", "lookup")   # "draft" (a draft model) is not built yet
 
 
 def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
     for mode in o.modes:
         if mode not in SUPPORTED_MODES:
-            raise BenchError(f"mode {mode!r} is not available yet (modes: {', '.join(SUPPORTED_MODES)}); "
-                             "speculative modes come with issue #7")
+            raise BenchError(f"mode {mode!r} is not available (modes: {', '.join(SUPPORTED_MODES)})")
+        if mode != "serial":
+            for v in ctx.variants:
+                if "speculation" not in ((v.health or {}).get("settings") or {}):
+                    raise BenchError(f"mode {mode!r} needs an appliance server: {v.target.url} does not "
+                                     "report speculation in /health")
     sets = [prompt_sets.load(name) for name in o.prompt_sets]
     depths = () if o.depths is None else (o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,)))
     for d in depths:
@@ -208,13 +212,21 @@ def _chat_step(ctx: Context, v: Variant, ps: prompt_sets.PromptSet, r: int, mode
 
     def run() -> list[ResultCell]:
         body: dict[str, Any] = {"messages": prompt_sets.with_nonce(list(prompt.messages), nonce()),
-                                **_rate_body(n_gen)}
+                                **_rate_body(n_gen), **_mode_body(v, mode)}
         if prompt.tools:
             body["tools"] = list(prompt.tools)
         cell, _, _ = served_cell(v, CHAT, body, ctx.sampler, mode=mode, prompt_set=ps.name, kind="prompt",
                                  repeat_index=r, extra={"cell": label, "prompt_id": prompt.id})
         return [cell]
     return Step(label, r, v.label, "served", run)
+
+
+def _mode_body(v: Variant, mode: str) -> dict[str, Any]:
+    """The request field that selects the mode on an appliance server ("serial" asks for no
+    drafting explicitly there, and sends nothing to another server)."""
+    if "speculation" not in ((v.health or {}).get("settings") or {}):
+        return {}
+    return {"speculate": "off" if mode == "serial" else mode}
 
 
 def _depth_step(ctx: Context, v: Variant, depth: int, r: int, n_gen: int) -> Step:

@@ -136,6 +136,10 @@ def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any
     m = measure(trace, variant.target.count_tokens, None if reported else _prompt_size(variant.target, body))
     if not reported:
         cell["extra"] = {**cell.get("extra", {}), "prompt_tokens_estimated": True}
+    spec = {k: trace.timings[k] for k in ("draft_n", "draft_n_accepted", "speculation")
+            if trace.timings and k in trace.timings}
+    if spec.get("speculation", "off") != "off":
+        cell["extra"] = {**cell.get("extra", {}), **spec}
     return to_cell(m, variant=variant.label, **cell), trace, m
 
 

@@ -20,7 +20,7 @@ from ..errors import ApplianceError, EngineFailure, InvalidToken, ModelLoadError
 from ..models import file_fingerprint, resolve
 from . import plan as plan_mod
 from .chat import ChatTemplate
-from . import tools
+from . import speculate, tools
 from .constraints import Constraints
 from .prefix_cache import DiskTier
 from .output import OutputParser
@@ -90,7 +90,10 @@ class EngineLoop:
         self.constraints = Constraints(self.runner.guidance_tokenizer, self.info.n_vocab)
         self._warm_up()
         self.outbox: list[Event] = []
-        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append, self._disk_tier(cfg))
+        self.policy = self._speculation(cfg)
+        self.info = dataclasses.replace(self.info, settings={**self.info.settings,
+                                                              "speculation": self.policy.as_dict()})
+        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append, self._disk_tier(cfg), self.policy)
         log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
                  ref.path.name, self.info.arch, time.perf_counter() - t0, self.info.n_slots,
                  self.info.n_ctx, self.info.kv_bytes / 2**20, self.info.settings)
@@ -119,6 +122,25 @@ class EngineLoop:
         self.runner.forward([Span(0, (tok,) * 8, 0, 1)])
         self.runner.forward([Span(0, (tok,), 8, 1)])
         self.runner.truncate(0, 0)
+
+    def _speculation(self, cfg: EngineConfig) -> speculate.Policy:
+        """Prove on the loaded model whether a k-row verify equals k one-row steps, measure what
+        a forward of m rows costs, and decide (see speculate.decide)."""
+        if cfg.speculate == "off":
+            return speculate.Policy()
+        text = "The quick brown fox jumps over the lazy dog. " * 8
+        prompt = self.runner.tokenize(text, add_special=False)[:48]
+        exactness = speculate.check_exact(self.runner, 0, prompt, k=8)
+        cost = speculate.CostModel()
+        if exactness.exact or cfg.speculate_inexact:
+            cost = speculate.measure_costs(self.runner, 0, prompt)
+        try:
+            policy = speculate.decide(cfg.speculate, cfg.speculate_inexact, exactness, cost)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        log.info("speculation: %s (%s); verify cost by rows %s", policy.default, policy.reason,
+                 policy.cost.as_dict())
+        return policy
 
     def stats(self) -> dict[str, Any]:
         return {**self.scheduler.stats(), "kv_bytes": self.info.kv_bytes}

@@ -40,10 +40,11 @@ from typing import Callable
 import numpy as np
 
 from ..config import EngineConfig
-from ..errors import ApplianceError, ContextOverflow, QueueFull
+from ..errors import ApplianceError, ContextOverflow, InvalidRequest, QueueFull
 from .constraints import Matcher
 from .output import OutputParser, Piece
 from .prefix_cache import DiskTier, PrefillCost, RamTier
+from . import speculate as spec
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -76,6 +77,8 @@ class Active:
     decode_ms: float = 0.0
     decode_steps: int = 0
     cached: int = 0                  # prompt positions reused from the slot's kept blocks
+    decode_tokens: int = 0           # tokens committed by decode steps (several per verify)
+    spec: spec.Drafting | None = None  # prompt lookup, when this request drafts
 
     @property
     def prefilling(self) -> bool:
@@ -91,8 +94,10 @@ class StepStats:
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None],
-                 disk: DiskTier | None = None) -> None:
+                 disk: DiskTier | None = None, policy: spec.Policy | None = None) -> None:
         self.runner = runner
+        self.policy = policy or spec.Policy()
+        self.spec_stats = spec.SpecStats()
         self.cfg = cfg
         self.emit = emit
         self.n_ctx = runner.info.n_ctx
@@ -145,9 +150,13 @@ class Scheduler:
                             "are waiting; retry later", retry_after=1)
         # any integer is a seed (OpenAI allows negatives); PCG64 takes non-negative ones
         seed = p.seed % 2**64 if p.seed is not None else int.from_bytes(os.urandom(8), "little")
+        mode = req.speculate or self.policy.default
+        if mode == "lookup" and not self.policy.allowed:
+            raise InvalidRequest(f"speculate: {self.policy.reason}", param="speculate")
         return Active(req=req, prompt=list(prompt), max_tokens=max_tokens, sampler=Sampler(p, seed),
                       stop=StopMatcher(p.stop), t_submit=time.perf_counter(),
-                      utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"))
+                      utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"),
+                      spec=spec.Drafting(spec.NgramIndex(prompt)) if mode == "lookup" else None)
 
     def abort(self, request_id: str) -> None:
         act = self.by_id.get(request_id)
@@ -180,6 +189,7 @@ class Scheduler:
             **(self.disk.stats() if self.disk is not None else {}),
             "kv_capacity": len(self.slots) * self.n_ctx,
             "decode_batches": {str(k): v for k, v in sorted(self.decode_rows_seen.items())},
+            **self.spec_stats.as_dict(),
         }
 
     # -- one iteration -------------------------------------------------------------------
@@ -195,17 +205,22 @@ class Scheduler:
             if not act.t_prefill:
                 act.t_prefill = t0
         logits = self.runner.forward(spans)
-        for act, span in zip(owners, spans):
-            act.n_past += len(span.tokens)
-        sampled = [(a, lg[-1]) for a, s, lg in zip(owners, spans, logits) if s.n_logits]
-        for act, row in sampled:
-            self._on_logits(act, row)
+        sampled = []
+        for act, span, lg, dec in zip(owners, spans, logits, decoding):
+            if dec:
+                self._take_rows(act, span, lg)
+            else:
+                act.n_past += len(span.tokens)
+                if span.n_logits:
+                    self._on_logits(act, lg[-1])
+            if span.n_logits:
+                sampled.append(act)
         ms = 1000.0 * (time.perf_counter() - t0)
         for act, dec in zip(owners, decoding):
             if dec:
                 act.decode_ms += ms
                 act.decode_steps += 1
-        for act, _ in sampled:
+        for act in sampled:
             reason = self._finished(act)
             if reason is not None:
                 self._finish(act, reason)
@@ -325,10 +340,14 @@ class Scheduler:
     def _plan(self) -> tuple[list[Span], list[Active]]:
         spans: list[Span] = []
         owners: list[Active] = []
-        for act in self.slots:
-            if act is not None and not act.prefilling:
-                spans.append(Span(act.slot, (act.out[-1],), act.n_past, 1))
-                owners.append(act)
+        decoding = [a for a in self.slots if a is not None and not a.prefilling]
+        room = [min(a.max_tokens - len(a.out), self.n_ctx - a.n_past - 1) - 1 for a in decoding]
+        drafts = spec.drafts([a.spec for a in decoding], room, self.policy) if decoding else []
+        for act, draft in zip(decoding, drafts):
+            if act.spec is not None:
+                act.spec.draft = draft
+            spans.append(Span(act.slot, (act.out[-1], *draft), act.n_past, 1 + len(draft)))
+            owners.append(act)
         budget = self.cfg.step_token_budget
         chunk = self.cfg.prefill_chunk
         for act in sorted((a for a in self.slots if a is not None and a.prefilling),
@@ -353,6 +372,8 @@ class Scheduler:
         if act.matcher:
             act.matcher.accept(tok)
         act.out.append(tok)
+        if act.spec is not None:
+            act.spec.index.extend((tok,))
         if tok in self.runner.info.eog_ids and not act.req.params.ignore_eos:
             return
         self.tokens_generated += 1
@@ -363,6 +384,24 @@ class Scheduler:
         if got or lps:
             self.emit(Delta(act.req.id, got.content, (tok,), lps, got.calls, got.reasoning))
         act.stopped = res.stopped
+
+    def _take_rows(self, act: Active, span: Span, rows: np.ndarray) -> None:
+        """A decode span's rows, sampled in order exactly as serial steps would sample them,
+        up to the first token that is not the draft's next (or the end of the request); the
+        KV past what was committed is dropped."""
+        draft = act.spec.draft if act.spec is not None else ()
+        used = 0
+        for i, row in enumerate(rows):
+            self._on_logits(act, row)
+            used = i + 1
+            if i == len(draft) or act.out[-1] != draft[i] or self._finished(act) is not None:
+                break
+        act.n_past = span.start_pos + used
+        act.decode_tokens += used
+        if used < len(span.tokens):
+            self.runner.truncate(act.slot, act.n_past)
+        if draft:
+            spec.record(act.spec, self.spec_stats, used, act.out[-used:])
 
     def _logprobs(self, row: np.ndarray, tok: int, piece: bytes, n_top: int) -> TokenLogprob:
         lp = log_softmax(row)
@@ -406,9 +445,13 @@ class Scheduler:
         n_out = sum(1 for t in act.out if t not in self.runner.info.eog_ids or act.req.params.ignore_eos)
         usage = Usage(len(act.prompt), n_out, act.cached)
         queue_ms = 1000.0 * ((act.t_admit or time.perf_counter()) - act.t_submit)
+        acc = act.spec.acc if act.spec is not None else spec.Acceptance()
         timings = Timings(prompt_n=len(act.prompt) - act.cached, cache_n=act.cached, prompt_ms=act.prompt_ms,
-                          predicted_n=act.decode_steps, predicted_ms=act.decode_ms,
-                          queue_ms=queue_ms, n_ctx=self.n_ctx)
+                          predicted_n=act.decode_tokens, predicted_ms=act.decode_ms,
+                          queue_ms=queue_ms, n_ctx=self.n_ctx,
+                          tokens_per_step=act.decode_tokens / act.decode_steps if act.decode_steps else 1.0,
+                          draft_n=acc.proposed, draft_n_accepted=acc.accepted,
+                          speculation=self.policy.label if act.spec is not None else "off")
         self.emit(Done(act.req.id, reason, usage, timings))
 
 

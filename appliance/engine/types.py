@@ -88,6 +88,7 @@ class Request:
     parallel_tool_calls: bool = True
     cache_prompt: bool = True       # may reuse a cached prefix (llama-server's option name)
     cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
+    speculate: str | None = None    # "off" | "lookup"; None: the engine's default
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class Timings:
     queue_ms: float
     n_ctx: int
     tokens_per_step: float = 1.0
+    draft_n: int = 0              # drafted tokens verified (llama-server's names)
+    draft_n_accepted: int = 0     # ... of which accepted
+    speculation: str = "off"      # off | lookup | lookup-inexact (the runner is not proven exact)
 
     @property
     def prompt_per_second(self) -> float:
@@ -134,7 +138,9 @@ class Timings:
             "prompt_per_second": round(self.prompt_per_second, 3),
             "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
             "predicted_per_second": round(self.predicted_per_second, 3),
-            "queue_ms": round(self.queue_ms, 3), "tokens_per_step": self.tokens_per_step,
+            "queue_ms": round(self.queue_ms, 3), "tokens_per_step": round(self.tokens_per_step, 3),
+            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
+            "speculation": self.speculation,
             "n_ctx": self.n_ctx, "depth": self.cache_n + self.prompt_n + self.predicted_n + 1,
         }
 

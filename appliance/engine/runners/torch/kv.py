@@ -24,9 +24,11 @@ class KVPool:
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  dtype: torch.dtype, device) -> None:
         shape = (n_layer, n_slots, n_head_kv, n_ctx, head_dim)
-        # torch.empty: pages are touched only as positions are written, like llama.cpp's buffer
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        # zeros, not empty: decode rows attend over whole key blocks, masked past their position,
+        # and a masked position must hold a finite number (0 * NaN is NaN). llama.cpp clears its
+        # buffer too.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.n_ctx, self.length = n_ctx, [0] * n_slots
 
     @property
@@ -44,6 +46,10 @@ class KVPool:
         self.v[layer, slot, :, start:end] = v.transpose(0, 1)
         if layer == self.k.shape[0] - 1:
             self.length[slot] = end
+        return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+
+    def view(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of positions [0, end) of the slot, [G, end, E] (past its length: stale or zero)."""
         return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
 
     def truncate(self, slot: int, n_keep: int) -> None:

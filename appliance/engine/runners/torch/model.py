@@ -28,6 +28,7 @@ from .weights import GGUFWeights
 
 
 DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) attend row-wise
+KEY_BLOCK = 64     # ... over the slot's keys padded to a multiple of this (masked past the row)
 
 
 @dataclass(frozen=True)
@@ -176,14 +177,15 @@ class Attention:
         for s in segs:
             rows = slice(s.row, s.row + s.n)
             keys, values = kv.write(self.layer, s.slot, s.start, k[rows], v[rows])   # [G, L, E]
-            out[rows] = self._attend(q[rows], keys, values, s.start)
+            out[rows] = self._attend(q[rows], keys, values, s.start, kv, s.slot)
         return self.wo(out)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                kv: KVPool, slot: int) -> torch.Tensor:
         # q: [T, H, E]; keys, values: [G, L, E] in the KV dtype
         t, length = q.shape[0], keys.shape[1]
         if t <= DECODE_ROWS:
-            return self._attend_rows(q, keys, values, start)
+            return self._attend_rows(q, start, kv, slot)
         mask = (torch.arange(length, device=q.device)[None, :]               # causal, queries at
                 <= torch.arange(start, start + t, device=q.device)[:, None])  # start .. start+t-1
         o = F.scaled_dot_product_attention(
@@ -191,10 +193,28 @@ class Attention:
             scale=1.0 / math.sqrt(self.args.head_dim), enable_gqa=self.args.n_head != self.args.n_head_kv)
         return o[0].transpose(0, 1).reshape(t, -1).float()               # [T, H*E]
 
-    def _attend_rows(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Decode and short verify spans: two batched matmuls over the KV heads. On CPU this is
-        several times faster than SDPA for a handful of query rows (SDPA's kernel is built
-        for long query blocks)."""
+    def _attend_rows(self, q: torch.Tensor, start: int, kv: KVPool, slot: int) -> torch.Tensor:
+        """Decode steps and verify spans, exact by construction: the row at position p attends
+        over the first ceil((p + 1) / KEY_BLOCK) key blocks, later positions masked, whatever
+        other rows share the call. So a row's arithmetic (matmul shapes, softmax length) is the
+        same in a one-token step and in a k-token verify; the kernels used compute each row
+        independently of the others (checked at start-up by speculate.check_exact)."""
+        t = q.shape[0]
+        ends = [min(kv.n_ctx, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK) for p in range(start, start + t)]
+        out = torch.empty(t, self.args.n_head * self.args.head_dim, device=q.device)
+        i = 0
+        while i < t:  # rows sharing a padded key length, at most two groups for t <= KEY_BLOCK
+            j = i
+            while j < t and ends[j] == ends[i]:
+                j += 1
+            keys, values = kv.view(self.layer, slot, ends[i])
+            out[i:j] = self._attend_block(q[i:j], keys, values, start + i)
+            i = j
+        return out
+
+    def _attend_block(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows at positions start.. over keys [G, L, E]: two matmuls per KV head (on CPU several
+        times faster than SDPA for a handful of query rows)."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
         per = a.n_head // a.n_head_kv
         # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
@@ -203,14 +223,13 @@ class Attention:
         # one mm per KV head: a batched matmul over the pool's strided heads copies K first
         # (measured 3x slower at 4,096 positions)
         scores = torch.stack([qg[g] @ keys[g].T for g in range(a.n_head_kv)]).float() / math.sqrt(a.head_dim)
-        if t > 1:  # [G, per, T, L]: token i of the span sees positions <= start + i
-            hidden = (torch.arange(length, device=q.device)[None, :]
-                      > torch.arange(start, start + t, device=q.device)[:, None])
-            scores = scores.view(a.n_head_kv, per, t, length).masked_fill(hidden, float("-inf"))
-            scores = scores.view(a.n_head_kv, per * t, length)
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)                 # [G, per*T, L]
-        o = torch.bmm(probs, values).float()                                    # [G, per*T, E]
+        hidden = (torch.arange(length, device=q.device)[None, :]       # [T, L]: row i sees
+                  > torch.arange(start, start + t, device=q.device)[:, None])   # positions <= start + i
+        scores = scores.view(a.n_head_kv, per, t, length).masked_fill(hidden, float("-inf"))
+        probs = torch.softmax(scores.view(a.n_head_kv, per * t, length), dim=-1).to(values.dtype)
+        o = torch.stack([probs[g] @ values[g] for g in range(a.n_head_kv)]).float()   # [G, per*T, E]
         return o.view(a.n_head_kv, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
+
 
 class MLP:
     def __init__(self, gate_up: Linear, down: Linear) -> None:

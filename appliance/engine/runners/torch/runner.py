@@ -3,9 +3,12 @@
 Weights come from the GGUF through `weights.py`; text goes through llama.cpp's tokenizer on a
 vocab-only load of the same file, so both runners turn the same text into the same ids.
 
-Shapes, as in the llama.cpp runner: all one-token (decode) spans run together in one forward,
-and every prompt chunk in a forward of its own, so a request's tokens are computed in the
-same shapes whatever else is running.
+Shapes: spans of up to DECODE_ROWS tokens (decode steps, speculative verifies) run together
+in one forward, and every longer span (a prompt chunk) in a forward of its own, cut at
+n_batch. The matmul kernels used compute each row independently of the others, and a short
+span's attention is padded per row (model.Attention._attend_rows), so a row's logits are the
+same whatever else runs and however many rows its span has (speculate.check_exact proves it
+on the loaded model at start-up).
 """
 from __future__ import annotations
 
@@ -94,11 +97,13 @@ class TorchRunner(TextMethods):
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(spans)
-        singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1]
-        if singles:
-            self._run([spans[i] for i in singles], singles, out)
+        # decode steps and verify spans together (each row is computed as it would be alone),
+        # every longer span (a prompt chunk) in its own forward
+        short = [i for i, s in enumerate(spans) if len(s.tokens) <= model_mod.DECODE_ROWS]
+        if short:
+            self._run([spans[i] for i in short], short, out)
         for i, s in enumerate(spans):
-            if len(s.tokens) > 1:
+            if len(s.tokens) > model_mod.DECODE_ROWS:
                 self._run_long(s, i, out)
         return out  # type: ignore[return-value]
 

@@ -1,0 +1,283 @@
+"""Speculative decoding that never changes the output.
+
+Design
+------
+A decoding request may feed, instead of its last token alone, the last token followed by a
+draft d1..dk: one forward returns k + 1 logits rows, and the scheduler samples them in order
+exactly as it would sample k + 1 serial steps (same sampler, same random draws, same stop,
+grammar and length checks), stopping at the first row whose token is not the draft's next.
+Every committed token is the one serial decoding would have produced, provided row i's logits
+equal those of the i-th serial step bit for bit. That is a property of the runner, which
+`check_exact` measures on the loaded model at start-up: where it does not hold, speculation is
+refused unless the user opts in to inexact speculation, and then every response says so.
+
+With greedy decoding this is the usual accept rule (accept while the argmax, lowest id on
+ties, equals the draft; then the target's own token). With temperature > 0 it is exact in a
+stronger sense than speculative sampling: the draft is a point mass, a row's token is drawn
+with the request's own generator, and it is accepted when it equals the draft, so the output
+is the serial output for the same seed, token for token.
+
+Drafts come from prompt lookup (`NgramIndex`): the most recent earlier occurrence of the
+context's last n tokens (longest n first) in the request's prompt and output, and what
+followed it.
+
+Whether to draft, and how far, is arithmetic on measured costs (`CostModel`): a forward of
+m rows costs c(m) one-row steps (measured on the loaded model at start-up). With acceptance
+probability a per drafted token (tracked per request), a draft of k commits
+E(k) = (1 - a^(k+1)) / (1 - a) tokens for c(1 + k); serial commits 1 for c(1) = 1. A request
+drafts the k that maximises E(k) / c(1 + k), and only when that beats 1 by a margin.
+
+Several streams: a step's cost is c(total rows). The scheduler gives drafts to streams in
+order of their expected gain and keeps one only while (tokens committed) / c(rows) of the
+whole step improves on the step without it: batching already amortises the weights over the
+streams, and a draft that would make a shared step slower than the tokens it adds is dropped.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .runners.base import ModelRunner, Span
+
+MIN_GAIN = 1.05         # a draft must promise 5% more tokens per unit of cost than no draft
+PRIOR_ACCEPT = 0.5      # acceptance assumed for a request before it has drafted
+PRIOR_WEIGHT = 4.0      # ... worth this many drafted tokens of evidence
+K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 15)
+
+
+class NgramIndex:
+    """The context of one request (prompt, then output as it grows), indexed by its n-grams for
+    prompt lookup. `propose` never matches the context's own suffix."""
+
+    def __init__(self, tokens: Sequence[int] = (), n_min: int = 1, n_max: int = 4) -> None:
+        self.toks: list[int] = []
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            end = len(self.toks)
+            for n, m in self.maps.items():  # the n-grams ending here now have a continuation
+                if end >= n:
+                    m[tuple(self.toks[end - n:end])] = end
+            self.toks.append(int(t))
+
+    def propose(self, k: int) -> tuple[int, ...]:
+        """What followed the most recent earlier occurrence of the longest matching suffix."""
+        end = len(self.toks)
+        for n in sorted(self.maps, reverse=True):
+            if end < n:
+                continue
+            at = self.maps[n].get(tuple(self.toks[end - n:]))
+            if at is not None:
+                return tuple(self.toks[at:at + k])
+        return ()
+
+
+def expected_tokens(accept: float, k: int) -> float:
+    """Tokens committed by one verify of a k-token draft when each drafted token is accepted
+    with probability `accept`, independently: 1 + a + a^2 + ... + a^k."""
+    if accept >= 1.0:
+        return float(k + 1)
+    return (1.0 - accept ** (k + 1)) / (1.0 - accept)
+
+
+@dataclass
+class CostModel:
+    """c(m): the cost of a forward of m decode rows, in one-row steps, interpolated between the
+    measured row counts (linear beyond the last)."""
+
+    rows: tuple[int, ...] = (1,)
+    cost: tuple[float, ...] = (1.0,)
+
+    def __call__(self, m: int) -> float:
+        if m <= self.rows[0]:
+            return self.cost[0]
+        if m >= self.rows[-1]:
+            if len(self.rows) == 1:
+                return self.cost[-1] * m
+            slope = (self.cost[-1] - self.cost[-2]) / (self.rows[-1] - self.rows[-2])
+            return self.cost[-1] + slope * (m - self.rows[-1])
+        return float(np.interp(m, self.rows, self.cost))
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(r): round(c, 3) for r, c in zip(self.rows, self.cost)}
+
+
+@dataclass
+class Acceptance:
+    """A request's drafting record: proposed and accepted draft tokens, verify steps."""
+
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Acceptance per drafted token, shrunk towards the prior while evidence is thin."""
+        return (self.accepted + PRIOR_ACCEPT * PRIOR_WEIGHT) / (self.proposed + PRIOR_WEIGHT)
+
+
+def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel) -> list[int]:
+    """Draft lengths for the decode streams of one step. `wants[i]` is stream i's (acceptance
+    rate, longest draft it has; 0 for none). Streams are considered in order of the tokens a
+    full draft would promise; each takes the k that maximises the step's expected tokens per
+    unit of cost, and only when that beats the step without it by MIN_GAIN."""
+    ks = [0] * len(wants)
+    rows, tokens = len(wants), float(len(wants))
+    for i in sorted(range(len(wants)), key=lambda i: -expected_tokens(*wants[i])):
+        accept, avail = wants[i]
+        now = tokens / cost(rows)
+        best, best_rate = 0, now
+        for k in K_CHOICES:
+            if k > avail:
+                break
+            rate = (tokens - 1.0 + expected_tokens(accept, k)) / cost(rows + k)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if best and best_rate > MIN_GAIN * now:
+            ks[i], rows, tokens = best, rows + best, tokens - 1.0 + expected_tokens(accept, best)
+    return ks
+
+
+# -- what the runner can do ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Exactness:
+    exact: bool
+    max_abs_diff: float
+    argmax_differs: int
+    positions: int
+    detail: str = ""
+
+
+def check_exact(runner: ModelRunner, slot: int, prompt: Sequence[int], k: int = 8) -> Exactness:
+    """Do k + 1 rows verified in one forward equal k + 1 one-row steps, bit for bit? Prefill
+    `prompt` in `slot`, decode k tokens one by one (greedy), then feed the same tokens again as
+    one span and compare every row. The slot is left empty."""
+    runner.truncate(slot, 0)
+    (out,) = runner.forward([Span(slot, tuple(prompt), 0, 1)])
+    toks, steps = [int(np.argmax(out[-1]))], []
+    for i in range(k + 1):
+        (row,) = runner.forward([Span(slot, (toks[-1],), len(prompt) + i, 1)])
+        steps.append(row[0])
+        toks.append(int(np.argmax(row[0])))
+    runner.truncate(slot, len(prompt))
+    (rows,) = runner.forward([Span(slot, tuple(toks[:k + 1]), len(prompt), k + 1)])
+    runner.truncate(slot, 0)
+    serial = np.stack(steps)
+    diff = float(np.abs(rows - serial).max())
+    differs = int((rows.argmax(-1) != serial.argmax(-1)).sum())
+    return Exactness(bool(np.array_equal(rows, serial)), diff, differs, k + 1)
+
+
+def measure_costs(runner: ModelRunner, slot: int, prompt: Sequence[int],
+                  rows: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 5) -> CostModel:
+    """c(m) on the loaded model: the median time of a forward of m rows after `prompt`, over
+    the median time of one row. The slot is left empty."""
+    runner.truncate(slot, 0)
+    runner.forward([Span(slot, tuple(prompt), 0, 1)])
+    n = len(prompt)
+    times: dict[int, list[float]] = {m: [] for m in rows}
+    for _ in range(repeats):
+        for m in rows:  # alternate the sizes inside every repeat: the machine drifts
+            t0 = time.perf_counter()
+            runner.forward([Span(slot, tuple(prompt[:m]), n, m)])
+            times[m].append(time.perf_counter() - t0)
+            runner.truncate(slot, n)
+    runner.truncate(slot, 0)
+    one = float(np.median(times[rows[0]]))
+    return CostModel(tuple(rows), tuple(float(np.median(times[m])) / one for m in rows))
+
+
+@dataclass
+class SpecStats:
+    """Engine-wide counters for /metrics."""
+
+    steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    committed: int = 0
+
+    def as_dict(self) -> dict:
+        return {"spec_steps": self.steps, "draft_proposed": self.proposed, "draft_accepted": self.accepted,
+                "spec_committed": self.committed}
+
+
+# -- the engine's policy and a request's drafting state --------------------------------------------
+
+@dataclass(frozen=True)
+class Policy:
+    """What the engine decided at start: which requests draft, and on what measured costs."""
+
+    default: str = "off"           # for requests that do not say: "lookup" or "off"
+    allowed: bool = False          # may a request ask for "lookup"
+    label: str = "off"             # what responses report: "lookup" or "lookup-inexact"
+    reason: str = "speculation is off (--speculate off)"
+    cost: CostModel = field(default_factory=CostModel)
+    exactness: Exactness | None = None
+    k_max: int = 15
+
+    def as_dict(self) -> dict:
+        ex = self.exactness
+        return {"default": self.default, "allowed": self.allowed, "label": self.label,
+                "reason": self.reason, "cost": self.cost.as_dict(),
+                "exact": None if ex is None else ex.exact,
+                "exact_max_abs_diff": None if ex is None else ex.max_abs_diff}
+
+
+def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel) -> Policy:
+    """The policy for `--speculate mode` given what the start-up check measured."""
+    if mode == "off" or exactness is None:
+        return Policy(reason="speculation is off (--speculate off)", cost=cost)
+    if exactness.exact:
+        return Policy("lookup", True, "lookup", "the runner verifies k tokens exactly as k steps",
+                      cost, exactness)
+    why = (f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
+           f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
+           f"{exactness.argmax_differs} of {exactness.positions} rows), so drafted tokens could "
+           "change the output; start with --speculate-inexact to allow it anyway")
+    if inexact_ok:
+        return Policy("lookup" if mode != "auto" else "off", True, "lookup-inexact",
+                      why.split(", so")[0], cost, exactness)
+    if mode == "lookup":
+        raise ValueError(f"--speculate lookup: {why}")
+    return Policy(reason=why, cost=cost, exactness=exactness)
+
+
+@dataclass
+class Drafting:
+    """One request's prompt-lookup state."""
+
+    index: NgramIndex
+    acc: Acceptance = field(default_factory=Acceptance)
+    draft: tuple[int, ...] = ()
+
+
+def drafts(states: Sequence[Drafting | None], room: Sequence[int], policy: Policy) -> list[tuple[int, ...]]:
+    """The draft for each decode stream of a step (empty for none): proposals from each
+    stream's context, lengths by `plan_drafts` on the measured costs. `room[i]` is how many
+    drafted tokens stream i can still use (its max_tokens and context left, less one)."""
+    props = [st.index.propose(min(policy.k_max, r)) if st is not None and r > 0 else ()
+             for st, r in zip(states, room)]
+    ks = plan_drafts([(st.acc.rate if st else 0.0, len(p)) for st, p in zip(states, props)], policy.cost)
+    return [p[:k] for p, k in zip(props, ks)]
+
+
+def record(st: Drafting, stats: SpecStats, used: int, committed: Sequence[int]) -> int:
+    """After a verify that used `used` rows and committed these tokens: acceptance counts.
+    Returns the accepted draft tokens."""
+    k = len(st.draft)
+    accepted = next((i for i in range(min(used, k)) if committed[i] != st.draft[i]), min(used, k))
+    st.acc.proposed += k
+    st.acc.accepted += accepted
+    st.acc.steps += 1
+    stats.steps += 1
+    stats.proposed += k
+    stats.accepted += accepted
+    stats.committed += used
+    st.draft = ()
+    return accepted

@@ -1,0 +1,150 @@
+"""Speculation on the real embedded model, through the whole engine (chat template, scheduler,
+prompt cache): on a runner that proves itself exact, prompt lookup gives serial greedy
+decoding's tokens exactly, on every shipped bench prompt set and on generated prompts, alone
+and with several streams, with the prompt cache on and off. On llama.cpp here, the start-up
+check finds the verify inexact and speculation is refused with the reason.
+
+Never loosen these comparisons: an inexact verify changes the output, which is the bug."""
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from appliance.bench import prompt_sets
+from appliance.config import EngineConfig
+from appliance.engine.loop import EngineLoop
+from appliance.engine.types import Delta, Done, Error, Request
+from web import wire
+
+from .runner_kinds import needs_torch
+
+N_CTX, N_GEN = 8192, 32
+# every prompt of the short sets; the first few of the long ones (CI time)
+PER_SET = {"editing-code": 3, "tool-calls": 3, "long-document": 1}
+
+
+def engine(kind: str, speculate: str = "auto") -> EngineLoop:
+    return EngineLoop(EngineConfig(engine=kind, n_ctx=N_CTX, n_slots=4, plan="off", cache_disk_bytes=0,
+                                   speculate=speculate))
+
+
+def run(loop: EngineLoop, reqs: list[Request]) -> list[tuple[list[int], Done]]:
+    """Submit together, step until done; each request's tokens and its Done."""
+    for r in reqs:
+        loop.submit(r)
+    toks: dict[str, list[int]] = {r.id: [] for r in reqs}
+    done: dict[str, Done] = {}
+    while True:
+        for e in loop.outbox:
+            if isinstance(e, Error):
+                raise AssertionError(f"{e.request_id}: {e.message}")
+            if isinstance(e, Delta):
+                toks[e.request_id].extend(e.token_ids)
+            elif isinstance(e, Done):
+                done[e.request_id] = e
+        loop.outbox.clear()
+        if not loop.scheduler.has_work():
+            break
+        loop.scheduler.step()
+    return [(toks[r.id], done[r.id]) for r in reqs]
+
+
+def chat(messages, tools=(), mode="off", cache=True) -> Request:
+    body = {"messages": list(messages), "max_tokens": N_GEN, "temperature": 0, "speculate": mode,
+            "cache_prompt": cache}
+    if tools:
+        body["tools"] = list(tools)
+    return wire.parse_chat(body, uuid.uuid4().hex, {"m"}, N_CTX).request
+
+
+def shipped() -> list[tuple[str, Request]]:
+    out = []
+    for name in prompt_sets.DEFAULT_SETS:
+        ps = prompt_sets.load(name)
+        for p in ps.prompts[:PER_SET.get(name, len(ps.prompts))]:
+            out.append((f"{name}/{p.id}", (p.messages, p.tools)))
+    return out
+
+
+def generated(n: int = 4, seed: int = 0) -> list[str]:
+    """Text that repeats itself with edits, as code being edited does: lookup drafts a lot."""
+    rng = random.Random(seed)
+    words = "def return value self index count total items result name path".split()
+    out = []
+    for _ in range(n):
+        line = " ".join(rng.choice(words) for _ in range(12))
+        block = "\n".join(f"    {line} {i}" for i in range(6))
+        out.append(f"Repeat this block, changing nothing:\n{block}\n\nAgain:\n{block[:len(block) // 2]}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def torch_engine():
+    loop = engine("torch")
+    yield loop
+    loop.runner.close()
+
+
+@needs_torch
+def test_the_torch_runner_proves_itself_exact_and_drafts_by_default(torch_engine):
+    p = torch_engine.policy
+    assert p.exactness is not None and p.exactness.exact and p.exactness.max_abs_diff == 0.0
+    assert p.allowed and p.default == "lookup" and p.label == "lookup"
+    assert p.cost.rows[0] == 1 and len(p.cost.rows) > 1
+
+
+@needs_torch
+def test_lookup_equals_serial_on_every_shipped_prompt_set(torch_engine):
+    cases = shipped()
+    serial = [run(torch_engine, [chat(m, t, "off", cache=False)])[0] for _, (m, t) in cases]
+    cached = [run(torch_engine, [chat(m, t, "lookup", cache=True)])[0] for _, (m, t) in cases]
+    cold = {name: run(torch_engine, [chat(m, t, "lookup", cache=False)])[0]
+            for name, (m, t) in cases if not name.startswith(tuple(PER_SET))}
+    for (name, _), s, c in zip(cases, serial, cached):
+        assert c[0] == s[0], f"{name}: lookup with the prompt cache differs from serial"
+        assert c[1].timings.speculation == "lookup"
+        if name in cold:
+            assert cold[name][0] == s[0], f"{name}: lookup without the prompt cache differs from serial"
+    assert sum(c[1].timings.draft_n_accepted for c in cached) > 0
+
+
+@needs_torch
+def test_lookup_equals_serial_on_generated_prompts(torch_engine):
+    for text in generated():
+        msgs = [{"role": "user", "content": text}]
+        (serial,) = run(torch_engine, [chat(msgs, mode="off", cache=False)])
+        (drafted,) = run(torch_engine, [chat(msgs, mode="lookup", cache=False)])
+        assert drafted[0] == serial[0]
+
+
+@needs_torch
+def test_several_drafting_streams_equal_each_alone(torch_engine):
+    """Four tool-call turns decoded together (the model quotes file paths and arguments from
+    its prompt, so drafts are accepted), against each decoded alone without drafts."""
+    ps = prompt_sets.load("tool-calls")
+    cases = [(p.messages, p.tools) for p in ps.prompts[:4]]
+    alone = [run(torch_engine, [chat(m, t, "off", cache=False)])[0][0] for m, t in cases]
+    together = run(torch_engine, [chat(m, t, "lookup", cache=False) for m, t in cases])
+    assert [t for t, _ in together] == alone
+    assert sum(d.timings.draft_n_accepted for _, d in together) > 0
+    assert torch_engine.scheduler.stats()["max_decode_batch"] >= 2
+
+
+def test_llama_cpp_speculates_only_if_its_verify_is_found_exact():
+    """On these machines (Q4_1, CPU) its k-row batch and its one-row step give other logits:
+    the check says so, and a request asking for lookup gets the reason."""
+    loop = engine("llamacpp")
+    try:
+        p = loop.policy
+        assert p.exactness is not None
+        if p.exactness.exact:  # another build or backend may be: then it drafts like torch
+            assert p.allowed and p.default == "lookup"
+            return
+        assert not p.allowed and p.default == "off" and "differs from one-token steps" in p.reason
+        loop.submit(chat([{"role": "user", "content": "hi"}], mode="lookup"))
+        (err,) = [e for e in loop.outbox if isinstance(e, Error)]
+        assert "--speculate-inexact" in err.message
+    finally:
+        loop.runner.close()
