@@ -183,8 +183,8 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
         raise BenchError(f"--concurrency {too_many[0]} is more than the server's {ctx.n_slots} slots")
     steps: list[Step] = []
     for r in range(o.runs):
-        for mode in o.modes:
-            for ps in sets:
+        for ps in sets:  # the modes side by side per prompt, their order alternating per repeat
+            for mode in (o.modes if r % 2 == 0 else o.modes[::-1]):
                 steps += [_chat_step(ctx, v, ps, r, mode, o.tokens) for v in ctx.variants]
         for d in depths:
             steps += [_depth_step(ctx, v, d, r, o.tokens) for v in ctx.variants]

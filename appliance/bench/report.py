@@ -15,7 +15,7 @@ from typing import Any
 
 from ..store import HostRecord, ResultCell, RunInfo, RunStatus, Store
 from .results import (COMPARED, GAP_FLAG, GIB, KIND_TITLES, CompareRow, Ratio, Row, Stat, agent_against_cold, compare,
-                      of_variant, rows, served_against_raw, variants)
+                      modes_against_serial, of_variant, rows, served_against_raw, variants)
 
 # -- a run -------------------------------------------------------------------------------
 
@@ -128,10 +128,29 @@ def _markdown(info: RunInfo, host: HostRecord | None, cells: Sequence[ResultCell
     against_raw = served_against_raw(cells)
     if against_raw:
         lines += [render_compare(against_raw, "raw", "served", "Served against the raw llama.cpp reference"), ""]
+    lines += _modes_against_serial(cells)
     for summary in (_concurrency_table, _agent_table, _needle_table):
         lines += summary(all_rows, with_variant)
     lines += _agent_against_cold(cells)
     return _lines(lines)
+
+
+def _modes_against_serial(cells: Sequence[ResultCell]) -> list[str]:
+    lines = []
+    for mode, found, record in modes_against_serial(cells):
+        body = []
+        for r in found:
+            rec = record.get(r.cell, {})
+            drafted, accepted = rec.get("draft_n", 0), rec.get("draft_n_accepted", 0)
+            body.append([_escape(r.cell), str(r.client_decode_tps.pairs),
+                         _ratio_cell(r.client_decode_tps, "{:,.1f}"), _ratio_cell(r.engine_decode_tps, "{:,.1f}"),
+                         _num(rec.get("tokens_per_step"), "{:,.2f}"), f"{accepted:,} / {drafted:,}",
+                         f"{accepted / drafted:.0%}" if drafted else "-"])
+        header = ["cell", "pairs", "client decode tok/s", "engine decode tok/s", "tokens per step",
+                  "accepted / drafted", "acceptance"]
+        lines += _summary(f"Speculation: {mode} against serial (serial / {mode}, with the median "
+                          "pairwise change)", header, body)
+    return lines
 
 
 def _agent_against_cold(cells: Sequence[ResultCell]) -> list[str]:

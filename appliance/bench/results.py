@@ -89,9 +89,9 @@ def _label(c: ResultCell) -> str:
 
 
 def _groups(cells: Iterable[ResultCell]) -> list[list[ResultCell]]:
-    groups: dict[tuple[str, str, str], list[ResultCell]] = {}
+    groups: dict[tuple[str, str, str, str], list[ResultCell]] = {}
     for c in cells:
-        groups.setdefault((_label(c), c.target, c.variant), []).append(c)
+        groups.setdefault((_label(c), c.target, c.variant, c.mode), []).append(c)
     return list(groups.values())
 
 
@@ -242,10 +242,10 @@ def of_variant(cells: Iterable[ResultCell], variant: str) -> list[ResultCell]:
     return [c for c in cells if c.variant == variant]
 
 
-def _keyed(cells: Sequence[ResultCell], label: str) -> dict[tuple[str, str], list[ResultCell]]:
-    out: dict[tuple[str, str], list[ResultCell]] = {}
+def _keyed(cells: Sequence[ResultCell], label: str) -> dict[tuple[str, str, str], list[ResultCell]]:
+    out: dict[tuple[str, str, str], list[ResultCell]] = {}
     for group in _groups(cells):
-        key = (_label(group[0]), group[0].target)
+        key = (_label(group[0]), group[0].target, group[0].mode)
         if key in out:
             raise ValueError(f"side {label} holds {key[0]!r} ({key[1]}) in several variants; "
                              "compare one variant at a time")
@@ -405,6 +405,29 @@ def served_against_raw(cells: Sequence[ResultCell]) -> list[CompareRow]:
     same = "reference"  # one target name on both sides, so compare() pairs them by cell label
     return compare([dataclasses.replace(c, target=same) for c in raw],
                    [dataclasses.replace(c, target=same) for c in served], "raw", "served")
+
+
+def modes_against_serial(cells: Sequence[ResultCell]) -> list[tuple[str, list[CompareRow], dict[str, dict]]]:
+    """For each speculative mode of a bench run: pairwise mode / serial ratios per prompt cell
+    (one variant at a time), and per cell the drafting record: tokens per step (median),
+    drafted and accepted tokens (sums)."""
+    out = []
+    for variant in variants(cells) or [""]:
+        mine = [c for c in cells if c.variant == variant and c.kind == "prompt"]
+        serial = [dataclasses.replace(c, mode="-") for c in mine if c.mode == "serial"]
+        for mode in dict.fromkeys(c.mode for c in mine if c.mode != "serial"):
+            other = [c for c in mine if c.mode == mode]
+            found = compare(serial, [dataclasses.replace(c, mode="-") for c in other], "serial", mode)
+            record: dict[str, dict] = {}
+            for c in other:
+                r = record.setdefault(_label(c), {"steps": [], "draft_n": 0, "draft_n_accepted": 0})
+                r["steps"].append(c.tokens_per_step)
+                r["draft_n"] += int(c.extra.get("draft_n", 0))
+                r["draft_n_accepted"] += int(c.extra.get("draft_n_accepted", 0))
+            for r in record.values():
+                r["tokens_per_step"] = stat(r.pop("steps")).median
+            out.append((f"{mode}{f' ({variant})' if variant else ''}", found, record))
+    return out
 
 
 def agent_against_cold(cells: Sequence[ResultCell]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 from appliance.bench import report as reports
 from appliance.bench import results
 from appliance.bench.report import render_run
-from appliance.bench.results import Stat, compare, estimate, rows
+from appliance.bench.results import Stat, compare, estimate, modes_against_serial, rows
 from appliance.store import ModelFingerprint, ResultCell, RunInfo, RunStatus, Store
 from hostcheck.cpu import CpuInfo
 from hostcheck.facts import Unavailable
@@ -445,3 +445,22 @@ def test_agent_replay_against_cold_at_the_same_depth():
     assert [(r["turn"], r["what"]) for r in found] == [(1, "follow-up"), (2, "follow-up"), (2, "after restart")]
     assert found[0]["ttft_ms"] == 700.0 and found[0]["ratio"] == pytest.approx(700 / 7000)
     assert found[2]["ratio"] == pytest.approx(1500 / 9000) and found[2]["cold_depth"] == 2600
+
+
+def test_speculative_modes_are_compared_with_serial_pairwise_per_prompt_set():
+    cells = []
+    for r in range(3):
+        cells += [cell("prompt code", kind="prompt", repeat_index=r, client_decode_tps=40.0 + r),
+                  cell("prompt code", kind="prompt", mode="lookup", repeat_index=r,
+                       client_decode_tps=80.0 + 2 * r, tokens_per_step=2.0 + r,
+                       extra={"draft_n": 10, "draft_n_accepted": 7, "speculation": "lookup"})]
+    (found,) = modes_against_serial(cells)
+    mode, (row,), record = found
+    assert mode == "lookup" and row.cell == "prompt code" and row.client_decode_tps.pairs == 3
+    assert row.client_decode_tps.ratio == pytest.approx(2.0)
+    assert record["prompt code"] == {"draft_n": 30, "draft_n_accepted": 21, "tokens_per_step": 3.0}
+    # the rate table keeps the modes apart
+    assert sorted(r.mode for r in rows(cells)) == ["lookup", "serial"]
+    md = render_run(_info(), None, cells)
+    assert "### Speculation: lookup against serial" in md
+    assert "| prompt code | 3 | 41.0 / 82.0 (+100.0%) |" in md and "| 21 / 30 | 70% |" in md

@@ -69,7 +69,6 @@ class TorchRunner(TextMethods):
         self.dtype = resolve_dtype(cfg.torch_dtype, self.device)
         threads, _ = cfg.resolved_threads()
         torch.set_num_threads(threads)
-        torch.set_flush_denormal(True)  # denormal float32 arithmetic on x86 is ~20x slower
         weights = GGUFWeights(model_path)
         args = model_mod.ModelArgs.from_gguf(weights)
         self._llama = load_model(model_path, vocab_only=True)
@@ -129,14 +128,23 @@ class TorchRunner(TextMethods):
             rows.extend(range(len(tokens) + len(s.tokens) - s.n_logits, len(tokens) + len(s.tokens)))
             tokens.extend(s.tokens)
             positions.extend(range(s.start_pos, s.start_pos + len(s.tokens)))
-        dev = self.device
-        logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
-                                    segs, torch.tensor(rows, dtype=torch.long, device=dev), self.kv)
+        # denormal float32 arithmetic on x86 is ~20x slower: flush them while the model runs, and
+        # only then (the flag is process state that other code, hypothesis for one, refuses)
+        torch.set_flush_denormal(True)
+        try:
+            logits = self._forward(tokens, positions, segs, rows)
+        finally:
+            torch.set_flush_denormal(False)
         logits = logits.cpu().numpy()
         at = 0
         for s, i in zip(spans, where):
             out[i] = logits[at:at + s.n_logits]
             at += s.n_logits
+
+    def _forward(self, tokens, positions, segs, rows) -> torch.Tensor:
+        dev = self.device
+        return self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
+                                  segs, torch.tensor(rows, dtype=torch.long, device=dev), self.kv)
 
     # -- KV ------------------------------------------------------------------------------
     def truncate(self, slot: int, n_keep: int) -> None:
