@@ -44,7 +44,8 @@ from .runners.base import ModelRunner, Span
 
 MIN_GAIN = 1.05         # a draft must promise 5% more tokens per unit of cost than no draft
 PRIOR_ACCEPT = 0.5      # acceptance assumed for a request before it has drafted
-PRIOR_WEIGHT = 4.0      # ... worth this many drafted tokens of evidence
+PRIOR_WEIGHT = 2.0      # ... worth this many tried draft tokens
+DECAY = 0.7             # per verify: copying comes in bursts, recent steps tell most
 K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 15)
 
 
@@ -109,16 +110,28 @@ class CostModel:
 
 @dataclass
 class Acceptance:
-    """A request's drafting record: proposed and accepted draft tokens, verify steps."""
+    """A request's drafting record. Drafted tokens are tried in order until the first rejection,
+    so a verify that accepted a of k tried a + 1 tokens (a if all passed): the acceptance
+    probability per tried token is accepted / tried. Copying comes in bursts (a quoted file, a
+    path, then new text), so the estimate weighs recent steps more: counts decay by DECAY per
+    verify, and a prior of PRIOR_ACCEPT worth PRIOR_WEIGHT tries holds while evidence is thin."""
 
     proposed: int = 0
     accepted: int = 0
     steps: int = 0
+    recent_accepted: float = 0.0
+    recent_tried: float = 0.0
+
+    def update(self, k: int, accepted: int) -> None:
+        tried = accepted + (1 if accepted < k else 0)
+        self.proposed, self.accepted, self.steps = self.proposed + k, self.accepted + accepted, self.steps + 1
+        self.recent_accepted = DECAY * self.recent_accepted + accepted
+        self.recent_tried = DECAY * self.recent_tried + tried
 
     @property
     def rate(self) -> float:
-        """Acceptance per drafted token, shrunk towards the prior while evidence is thin."""
-        return (self.accepted + PRIOR_ACCEPT * PRIOR_WEIGHT) / (self.proposed + PRIOR_WEIGHT)
+        return ((self.recent_accepted + PRIOR_ACCEPT * PRIOR_WEIGHT)
+                / (self.recent_tried + PRIOR_WEIGHT))
 
 
 def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel) -> list[int]:
@@ -272,9 +285,7 @@ def record(st: Drafting, stats: SpecStats, used: int, committed: Sequence[int]) 
     Returns the accepted draft tokens."""
     k = len(st.draft)
     accepted = next((i for i in range(min(used, k)) if committed[i] != st.draft[i]), min(used, k))
-    st.acc.proposed += k
-    st.acc.accepted += accepted
-    st.acc.steps += 1
+    st.acc.update(k, accepted)
     stats.steps += 1
     stats.proposed += k
     stats.accepted += accepted

@@ -94,11 +94,17 @@ def test_several_streams_draft_only_while_the_whole_step_gains():
     assert tokens / cost(rows) > 4 / cost(4)
 
 
-def test_acceptance_starts_at_the_prior_and_follows_the_evidence():
+def test_acceptance_counts_tried_tokens_and_follows_recent_evidence():
     acc = spec.Acceptance()
     assert acc.rate == spec.PRIOR_ACCEPT
-    acc.proposed, acc.accepted = 100, 90
-    assert 0.85 < acc.rate < 0.9
+    acc.update(8, 0)          # the first drafted token failed: one try, not eight failures
+    assert acc.recent_tried == 1 and acc.proposed == 8
+    for _ in range(10):
+        acc.update(8, 8)      # then a burst of copying
+    assert acc.rate > 0.9
+    for _ in range(6):
+        acc.update(8, 0)      # and new text again: the estimate falls within a few steps
+    assert acc.rate < 0.55
 
 
 # -- exactness and the policy -------------------------------------------------------------------
