@@ -128,12 +128,15 @@ class EngineLoop:
         a forward of m rows costs, and decide (see speculate.decide)."""
         if cfg.speculate == "off":
             return speculate.Policy()
-        text = "The quick brown fox jumps over the lazy dog. " * 8
-        prompt = self.runner.tokenize(text, add_special=False)[:48]
+        text = "The quick brown fox jumps over the lazy dog. " * 40
+        # the verify's 9 rows cross position 256, where llama.cpp's and the torch runner's key
+        # blocks end (a contexts too small for that checks what fits)
+        n = max(1, min(252, self.info.n_ctx - 12))
+        prompt = self.runner.tokenize(text, add_special=False)[:n]
         exactness = speculate.check_exact(self.runner, 0, prompt, k=8)
         cost = speculate.CostModel()
         if exactness.exact or cfg.speculate_inexact:
-            cost = speculate.measure_costs(self.runner, 0, prompt)
+            cost = speculate.measure_costs(self.runner, 0, prompt[:48])
         try:
             policy = speculate.decide(cfg.speculate, cfg.speculate_inexact, exactness, cost)
         except ValueError as e:
