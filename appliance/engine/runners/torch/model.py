@@ -29,6 +29,7 @@ from .weights import GGUFWeights
 
 DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) attend row-wise
 KEY_BLOCK = 64     # ... over the slot's keys padded to a multiple of this (masked past the row)
+MIN_ROWS = 8       # ... with at least this many query rows per KV head in each matmul
 
 
 @dataclass(frozen=True)
@@ -213,22 +214,26 @@ class Attention:
         return out
 
     def _attend_block(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Rows at positions start.. over keys [G, L, E]: two matmuls per KV head (on CPU several
-        times faster than SDPA for a handful of query rows)."""
+        """Rows at positions start.. over keys [G, L, E]: two batched matmuls over the KV heads
+        (on CPU several times faster than SDPA for a handful of query rows). Each head's query
+        rows are padded to at least MIN_ROWS: CPU float32 matmuls take another kernel below 6
+        rows, which would make a one-token step differ from a verify row."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
-        per = a.n_head // a.n_head_kv
+        per, g = a.n_head // a.n_head_kv, a.n_head_kv
         # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
-        qg = q.view(t, a.n_head_kv, per, a.head_dim).permute(1, 2, 0, 3).reshape(a.n_head_kv, per * t, a.head_dim)
-        qg = qg.to(keys.dtype)
-        # one mm per KV head: a batched matmul over the pool's strided heads copies K first
-        # (measured 3x slower at 4,096 positions)
-        scores = torch.stack([qg[g] @ keys[g].T for g in range(a.n_head_kv)]).float() / math.sqrt(a.head_dim)
+        qg = q.view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, per * t, a.head_dim).to(keys.dtype)
+        m = per * t
+        if m < MIN_ROWS:
+            qg = torch.cat((qg, qg.new_zeros(g, MIN_ROWS - m, a.head_dim)), 1)
+        scores = torch.bmm(qg, keys.transpose(1, 2)).float()[:, :m] / math.sqrt(a.head_dim)
         hidden = (torch.arange(length, device=q.device)[None, :]       # [T, L]: row i sees
                   > torch.arange(start, start + t, device=q.device)[:, None])   # positions <= start + i
-        scores = scores.view(a.n_head_kv, per, t, length).masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores.view(a.n_head_kv, per * t, length), dim=-1).to(values.dtype)
-        o = torch.stack([probs[g] @ values[g] for g in range(a.n_head_kv)]).float()   # [G, per*T, E]
-        return o.view(a.n_head_kv, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
+        scores = scores.view(g, per, t, length).masked_fill(hidden, float("-inf"))
+        probs = torch.softmax(scores.view(g, m, length), dim=-1).to(values.dtype)
+        if m < MIN_ROWS:
+            probs = torch.cat((probs, probs.new_zeros(g, MIN_ROWS - m, length)), 1)
+        o = torch.bmm(probs, values)[:, :m].float()                                # [G, per*T, E]
+        return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
 
 class MLP:
