@@ -128,15 +128,21 @@ class EngineLoop:
         a forward of m rows costs, and decide (see speculate.decide)."""
         if cfg.speculate == "off":
             return speculate.Policy()
-        text = "The quick brown fox jumps over the lazy dog. " * 40
-        # the verify's 9 rows cross position 256, where llama.cpp's and the torch runner's key
-        # blocks end (a contexts too small for that checks what fits)
-        n = max(1, min(252, self.info.n_ctx - 12))
-        prompt = self.runner.tokenize(text, add_special=False)[:n]
-        exactness = speculate.check_exact(self.runner, 0, prompt, k=8)
+        text = "The quick brown fox jumps over the lazy dog. " * 120
+        ids = self.runner.tokenize(text, add_special=False)
+        # the verify's 9 rows cross position 256, where llama.cpp's flash attention starts to
+        # split a step's keys over threads, then 1,024, where the torch runner's decode
+        # attention changes path (a context too small for that checks what fits)
+        exactness = None
+        for at in (252, 1020):
+            n = max(1, min(at, self.info.n_ctx - 12))
+            exactness = speculate.check_exact(self.runner, 0, ids[:n], k=8)
+            if not exactness.exact or n < at:
+                break
+        prompt = ids[:48]
         cost = speculate.CostModel()
         if exactness.exact or cfg.speculate_inexact:
-            cost = speculate.measure_costs(self.runner, 0, prompt[:48])
+            cost = speculate.measure_costs(self.runner, 0, prompt)
         try:
             policy = speculate.decide(cfg.speculate, cfg.speculate_inexact, exactness, cost)
         except ValueError as e:

@@ -30,6 +30,7 @@ from .weights import GGUFWeights
 DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) attend row-wise
 KEY_BLOCK = 64     # ... over the slot's keys padded to a multiple of this (masked past the row)
 MIN_ROWS = 8       # ... with at least this many query rows per KV head in each matmul
+FLOAT32_KEYS = 1024   # ... in float32 up to this many keys, in the KV dtype past it
 
 
 @dataclass(frozen=True)
@@ -214,25 +215,37 @@ class Attention:
         return out
 
     def _attend_block(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Rows at positions start.. over keys [G, L, E]: two batched matmuls over the KV heads
-        (on CPU several times faster than SDPA for a handful of query rows). Each head's query
-        rows are padded to at least MIN_ROWS: CPU float32 matmuls take another kernel below 6
-        rows, which would make a one-token step differ from a verify row."""
+        """Rows at positions start.. over keys [G, L, E]: two matmuls over the KV heads (on CPU
+        several times faster than SDPA for a handful of query rows).
+
+        Up to FLOAT32_KEYS keys (and always on a GPU), the keys are taken in float32 and each
+        head's query rows padded to at least MIN_ROWS: CPU float32 matmuls take another kernel
+        below 6 rows, which would make a one-token step differ from a verify row, and tiny
+        bfloat16 matmuls are 3x slower there. Past it, reading the KV is what costs, so the
+        matmuls stay in the pool's dtype (scores one per head: a batched matmul over the
+        pool's strided heads copied K first). Which path a row takes depends only on its position."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
         per, g = a.n_head // a.n_head_kv, a.n_head_kv
-        # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
-        qg = q.view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, per * t, a.head_dim).to(keys.dtype)
         m = per * t
-        if m < MIN_ROWS:
-            qg = torch.cat((qg, qg.new_zeros(g, MIN_ROWS - m, a.head_dim)), 1)
-        scores = torch.bmm(qg, keys.transpose(1, 2)).float()[:, :m] / math.sqrt(a.head_dim)
+        # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
+        qg = q.view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, m, a.head_dim)
+        small = length <= FLOAT32_KEYS or keys.device.type != "cpu"
+        if small:
+            keys, values = keys.float(), values.float()
+            qg = torch.cat((qg, qg.new_zeros(g, MIN_ROWS - m, a.head_dim)), 1) if m < MIN_ROWS else qg
+            scores = torch.bmm(qg, keys.transpose(1, 2))[:, :m]
+        else:
+            qg = qg.to(keys.dtype)
+            scores = torch.stack([qg[h] @ keys[h].T for h in range(g)]).float()
         hidden = (torch.arange(length, device=q.device)[None, :]       # [T, L]: row i sees
                   > torch.arange(start, start + t, device=q.device)[:, None])   # positions <= start + i
-        scores = scores.view(g, per, t, length).masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores.view(g, m, length), dim=-1).to(values.dtype)
-        if m < MIN_ROWS:
-            probs = torch.cat((probs, probs.new_zeros(g, MIN_ROWS - m, length)), 1)
-        o = torch.bmm(probs, values)[:, :m].float()                                # [G, per*T, E]
+        scores = (scores / math.sqrt(a.head_dim)).view(g, per, t, length).masked_fill(hidden, float("-inf"))
+        probs = torch.softmax(scores.view(g, m, length), dim=-1)
+        if small:
+            probs = torch.cat((probs, probs.new_zeros(g, MIN_ROWS - m, length)), 1) if m < MIN_ROWS else probs
+            o = torch.bmm(probs, values)[:, :m]                                       # [G, per*T, E]
+        else:
+            o = torch.bmm(probs.to(values.dtype), values).float()
         return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
 

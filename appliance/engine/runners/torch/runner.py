@@ -81,9 +81,7 @@ class TorchRunner(TextMethods):
         self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4)
         self.weights, self.args, self.n_batch = weights, args, cfg.n_batch
         n_ctx = cfg.n_ctx or args.n_ctx_train
-        # the KV pool in float32 on a CPU: a decode row's attention is a few tiny matmuls, which
-        # run 3x faster in float32 than in bfloat16 there (and the KV is exact); twice the bytes
-        self.kv_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        self.kv_dtype = self.dtype
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
                          self.kv_dtype, self.device)
         self.info = RunnerInfo(
