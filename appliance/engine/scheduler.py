@@ -44,6 +44,7 @@ from ..errors import ApplianceError, ContextOverflow, InvalidRequest, QueueFull
 from .constraints import Matcher
 from .output import OutputParser, Piece
 from .prefix_cache import DiskTier, PrefillCost, RamTier
+from .slot_cache import SlotCache
 from . import speculate as spec
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
@@ -92,7 +93,7 @@ class StepStats:
     ms: float
 
 
-class Scheduler:
+class Scheduler(SlotCache):
     def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None],
                  disk: DiskTier | None = None, policy: spec.Policy | None = None) -> None:
         self.runner = runner
@@ -254,89 +255,6 @@ class Scheduler:
             self.cache_hit_tokens += reuse
             self.slots[i] = act
 
-    def _spill(self, slot: int, reuse: int) -> None:
-        """Blocks kept in a slot that is about to be overwritten go to the RAM and disk tiers."""
-        kept = self.kept[slot]
-        if not kept or len(kept) <= reuse:
-            return
-        want_ram = self.ram is not None and not self.ram.holds(kept)
-        want_disk = self.disk is not None and self.disk.enabled and not self.disk.holds(kept)
-        if not (want_ram or want_disk):
-            return
-        self.runner.truncate(slot, len(kept))  # drop the reply's positions: not reusable
-        blob = self.runner.save(slot)
-        if want_ram:
-            self.ram.put(kept, blob)
-        if want_disk:
-            self.disk.put(kept, blob)
-
-    def _pin(self, slot: int) -> None:
-        """Save the slot's kept blocks into both tiers now, pinned: a system prompt with tool
-        schemas stays cached whatever else comes through."""
-        kept = self.kept[slot]
-        if not kept or (self.ram is None and self.disk is None):
-            return
-        self.runner.truncate(slot, len(kept))  # the reply's positions are not reusable
-        blob = self.runner.save(slot)
-        if self.ram is not None:
-            self.ram.put(kept, blob, pin=True)
-        if self.disk is not None:
-            self.disk.put(kept, blob, pin=True)
-
-    def persist(self) -> None:
-        """Save every idle slot's kept blocks to disk (at shutdown: they survive the restart)."""
-        while self.persist_one():
-            pass
-
-    def persist_one(self) -> bool:
-        """Write one idle slot's kept blocks to disk if they are not there yet (the engine calls
-        this while idle, so little is left to write at shutdown); False when nothing was left."""
-        if self.disk is None or not self.disk.enabled:
-            return False
-        for i, act in enumerate(self.slots):
-            if act is not None or not self.kept[i] or self.on_disk[i]:
-                continue
-            self.on_disk[i] = True  # the engine asks every idle tick: hash a slot's blocks once
-            if not self.disk.holds(self.kept[i]):
-                self.runner.truncate(i, len(self.kept[i]))
-                self.disk.put(self.kept[i], self.runner.save(i))
-                return True
-        return False
-
-    def _restore_saved(self, act: Active, slot: int, reuse: int) -> int:
-        """Restore the longest saved prefix (RAM, then disk) if it beats the slot's own."""
-        if not (self.cfg.prompt_cache and act.req.cache_prompt):
-            return reuse
-        limit = (len(act.prompt) - 1) // self.cfg.prefill_chunk * self.cfg.prefill_chunk
-        found, entry = self.ram.lookup(act.prompt) if self.ram is not None else (0, None)
-        if entry is not None and min(found, limit) > reuse:
-            self.runner.restore(slot, entry.blob)
-            self.ram.record_hit(min(found, limit))
-            return min(found, limit)
-        found, blob = self.disk.lookup(act.prompt) if self.disk is not None else (0, None)
-        if blob is not None and min(found, limit) > reuse:
-            self.runner.restore(slot, blob)
-            self.disk.record_hit(min(found, limit))
-            if self.ram is not None:
-                self.ram.put(act.prompt[:found], blob)
-            return min(found, limit)
-        return reuse
-
-    def _pick_slot(self, act: Active) -> tuple[int, int]:
-        """The free slot with the longest reusable prefix (whole blocks, never the prompt's last
-        token, whose logits are needed); without a hit, the free slot keeping the least."""
-        chunk = self.cfg.prefill_chunk
-        best, best_reuse = -1, -1
-        for i, occupant in enumerate(self.slots):
-            if occupant is not None:
-                continue
-            reuse = 0
-            if self.cfg.prompt_cache and act.req.cache_prompt:
-                reuse = min(_common_prefix(self.kept[i], act.prompt), len(act.prompt) - 1) // chunk * chunk
-            if reuse > best_reuse or (reuse == best_reuse and len(self.kept[i]) < len(self.kept[best])):
-                best, best_reuse = i, reuse
-        return best, best_reuse
-
     def _plan(self) -> tuple[list[Span], list[Active]]:
         spans: list[Span] = []
         owners: list[Active] = []
@@ -453,11 +371,3 @@ class Scheduler:
                           draft_n=acc.proposed, draft_n_accepted=acc.accepted,
                           speculation=self.policy.label if act.spec is not None else "off")
         self.emit(Done(act.req.id, reason, usage, timings))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
