@@ -164,7 +164,6 @@ class Exactness:
     max_abs_diff: float
     argmax_differs: int
     positions: int
-    detail: str = ""
 
 
 def check_exact(runner: ModelRunner, slot: int, prompt: Sequence[int], k: int = 8) -> Exactness:
@@ -274,6 +273,8 @@ def drafts(states: Sequence[Drafting | None], room: Sequence[int], policy: Polic
     """The draft for each decode stream of a step (empty for none): proposals from each
     stream's context, lengths by `plan_drafts` on the measured costs. `room[i]` is how many
     drafted tokens stream i can still use (its max_tokens and context left, less one)."""
+    if all(st is None for st in states):  # the usual step of a server that is not drafting
+        return [()] * len(states)
     props = [st.index.propose(min(policy.k_max, r)) if st is not None and r > 0 else ()
              for st, r in zip(states, room)]
     ks = plan_drafts([(st.acc.rate if st else 0.0, len(p)) for st, p in zip(states, props)], policy.cost)

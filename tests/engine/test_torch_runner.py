@@ -218,6 +218,17 @@ def test_malformed_and_unsupported_files_are_refused_by_name(tmp_path):
         make_runner("torch", cfg, other)
 
 
+def test_a_tensor_type_gguf_cannot_dequantize_is_refused_by_name(tmp_path, monkeypatch):
+    """The error path for a quantization type the installed gguf lacks (a newer file): the load
+    fails naming the tensor and its type. Simulated, since every type of this gguf dequantizes."""
+    def unsupported(data, qtype):
+        raise NotImplementedError(qtype)
+
+    monkeypatch.setattr(gguf.quants, "dequantize", unsupported)
+    with pytest.raises(ModelLoadError, match=r"tensor '.*' has type F32, which this runner cannot dequantize"):
+        make_runner("torch", EngineConfig(n_slots=1, n_ctx=64), write_tiny(tmp_path / "t.gguf", "llama"))
+
+
 def test_without_torch_the_engine_says_how_to_install_it(monkeypatch):
     import sys
 

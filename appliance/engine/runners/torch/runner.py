@@ -131,9 +131,11 @@ class TorchRunner(TextMethods):
             positions.extend(range(s.start_pos, s.start_pos + len(s.tokens)))
         # denormal float32 arithmetic on x86 is ~20x slower: flush them while the model runs, and
         # only then (the flag is process state that other code, hypothesis for one, refuses)
+        dev = self.device
         torch.set_flush_denormal(True)
         try:
-            logits = self._forward(tokens, positions, segs, rows)
+            logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
+                                        segs, torch.tensor(rows, dtype=torch.long, device=dev), self.kv)
         finally:
             torch.set_flush_denormal(False)
         logits = logits.cpu().numpy()
@@ -141,11 +143,6 @@ class TorchRunner(TextMethods):
         for s, i in zip(spans, where):
             out[i] = logits[at:at + s.n_logits]
             at += s.n_logits
-
-    def _forward(self, tokens, positions, segs, rows) -> torch.Tensor:
-        dev = self.device
-        return self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
-                                  segs, torch.tensor(rows, dtype=torch.long, device=dev), self.kv)
 
     # -- KV ------------------------------------------------------------------------------
     def truncate(self, slot: int, n_keep: int) -> None:
