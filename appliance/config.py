@@ -52,9 +52,13 @@ class EngineConfig:
     cache_disk_bytes: int = _opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
     plan: str | None = _opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
                             "directory, when present); 'off' to use the fixed defaults")
-    speculate: str = _opt("auto", "speculative decoding by prompt lookup: auto (on where the runner proves "
-                          "at start that a k-token verify equals k one-token steps bit for bit, else "
-                          "off), lookup (refuse to start if it cannot), off; a request's \"speculate\" wins")
+    speculate: str = _opt("auto", "speculative decoding: auto (on where the runner proves at start that "
+                          "a k-token verify equals k one-token steps bit for bit, else off; drafts from "
+                          "--draft-model when given, else by prompt lookup), lookup or draft (that kind, "
+                          "and refuse to start if it cannot), off; a request's \"speculate\" wins")
+    draft_model: str | None = _opt(None, "a smaller GGUF with the same vocabulary that drafts tokens "
+                                   "greedily for the served model to verify ('embedded': the embedded model)")
+    draft_engine: str | None = _opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
     speculate_inexact: bool = _opt(False, "allow speculation on a runner that is not exact (the output may "
                                    "differ from serial decoding; every response says so in timings)")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
@@ -65,7 +69,9 @@ class EngineConfig:
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
-        _require(self.speculate in ("auto", "lookup", "off"), "speculate must be auto, lookup or off")
+        _require(self.speculate in ("auto", "lookup", "draft", "off"), "speculate must be auto, lookup, draft or off")
+        _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
+        _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")
         _require(self.n_slots >= 1, "n_slots must be at least 1")
         _require(self.n_ctx >= 0, "n_ctx must be 0 (the model's) or positive")
         _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")

@@ -21,7 +21,7 @@ from appliance.engine.types import (ChatMessage, Constraint, Delta, Done, Reques
                                     Tokenized, ToolCall, ToolSpec)
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
-SPECULATE_MODES = ("off", "lookup")
+SPECULATE_MODES = ("off", "lookup", "draft")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
@@ -369,7 +369,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
 
 
 def _speculate(body: dict) -> str | None:
-    """Our extension: "off" or "lookup" for this request (absent or null: the server's default)."""
+    """Our extension: "off", "lookup" or "draft" for this request (absent or null: the server's default)."""
     v = body.get("speculate")
     if v is not None and v not in SPECULATE_MODES:
         raise InvalidRequest(f"'speculate' must be one of {', '.join(SPECULATE_MODES)}; got {v!r}",

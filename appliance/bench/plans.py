@@ -161,7 +161,7 @@ class BenchOptions:
     needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
 
 
-SUPPORTED_MODES = ("serial", "lookup")   # "draft" (a draft model) is not built yet
+SUPPORTED_MODES = ("serial", "lookup", "draft")
 
 
 def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
@@ -170,9 +170,14 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
             raise BenchError(f"mode {mode!r} is not available (modes: {', '.join(SUPPORTED_MODES)})")
         if mode != "serial":
             for v in ctx.variants:
-                if "speculation" not in ((v.health or {}).get("settings") or {}):
+                spec = ((v.health or {}).get("settings") or {}).get("speculation")
+                if spec is None:
                     raise BenchError(f"mode {mode!r} needs an appliance server: {v.target.url} does not "
                                      "report speculation in /health")
+                if mode not in spec.get("modes", ()):
+                    why = ("it has no draft model (serve with --draft-model)" if mode == "draft" and spec.get("modes")
+                           else spec.get("reason", "it does not speculate"))
+                    raise BenchError(f"mode {mode!r}: {v.target.url} refuses it: {why}")
     sets = [prompt_sets.load(name) for name in o.prompt_sets]
     depths = () if o.depths is None else (o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,)))
     for d in depths:

@@ -21,6 +21,7 @@ from ..models import file_fingerprint, resolve
 from . import plan as plan_mod
 from .chat import ChatTemplate
 from . import speculate, tools
+from .draft import SAMPLE, DraftModel, check_vocab
 from .constraints import Constraints
 from .prefix_cache import DiskTier
 from .output import OutputParser
@@ -90,10 +91,16 @@ class EngineLoop:
         self.constraints = Constraints(self.runner.guidance_tokenizer, self.info.n_vocab)
         self._warm_up()
         self.outbox: list[Event] = []
+        self.drafter: DraftModel | None = None
         self.policy = self._speculation(cfg)
-        self.info = dataclasses.replace(self.info, settings={**self.info.settings,
-                                                              "speculation": self.policy.as_dict()})
-        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append, self._disk_tier(cfg), self.policy)
+        spec_info = self.policy.as_dict()
+        if self.drafter is not None:
+            d = self.drafter.runner.info
+            spec_info["draft_model"] = {"path": d.model_path, "name": d.model_name, "backend": d.backend,
+                                        "arch": d.arch, "settings": d.settings}
+        self.info = dataclasses.replace(self.info, settings={**self.info.settings, "speculation": spec_info})
+        self.scheduler = Scheduler(self.runner, cfg, self.outbox.append, self._disk_tier(cfg), self.policy,
+                                   self.drafter)
         log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
                  ref.path.name, self.info.arch, time.perf_counter() - t0, self.info.n_slots,
                  self.info.n_ctx, self.info.kv_bytes / 2**20, self.info.settings)
@@ -141,15 +148,42 @@ class EngineLoop:
                 break
         prompt = ids[:48]
         cost = speculate.CostModel()
+        draft = None
         if exactness.exact or cfg.speculate_inexact:
             cost = speculate.measure_costs(self.runner, 0, prompt)
+            if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
+                draft = self._load_draft(cfg, cost, prompt)
         try:
-            policy = speculate.decide(cfg.speculate, cfg.speculate_inexact, exactness, cost)
+            policy = speculate.decide(cfg.speculate, cfg.speculate_inexact, exactness, cost, draft)
         except ValueError as e:
             raise ModelLoadError(str(e)) from None
         log.info("speculation: %s (%s); verify cost by rows %s", policy.default, policy.reason,
                  policy.cost.as_dict())
         return policy
+
+    def _load_draft(self, cfg: EngineConfig, cost: speculate.CostModel,
+                    prompt: Sequence[int]) -> speculate.DraftCost:
+        """Load --draft-model with the target's slots and context, check that it shares the
+        vocabulary, and measure what its forwards cost against the target's and how often its
+        argmax agrees with the target's (the acceptance prior)."""
+        ref = resolve(None if cfg.draft_model == "embedded" else cfg.draft_model)
+        dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=self.info.n_ctx)
+        runner = make_runner(dcfg, ref.path, ref.alias)
+        try:
+            check_vocab(runner, self.runner, str(ref.path))
+            self.drafter = DraftModel(runner, self.info.n_vocab, cfg.prefill_chunk)
+            sample = self.runner.tokenize(SAMPLE, add_special=True)
+            prior = self.drafter.agreement(self.runner, 0, sample)
+            dcost = speculate.measure_costs(runner, 0, prompt)
+        except BaseException:
+            self.drafter = None
+            runner.close()
+            raise
+        unit = dcost.unit_s / cost.unit_s if cost.unit_s > 0 else 1.0
+        log.info("draft model %s (%s): one forward %.2f of the target's, argmax agreement %.0f%%",
+                 ref.path.name, runner.info.backend, unit, 100 * prior)
+        self.drafter.cost = speculate.DraftCost(unit, dcost, prior)
+        return self.drafter.cost
 
     def stats(self) -> dict[str, Any]:
         return {**self.scheduler.stats(), "kv_bytes": self.info.kv_bytes}
@@ -247,7 +281,7 @@ class EngineLoop:
                         return
                 elif msg[0] == "stop":
                     self.scheduler.persist()
-                    self.runner.close()
+                    self.close()
                     return
             if self.scheduler.has_work():
                 self._step()
@@ -262,6 +296,11 @@ class EngineLoop:
                 if not self._send(evt, self.stats() if stats_due else None):
                     return
                 last_stats = now if stats_due else last_stats
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.runner.close()
 
     def _send(self, evt: Connection, stats: dict[str, Any] | None) -> bool:
         """Send the outbox (and stats); False when the server is gone."""

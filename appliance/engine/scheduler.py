@@ -46,6 +46,7 @@ from .output import OutputParser, Piece
 from .prefix_cache import DiskTier, PrefillCost, RamTier
 from .slot_cache import SlotCache
 from . import speculate as spec
+from .draft import DraftModel
 from .runners.base import ModelRunner, Span
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 from .types import (Accepted, Delta, Done, Error, Event, Request, Timings, TokenLogprob, TopLogprob,
@@ -95,8 +96,10 @@ class StepStats:
 
 class Scheduler(SlotCache):
     def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None],
-                 disk: DiskTier | None = None, policy: spec.Policy | None = None) -> None:
+                 disk: DiskTier | None = None, policy: spec.Policy | None = None,
+                 drafter: DraftModel | None = None) -> None:
         self.runner = runner
+        self.drafter = drafter
         self.policy = policy or spec.Policy()
         self.spec_stats = spec.SpecStats()
         self.cfg = cfg
@@ -152,12 +155,17 @@ class Scheduler(SlotCache):
         # any integer is a seed (OpenAI allows negatives); PCG64 takes non-negative ones
         seed = p.seed % 2**64 if p.seed is not None else int.from_bytes(os.urandom(8), "little")
         mode = req.speculate or self.policy.default
-        if mode == "lookup" and not self.policy.allowed:
-            raise InvalidRequest(f"speculate: {self.policy.reason}", param="speculate")
+        refused = self.policy.refusal(mode)
+        if refused:
+            raise InvalidRequest(f"speculate: {refused}", param="speculate")
+        drafting = None
+        if mode != "off":
+            prior = self.policy.draft.prior if mode == "draft" and self.policy.draft else spec.PRIOR_ACCEPT
+            drafting = spec.Drafting(spec.NgramIndex(prompt), mode, spec.Acceptance(prior=prior))
         return Active(req=req, prompt=list(prompt), max_tokens=max_tokens, sampler=Sampler(p, seed),
                       stop=StopMatcher(p.stop), t_submit=time.perf_counter(),
                       utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"),
-                      spec=spec.Drafting(spec.NgramIndex(prompt)) if mode == "lookup" else None)
+                      spec=drafting)
 
     def abort(self, request_id: str) -> None:
         act = self.by_id.get(request_id)
@@ -172,6 +180,11 @@ class Scheduler(SlotCache):
         self.waiting.clear()
         self.slots = [None] * len(self.slots)
         self.kept = [[] for _ in self.slots]  # the runner failed: trust no KV
+        if self.drafter is not None:
+            try:
+                self.drafter.reset()
+            except Exception:  # the draft model may be what failed
+                log.exception("resetting the draft model failed")
 
     # -- state ---------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -197,15 +210,23 @@ class Scheduler(SlotCache):
     def step(self) -> StepStats:
         self._drop_cancelled()
         self._fill_slots()
+        t0 = time.perf_counter()  # the draft model's forwards are part of the step
         spans, owners = self._plan()
         if not spans:
             return StepStats(0, 0, 0.0)
-        t0 = time.perf_counter()
         decoding = [not a.prefilling for a in owners]
         for act in owners:
             if not act.t_prefill:
                 act.t_prefill = t0
+        t_fwd = time.perf_counter()
         logits = self.runner.forward(spans)
+        if self.drafter is not None:
+            if all(decoding):  # a clean measure of the draft model's cost against the target's
+                self.drafter.observe(time.perf_counter() - t_fwd, self.policy.cost(sum(len(s.tokens) for s in spans)))
+            self.drafter.last = None
+            # the draft model prefills along with the target
+            self.drafter.follow([(a.slot, a.prompt[:s.start_pos + len(s.tokens)]) for a, s, dec
+                                 in zip(owners, spans, decoding) if not dec and a.spec and a.spec.mode == "draft"])
         sampled = []
         for act, span, lg, dec in zip(owners, spans, logits, decoding):
             if dec:
@@ -260,7 +281,8 @@ class Scheduler(SlotCache):
         owners: list[Active] = []
         decoding = [a for a in self.slots if a is not None and not a.prefilling]
         room = [min(a.max_tokens - len(a.out), self.n_ctx - a.n_past - 1) - 1 for a in decoding]
-        drafts = spec.drafts([a.spec for a in decoding], room, self.policy) if decoding else []
+        drafts = spec.drafts([a.spec for a in decoding], room, self.policy, self.drafter,
+                             [a.slot for a in decoding]) if decoding else []
         for act, draft in zip(decoding, drafts):
             if act.spec is not None:
                 act.spec.draft = draft
@@ -369,5 +391,5 @@ class Scheduler(SlotCache):
                           queue_ms=queue_ms, n_ctx=self.n_ctx,
                           tokens_per_step=act.decode_tokens / act.decode_steps if act.decode_steps else 1.0,
                           draft_n=acc.proposed, draft_n_accepted=acc.accepted,
-                          speculation=self.policy.label if act.spec is not None else "off")
+                          speculation=self.policy.label(act.spec.mode) if act.spec is not None else "off")
         self.emit(Done(act.req.id, reason, usage, timings))

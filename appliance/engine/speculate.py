@@ -19,28 +19,38 @@ is the serial output for the same seed, token for token.
 
 Drafts come from prompt lookup (`NgramIndex`): the most recent earlier occurrence of the
 context's last n tokens (longest n first) in the request's prompt and output, and what
-followed it.
+followed it. Or from a draft model (`draft.DraftModel`): a second, smaller model with the same
+vocabulary, decoding greedily in its own KV kept in step with the target's. Which one a
+request uses is its mode ("lookup" or "draft"); the verify is the same.
 
 Whether to draft, and how far, is arithmetic on measured costs (`CostModel`): a forward of
 m rows costs c(m) one-row steps (measured on the loaded model at start-up). With acceptance
 probability a per drafted token (tracked per request), a draft of k commits
 E(k) = (1 - a^(k+1)) / (1 - a) tokens for c(1 + k); serial commits 1 for c(1) = 1. A request
-drafts the k that maximises E(k) / c(1 + k), and only when that beats 1 by a margin.
+drafts the k that maximises E(k) / c(1 + k), and only when that beats 1 by a margin. A draft
+model's k tokens cost k of its own forwards on top: u * c_d(1) each, u being its one-row
+forward's time over the target's (`DraftCost`, measured at start with the acceptance prior:
+how often the draft's argmax equals the target's on a sample text).
 
-Several streams: a step's cost is c(total rows). The scheduler gives drafts to streams in
-order of their expected gain and keeps one only while (tokens committed) / c(rows) of the
-whole step improves on the step without it: batching already amortises the weights over the
-streams, and a draft that would make a shared step slower than the tokens it adds is dropped.
+Several streams: a step's cost is c(total rows), plus u * sum_j c_d(n_j) when draft-model
+streams draft (n_j of them are still drafting at their j-th token: the draft model decodes
+them together). The scheduler gives drafts to streams in order of their expected gain and
+keeps one only while (tokens committed) / cost of the whole step improves on the step without
+it: batching already amortises the weights over the streams, and a draft that would make a
+shared step slower than the tokens it adds is dropped.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .runners.base import ModelRunner, Span
+
+if TYPE_CHECKING:
+    from .draft import DraftModel
 
 MIN_GAIN = 1.05         # a draft must promise 5% more tokens per unit of cost than no draft
 PRIOR_ACCEPT = 0.5      # acceptance assumed for a request before it has drafted
@@ -93,6 +103,7 @@ class CostModel:
 
     rows: tuple[int, ...] = (1,)
     cost: tuple[float, ...] = (1.0,)
+    unit_s: float = 0.0          # the measured time of a one-row forward
 
     def __call__(self, m: int) -> float:
         if m <= self.rows[0]:
@@ -121,6 +132,7 @@ class Acceptance:
     steps: int = 0
     recent_accepted: float = 0.0
     recent_tried: float = 0.0
+    prior: float = PRIOR_ACCEPT
 
     def update(self, k: int, accepted: int) -> None:
         tried = accepted + (1 if accepted < k else 0)
@@ -130,25 +142,52 @@ class Acceptance:
 
     @property
     def rate(self) -> float:
-        return ((self.recent_accepted + PRIOR_ACCEPT * PRIOR_WEIGHT)
+        return ((self.recent_accepted + self.prior * PRIOR_WEIGHT)
                 / (self.recent_tried + PRIOR_WEIGHT))
 
 
-def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel) -> list[int]:
+@dataclass(frozen=True)
+class DraftCost:
+    """What a draft model's tokens cost: `unit` is its one-row forward's time over the
+    target's, `cost` its own c_d(m); `prior` the acceptance measured at start."""
+
+    unit: float
+    cost: CostModel
+    prior: float = PRIOR_ACCEPT
+
+    def __call__(self, ks: Sequence[int]) -> float:
+        """The draft model's forwards for drafts of these lengths, decoded together, in target
+        one-row steps: its j-th forward carries the streams drafting at least j tokens."""
+        return self.unit * sum(self.cost(sum(1 for k in ks if k >= j)) for j in range(1, max(ks, default=0) + 1))
+
+    def as_dict(self) -> dict:
+        return {"unit": round(self.unit, 3), "cost": self.cost.as_dict(), "prior_accept": round(self.prior, 3)}
+
+
+def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel, draft: DraftCost | None = None,
+                modelled: Sequence[bool] = ()) -> list[int]:
     """Draft lengths for the decode streams of one step. `wants[i]` is stream i's (acceptance
-    rate, longest draft it has; 0 for none). Streams are considered in order of the tokens a
+    rate, longest draft it can have; 0 for none); `modelled[i]` says its draft would come
+    from the draft model, at `draft`'s cost. Streams are considered in order of the tokens a
     full draft would promise; each takes the k that maximises the step's expected tokens per
     unit of cost, and only when that beats the step without it by MIN_GAIN."""
     ks = [0] * len(wants)
+    modelled = list(modelled) or [False] * len(wants)
+
+    def step_cost(rows: int, ks: list[int]) -> float:
+        if draft is None:
+            return cost(rows)
+        return cost(rows) + draft([k for k, m in zip(ks, modelled) if m])
+
     rows, tokens = len(wants), float(len(wants))
     for i in sorted(range(len(wants)), key=lambda i: -expected_tokens(*wants[i])):
         accept, avail = wants[i]
-        now = tokens / cost(rows)
+        now = tokens / step_cost(rows, ks)
         best, best_rate = 0, now
         for k in K_CHOICES:
             if k > avail:
                 break
-            rate = (tokens - 1.0 + expected_tokens(accept, k)) / cost(rows + k)
+            rate = (tokens - 1.0 + expected_tokens(accept, k)) / step_cost(rows + k, ks[:i] + [k] + ks[i + 1:])
             if rate > best_rate:
                 best, best_rate = k, rate
         if best and best_rate > MIN_GAIN * now:
@@ -202,7 +241,7 @@ def measure_costs(runner: ModelRunner, slot: int, prompt: Sequence[int],
             runner.truncate(slot, n)
     runner.truncate(slot, 0)
     one = float(np.median(times[rows[0]]))
-    return CostModel(tuple(rows), tuple(float(np.median(times[m])) / one for m in rows))
+    return CostModel(tuple(rows), tuple(float(np.median(times[m])) / one for m in rows), one)
 
 
 @dataclass
@@ -223,62 +262,97 @@ class SpecStats:
 
 @dataclass(frozen=True)
 class Policy:
-    """What the engine decided at start: which requests draft, and on what measured costs."""
+    """What the engine decided at start: which requests draft, how, and on what measured costs."""
 
-    default: str = "off"           # for requests that do not say: "lookup" or "off"
-    allowed: bool = False          # may a request ask for "lookup"
-    label: str = "off"             # what responses report: "lookup" or "lookup-inexact"
+    default: str = "off"           # for requests that do not say: "lookup", "draft" or "off"
+    modes: tuple[str, ...] = ()    # the modes a request may ask for
+    inexact: bool = False          # the user allowed speculation on an inexact runner
     reason: str = "speculation is off (--speculate off)"
     cost: CostModel = field(default_factory=CostModel)
     exactness: Exactness | None = None
     k_max: int = 15
+    draft: DraftCost | None = None  # the draft model's costs, when one is loaded
+
+    @property
+    def allowed(self) -> bool:
+        return bool(self.modes)
+
+    def label(self, mode: str) -> str:
+        """What a response of this mode reports in timings.speculation."""
+        return mode + "-inexact" if self.inexact and mode != "off" else mode
+
+    def refusal(self, mode: str) -> str | None:
+        """Why a request may not ask for `mode` (None: it may)."""
+        if mode == "off" or mode in self.modes:
+            return None
+        if self.modes and mode == "draft":
+            return "this server has no draft model (start it with --draft-model)"
+        return self.reason
 
     def as_dict(self) -> dict:
         ex = self.exactness
-        return {"default": self.default, "allowed": self.allowed, "label": self.label,
-                "reason": self.reason, "cost": self.cost.as_dict(),
+        return {"default": self.default, "modes": list(self.modes), "allowed": self.allowed,
+                "label": self.label(self.default), "reason": self.reason, "cost": self.cost.as_dict(),
                 "exact": None if ex is None else ex.exact,
-                "exact_max_abs_diff": None if ex is None else ex.max_abs_diff}
+                "exact_max_abs_diff": None if ex is None else ex.max_abs_diff,
+                "draft": None if self.draft is None else self.draft.as_dict()}
 
 
-def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel) -> Policy:
-    """The policy for `--speculate mode` given what the start-up check measured."""
+def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel,
+           draft: DraftCost | None = None) -> Policy:
+    """The policy for `--speculate mode` given what the start-up check measured (and the
+    draft model's costs, when one is loaded)."""
     if mode == "off" or exactness is None:
         return Policy(reason="speculation is off (--speculate off)", cost=cost)
+    modes = ("lookup", "draft") if draft is not None else ("lookup",)
+    preferred = "draft" if draft is not None else "lookup"
     if exactness.exact:
-        return Policy("lookup", True, "lookup", "the runner verifies k tokens exactly as k steps",
-                      cost, exactness)
+        return Policy(preferred if mode == "auto" else mode, modes, False,
+                      "the runner verifies k tokens exactly as k steps", cost, exactness, draft=draft)
     why = (f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
            f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
            f"{exactness.argmax_differs} of {exactness.positions} rows), so drafted tokens could "
            "change the output; start with --speculate-inexact to allow it anyway")
     if inexact_ok:
-        return Policy("lookup" if mode != "auto" else "off", True, "lookup-inexact",
-                      why.split(", so")[0], cost, exactness)
-    if mode == "lookup":
-        raise ValueError(f"--speculate lookup: {why}")
+        return Policy(mode if mode != "auto" else "off", modes, True, why.split(", so")[0], cost,
+                      exactness, draft=draft)
+    if mode in ("lookup", "draft"):
+        raise ValueError(f"--speculate {mode}: {why}")
     return Policy(reason=why, cost=cost, exactness=exactness)
 
 
 @dataclass
 class Drafting:
-    """One request's prompt-lookup state."""
+    """One request's drafting state: its context (indexed for prompt lookup) and record."""
 
     index: NgramIndex
+    mode: str = "lookup"           # where its drafts come from: "lookup" or "draft"
     acc: Acceptance = field(default_factory=Acceptance)
     draft: tuple[int, ...] = ()
 
 
-def drafts(states: Sequence[Drafting | None], room: Sequence[int], policy: Policy) -> list[tuple[int, ...]]:
-    """The draft for each decode stream of a step (empty for none): proposals from each
-    stream's context, lengths by `plan_drafts` on the measured costs. `room[i]` is how many
-    drafted tokens stream i can still use (its max_tokens and context left, less one)."""
+def drafts(states: Sequence[Drafting | None], room: Sequence[int], policy: Policy,
+           drafter: DraftModel | None = None, slots: Sequence[int] = ()) -> list[tuple[int, ...]]:
+    """The draft for each decode stream of a step (empty for none). Lookup proposals come from
+    each stream's context first (a stream can draft only as far as its proposal goes); lengths
+    by `plan_drafts` on the measured costs; then the draft model decodes the drafts of its
+    streams together. `room[i]` is how many drafted tokens stream i can still use (its
+    max_tokens and context left, less one); `slots[i]` its slot, for the draft model."""
     if all(st is None for st in states):  # the usual step of a server that is not drafting
         return [()] * len(states)
-    props = [st.index.propose(min(policy.k_max, r)) if st is not None and r > 0 else ()
-             for st, r in zip(states, room)]
-    ks = plan_drafts([(st.acc.rate if st else 0.0, len(p)) for st, p in zip(states, props)], policy.cost)
-    return [p[:k] for p, k in zip(props, ks)]
+    modelled = [st is not None and st.mode == "draft" and drafter is not None for st in states]
+    props = [st.index.propose(min(policy.k_max, r)) if st is not None and not m and r > 0 else ()
+             for st, r, m in zip(states, room, modelled)]
+    avail = [max(0, min(policy.k_max, r)) if m else len(p) for p, r, m in zip(props, room, modelled)]
+    draft_cost = drafter.cost if drafter is not None and drafter.cost is not None else policy.draft
+    ks = plan_drafts([(st.acc.rate if st else 0.0, n) for st, n in zip(states, avail)], policy.cost,
+                     draft_cost, modelled)
+    out = [p[:k] for p, k in zip(props, ks)]
+    asks = [(i, slots[i], states[i].index.toks, k) for i, (k, m) in enumerate(zip(ks, modelled)) if m and k]
+    if asks:
+        for (i, *_), got in zip(asks, drafter.propose([a[1:] for a in asks])):
+            out[i] = got
+    return out
 
 
 def record(st: Drafting, stats: SpecStats, used: int, committed: Sequence[int]) -> int:

@@ -88,7 +88,7 @@ class Request:
     parallel_tool_calls: bool = True
     cache_prompt: bool = True       # may reuse a cached prefix (llama-server's option name)
     cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
-    speculate: str | None = None    # "off" | "lookup"; None: the engine's default
+    speculate: str | None = None    # "off" | "lookup" | "draft"; None: the engine's default
 
 
 @dataclass(frozen=True)

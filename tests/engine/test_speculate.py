@@ -134,13 +134,13 @@ def test_the_policy_refuses_an_inexact_runner_unless_told():
     with pytest.raises(ValueError, match="--speculate-inexact"):
         spec.decide("lookup", False, inexact, cost)
     opted = spec.decide("lookup", True, inexact, cost)
-    assert opted.allowed and opted.default == "lookup" and opted.label == "lookup-inexact"
+    assert opted.allowed and opted.default == "lookup" and opted.label("lookup") == "lookup-inexact"
     assert spec.decide("off", False, exact, cost).default == "off"
 
 
 # -- the scheduler's verify path ----------------------------------------------------------------
 
-FREE = spec.Policy("lookup", True, "lookup", "test", spec.CostModel((1, 16), (1.0, 1.0)))
+FREE = spec.Policy("lookup", ("lookup",), False, "test", spec.CostModel((1, 16), (1.0, 1.0)))
 CYCLE = tuple(range(N_VOCAB - 1)) * 2 + tuple(range(10))   # the fake model predicts last + 1: lookup drafts it right
 
 
@@ -201,7 +201,7 @@ def test_a_request_asking_for_lookup_on_a_refusing_engine_gets_a_clear_error():
 def test_off_per_request_wins_and_inexact_speculation_is_labelled():
     _, done, _, _ = generate(FREE, SamplingParams(temperature=0.0, max_tokens=20), speculate="off", n=1)
     assert done[0].timings.speculation == "off" and done[0].timings.draft_n == 0
-    inexact = spec.Policy("lookup", True, "lookup-inexact", "test", FREE.cost)
+    inexact = spec.Policy("lookup", ("lookup",), True, "test", FREE.cost)
     _, done, _, _ = generate(inexact, SamplingParams(temperature=0.0, max_tokens=20),
                              runner_cls=PerturbingRunner, n=1)
     assert done[0].timings.speculation == "lookup-inexact"

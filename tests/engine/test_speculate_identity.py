@@ -109,7 +109,7 @@ def exact(request):
 def test_the_runner_proves_itself_exact_and_drafts_by_default(exact):
     p = exact[0].policy
     assert p.exactness is not None and p.exactness.exact and p.exactness.max_abs_diff == 0.0
-    assert p.allowed and p.default == "lookup" and p.label == "lookup"
+    assert p.allowed and p.default == "lookup" and p.label(p.default) == "lookup"
     assert p.cost.rows[0] == 1 and len(p.cost.rows) > 1
 
 

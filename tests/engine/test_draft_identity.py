@@ -1,0 +1,107 @@
+"""The draft model on the real embedded model, through the whole engine: on every runner that
+proves itself exact, drafts from a draft model give serial greedy decoding's tokens exactly,
+on the shipped bench prompt sets and on generated prompts, alone and with several streams,
+with the prompt cache on and off. Two pairs, one per exact runner:
+- torch serving, drafted by the same model on llama.cpp (their argmaxes agree on ~95% of
+  positions, so long drafts are accepted: the accept path);
+- llama.cpp with flash attention on one thread, drafted by a tiny random model that shares
+  the tokenizer (nearly every draft is wrong at its first token: the cut path).
+Both draft on every step, as if drafting and verifying were free, so that identity is tested
+whatever the adaptive rule would decide.
+
+Never loosen these comparisons: a verify that lets a wrong draft token through is the bug."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from appliance.config import EngineConfig
+from appliance.engine import speculate
+from appliance.engine.loop import EngineLoop
+
+from .gguf_fixtures import write_tiny
+from .runner_kinds import needs_torch
+from .test_speculate_identity import N_CTX, chat, generated, run, shipped
+
+# one prompt of each set but the long ones (CI time: both models prefill them; the lookup tests
+# cover them); on one thread, one prompt of four sets
+SHORT = {"editing-code": 1, "tool-calls": 0, "long-document": 0}
+PAIRS = {
+    "torch+llamacpp-draft": ({"engine": "torch", "draft_model": "embedded", "draft_engine": "llamacpp"},
+                             SHORT, 3),
+    "llamacpp-fa-1thread+tiny-draft": ({"engine": "llamacpp", "flash_attn": True, "n_threads": 1,
+                                        "draft_engine": "llamacpp"},
+                                       {**SHORT, "prose": 1, "code": 1, "editing-code": 0, "tool-calls": 1,
+                                        "repetitive": 0, "multilingual": 1}, 2),
+}
+
+
+@pytest.fixture(scope="module", params=[pytest.param("torch+llamacpp-draft", marks=needs_torch),
+                                        "llamacpp-fa-1thread+tiny-draft"])
+def pair(request, tmp_path_factory):
+    cfg, per_set, streams = PAIRS[request.param]
+    if "draft_model" not in cfg:
+        cfg = {**cfg, "draft_model": str(write_tiny(tmp_path_factory.mktemp("draft") / "tiny.gguf", "llama"))}
+    loop = EngineLoop(EngineConfig(n_ctx=N_CTX, n_slots=4, plan="off", cache_disk_bytes=0, **cfg))
+    free = speculate.CostModel((1, 16), (1.0, 1.0))
+    # a prior of at least one half: the random draft model measured ~0 and would never draft
+    draft = dataclasses.replace(loop.drafter.cost, unit=0.0, prior=max(0.5, loop.drafter.cost.prior))
+    # drafts of at most 6: every step drafts, and 15 draft forwards a step would cost CI minutes
+    loop.scheduler.policy = dataclasses.replace(loop.policy, cost=free, draft=draft, k_max=6)
+    loop.drafter.cost = draft
+    loop.drafter.observe = lambda *a: None  # keep drafting free
+    yield request.param, loop, per_set, streams
+    loop.close()
+
+
+def test_the_draft_model_is_checked_measured_and_the_default(pair):
+    name, loop, *_ = pair
+    p = loop.policy
+    assert p.exactness.exact and p.default == "draft" and p.modes == ("lookup", "draft")
+    assert p.draft is not None and p.draft.unit > 0 and p.draft.cost.rows[0] == 1
+    info = loop.info.settings["speculation"]["draft_model"]
+    assert info["backend"] == "llama.cpp"
+    if name.startswith("torch"):  # the same weights: their argmaxes nearly always agree
+        assert p.draft.prior > 0.8
+    else:                         # random weights: they nearly never do
+        assert p.draft.prior < 0.2
+
+
+def test_draft_equals_serial_on_the_shipped_prompt_sets(pair):
+    name, loop, per_set, _ = pair
+    cases = shipped(per_set)
+    serial = [run(loop, [chat(m, t, "off", cache=False)])[0] for _, (m, t) in cases]
+    cached = [run(loop, [chat(m, t, "draft", cache=True)])[0] for _, (m, t) in cases]
+    cold = {case: run(loop, [chat(m, t, "draft", cache=False)])[0]
+            for case, (m, t) in cases if not case.startswith(tuple(SHORT))}
+    for (case, _), s, c in zip(cases, serial, cached):
+        assert c[0] == s[0], f"{case}: drafting with the prompt cache differs from serial"
+        assert c[1].timings.speculation == "draft" and c[1].timings.draft_n > 0
+        if case in cold:
+            assert cold[case][0] == s[0], f"{case}: drafting without the prompt cache differs from serial"
+    accepted = sum(c[1].timings.draft_n_accepted for c in cached)
+    drafted = sum(c[1].timings.draft_n for c in cached)
+    if name.startswith("torch"):
+        assert accepted > drafted / 2
+    else:
+        assert accepted < drafted / 4
+
+
+def test_draft_equals_serial_on_generated_prompts(pair):
+    _, loop, *_ = pair
+    for text in generated(3, seed=1):
+        msgs = [{"role": "user", "content": text}]
+        (serial,) = run(loop, [chat(msgs, mode="off", cache=False)])
+        (drafted,) = run(loop, [chat(msgs, mode="draft", cache=False)])
+        assert drafted[0] == serial[0]
+
+
+def test_several_streams_drafted_together_equal_each_alone(pair):
+    _, loop, _, streams = pair
+    cases = [[{"role": "user", "content": text}] for text in generated(streams, seed=2)]
+    alone = [run(loop, [chat(m, mode="off", cache=False)])[0][0] for m in cases]
+    together = run(loop, [chat(m, mode="draft", cache=False) for m in cases])
+    assert [t for t, _ in together] == alone
+    assert all(d.timings.draft_n > 0 for _, d in together)
+    assert loop.scheduler.stats()["max_decode_batch"] >= 2
