@@ -480,3 +480,11 @@ def test_cache_flags_are_booleans_with_llama_server_defaults():
     assert chat(cache_pin=True, cache_prompt=False).request.cache_pin is True
     assert parse_completion({"prompt": "x", "cache_pin": True}, "r", SERVED, N_CTX).request.cache_pin is True
     assert chat_error(cache_pin="yes").param == "cache_pin"
+
+
+@pytest.mark.parametrize("mode", ["off", "lookup", "draft", None])
+def test_speculate_takes_the_modes_and_refuses_others(mode):
+    assert chat(speculate=mode).request.speculate == mode
+    assert completion(speculate=mode).request.speculate == mode
+    err = chat_error(speculate="medusa")
+    assert err.param == "speculate" and "off, lookup, draft" in err.message
