@@ -11,9 +11,10 @@ from appliance.config import EngineConfig
 from appliance.engine import speculate as spec
 from appliance.engine.draft import DraftModel, check_vocab
 from appliance.engine.scheduler import Scheduler
-from appliance.engine.types import Delta, Done, Error, Request, SamplingParams
+from appliance.engine.types import Error, Request, SamplingParams
 from appliance.errors import ModelLoadError
 
+from . import test_speculate as speculate_tests
 from .fake_runner import N_VOCAB, FakeRunner
 
 CYCLE = tuple(range(N_VOCAB - 1)) * 2 + tuple(range(10))
@@ -48,22 +49,18 @@ def policy(unit: float = 0.0, prior: float = 0.5) -> spec.Policy:
 
 
 def generate(pol, params, draft_runner=None, prompt=CYCLE, n=1, n_slots=2, speculate=None, chunk=512):
-    runner = FakeRunner(n_slots=n_slots)
+    """test_speculate's generate, with a draft model whose KV is checked after every step:
+    what it holds is what it believes it holds."""
     drafter = DraftModel(draft_runner, N_VOCAB, chunk) if draft_runner is not None else None
     events: list = []
-    sched = Scheduler(runner, EngineConfig(n_slots=n_slots, n_ctx=4096, prefill_chunk=chunk), events.append,
-                      policy=pol, drafter=drafter)
-    for i in range(n):
-        sched.submit(Request(id=f"r{i}", params=params, prompt_ids=prompt, speculate=speculate), list(prompt))
-    steps = 0
-    while sched.has_work():
-        sched.step()
-        steps += 1
-        if drafter is not None:  # what the draft model holds is what it believes it holds
+
+    def check() -> None:
+        if drafter is not None:
             assert all(drafter.have[s] == draft_runner.kv[s] for s in range(n_slots))
-    outs = [[t for e in events if isinstance(e, Delta) and e.request_id == f"r{i}" for t in e.token_ids]
-            for i in range(n)]
-    return outs, [e for e in events if isinstance(e, Done)], steps, events
+
+    outs, done, steps, _ = speculate_tests.generate(pol, params, prompt, n_slots, speculate=speculate, n=n,
+                                                    drafter=drafter, chunk=chunk, events=events, after_step=check)
+    return outs, done, steps, events
 
 
 @pytest.mark.parametrize("params", [

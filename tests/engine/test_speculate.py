@@ -144,16 +144,19 @@ FREE = spec.Policy("lookup", ("lookup",), False, "test", spec.CostModel((1, 16),
 CYCLE = tuple(range(N_VOCAB - 1)) * 2 + tuple(range(10))   # the fake model predicts last + 1: lookup drafts it right
 
 
-def generate(policy, params, prompt=CYCLE, n_slots=1, runner_cls=FakeRunner, speculate=None, n=3):
+def generate(policy, params, prompt=CYCLE, n_slots=1, runner_cls=FakeRunner, speculate=None, n=3,
+             drafter=None, chunk=512, events=None, after_step=lambda: None):
     runner = runner_cls(n_slots=n_slots)
-    events = []
-    sched = Scheduler(runner, EngineConfig(n_slots=n_slots, n_ctx=4096), events.append, policy=policy)
+    events = [] if events is None else events
+    sched = Scheduler(runner, EngineConfig(n_slots=n_slots, n_ctx=4096, prefill_chunk=chunk), events.append,
+                      policy=policy, drafter=drafter)
     for i in range(n):
         sched.submit(Request(id=f"r{i}", params=params, prompt_ids=prompt, speculate=speculate), list(prompt))
     steps = 0
     while sched.has_work():
         sched.step()
         steps += 1
+        after_step()
     outs = [[t for e in events if isinstance(e, Delta) and e.request_id == f"r{i}" for t in e.token_ids]
             for i in range(n)]
     done = [e for e in events if isinstance(e, Done)]
