@@ -178,7 +178,7 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
             raw = stack.enter_context(maybe_raw(model_path, variants[0], cfg.engine.prefill_chunk, want_raw))
             if want_raw and raw is None:
                 print(f"appliance {command}: no raw reference rows: they need the model file (--model) and "
-                      "a server that reports its llama.cpp settings in /health", file=sys.stderr)
+                      "a llama.cpp server that reports its settings in /health", file=sys.stderr)
             from hostcheck.sampler import Sampler
 
             sampler = stack.enter_context(Sampler.for_host(interval_s=0.25))

@@ -291,8 +291,10 @@ def phase_summary(sampler: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def maybe_raw(model_path: str | None, variant: Variant, prefill_chunk: int, want: bool) -> Iterator[RawReference | None]:
     """The raw reference worker when it can mirror the server: a local model file and the
-    server's llama.cpp settings from /health. Otherwise None, and the caller says why."""
-    if not want or model_path is None or not variant.health or "settings" not in variant.health:
+    server's llama.cpp settings from /health (a torch server has no llama.cpp to mirror).
+    Otherwise None, and the caller says why."""
+    if (not want or model_path is None or not variant.health or "settings" not in variant.health
+            or variant.health.get("backend", "llama.cpp") != "llama.cpp"):
         yield None
         return
     from .raw import RawSettings

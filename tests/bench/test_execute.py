@@ -59,3 +59,14 @@ def test_an_ended_run_keeps_what_was_done_and_names_the_rest(store, exc, status)
     assert stored == ["a"] and outcome.status is status
     assert outcome.missing == ["b [served] run 1", "c [served] run 1"]
     assert "2 of 3 cells missing" in outcome.note()
+
+
+def test_no_raw_reference_for_a_server_that_is_not_llama_cpp():
+    """The raw reference mirrors a llama.cpp server's settings; a torch server has none to mirror
+    (and its /health lacks them): no raw rows, rather than a KeyError."""
+    from appliance.bench.session import Variant, maybe_raw
+
+    health = {"backend": "torch", "n_ctx": 512, "n_slots": 1, "settings": {"n_threads": 2, "n_batch": 512}}
+    variant = Variant("", None, "m", 512, 1, health)  # type: ignore[arg-type]
+    with maybe_raw("/some/model.gguf", variant, 512, True) as raw:
+        assert raw is None
