@@ -284,8 +284,6 @@ class Scheduler(SlotCache):
         drafts = spec.drafts([a.spec for a in decoding], room, self.policy, self.drafter,
                              [a.slot for a in decoding]) if decoding else []
         for act, draft in zip(decoding, drafts):
-            if act.spec is not None:
-                act.spec.draft = draft
             spans.append(Span(act.slot, (act.out[-1], *draft), act.n_past, 1 + len(draft)))
             owners.append(act)
         budget = self.cfg.step_token_budget
@@ -385,11 +383,11 @@ class Scheduler(SlotCache):
         n_out = sum(1 for t in act.out if t not in self.runner.info.eog_ids or act.req.params.ignore_eos)
         usage = Usage(len(act.prompt), n_out, act.cached)
         queue_ms = 1000.0 * ((act.t_admit or time.perf_counter()) - act.t_submit)
-        acc = act.spec.acc if act.spec is not None else spec.Acceptance()
+        drafted, accepted = act.spec.totals() if act.spec is not None else (0, 0)
         timings = Timings(prompt_n=len(act.prompt) - act.cached, cache_n=act.cached, prompt_ms=act.prompt_ms,
                           predicted_n=act.decode_tokens, predicted_ms=act.decode_ms,
                           queue_ms=queue_ms, n_ctx=self.n_ctx,
                           tokens_per_step=act.decode_tokens / act.decode_steps if act.decode_steps else 1.0,
-                          draft_n=acc.proposed, draft_n_accepted=acc.accepted,
+                          draft_n=drafted, draft_n_accepted=accepted,
                           speculation=self.policy.label(act.spec.mode) if act.spec is not None else "off")
         self.emit(Done(act.req.id, reason, usage, timings))

@@ -164,35 +164,54 @@ class DraftCost:
         return {"unit": round(self.unit, 3), "cost": self.cost.as_dict(), "prior_accept": round(self.prior, 3)}
 
 
-def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel, draft: DraftCost | None = None,
-                modelled: Sequence[bool] = ()) -> list[int]:
-    """Draft lengths for the decode streams of one step. `wants[i]` is stream i's (acceptance
-    rate, longest draft it can have; 0 for none); `modelled[i]` says its draft would come
-    from the draft model, at `draft`'s cost. Streams are considered in order of the tokens a
-    full draft would promise; each takes the k that maximises the step's expected tokens per
-    unit of cost, and only when that beats the step without it by MIN_GAIN."""
-    ks = [0] * len(wants)
-    modelled = list(modelled) or [False] * len(wants)
+Option = tuple[float, int, bool]   # (acceptance rate, longest draft, drafted by the draft model)
 
-    def step_cost(rows: int, ks: list[int]) -> float:
+
+def plan_options(options: Sequence[Sequence[Option]], cost: CostModel,
+                 draft: DraftCost | None = None) -> list[tuple[int, int]]:
+    """(option, draft length) for each decode stream of one step, from the drafts it could
+    have (`options[i]`: none, prompt lookup's, the draft model's, or both; a draft model's
+    tokens add its forwards to the step at `draft`'s cost). Streams are considered in order
+    of the tokens their best full draft would promise; each takes the option and k that
+    maximise the whole step's expected tokens per unit of cost, and only when that beats the
+    step without it by MIN_GAIN."""
+    n = len(options)
+    ks, modelled, pick = [0] * n, [False] * n, [0] * n
+
+    def step_cost(rows: int, ks: list[int], modelled: list[bool]) -> float:
         if draft is None:
             return cost(rows)
         return cost(rows) + draft([k for k, m in zip(ks, modelled) if m])
 
-    rows, tokens = len(wants), float(len(wants))
-    for i in sorted(range(len(wants)), key=lambda i: -expected_tokens(*wants[i])):
-        accept, avail = wants[i]
-        now = tokens / step_cost(rows, ks)
-        best, best_rate = 0, now
-        for k in K_CHOICES:
-            if k > avail:
-                break
-            rate = (tokens - 1.0 + expected_tokens(accept, k)) / step_cost(rows + k, ks[:i] + [k] + ks[i + 1:])
-            if rate > best_rate:
-                best, best_rate = k, rate
-        if best and best_rate > MIN_GAIN * now:
-            ks[i], rows, tokens = best, rows + best, tokens - 1.0 + expected_tokens(accept, best)
-    return ks
+    def promise(i: int) -> float:
+        return max((expected_tokens(a, m) for a, m, _ in options[i]), default=1.0)
+
+    rows, tokens = n, float(n)
+    for i in sorted(range(n), key=lambda i: -promise(i)):
+        now = tokens / step_cost(rows, ks, modelled)
+        best, best_rate = (0, 0), now
+        for o, (accept, avail, by_model) in enumerate(options[i]):
+            for k in K_CHOICES:
+                if k > avail:
+                    break
+                rate = ((tokens - 1.0 + expected_tokens(accept, k))
+                        / step_cost(rows + k, ks[:i] + [k] + ks[i + 1:], modelled[:i] + [by_model] + modelled[i + 1:]))
+                if rate > best_rate:
+                    best, best_rate = (o, k), rate
+        o, k = best
+        if k and best_rate > MIN_GAIN * now:
+            pick[i], ks[i], modelled[i] = o, k, options[i][o][2]
+            rows, tokens = rows + k, tokens - 1.0 + expected_tokens(options[i][o][0], k)
+    return list(zip(pick, ks))
+
+
+def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel, draft: DraftCost | None = None,
+                modelled: Sequence[bool] = ()) -> list[int]:
+    """Draft lengths for the decode streams of one step, one option each: `wants[i]` is
+    stream i's (acceptance rate, longest draft it can have; 0 for none), `modelled[i]` says
+    that draft would come from the draft model (see plan_options)."""
+    modelled = list(modelled) or [False] * len(wants)
+    return [k for _, k in plan_options([[(a, n, m)] for (a, n), m in zip(wants, modelled)], cost, draft)]
 
 
 # -- what the runner can do ----------------------------------------------------------------------
@@ -323,35 +342,62 @@ def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostM
 
 @dataclass
 class Drafting:
-    """One request's drafting state: its context (indexed for prompt lookup) and record."""
+    """One request's drafting state: its context (indexed for prompt lookup) and record. A
+    request in "draft" mode also takes prompt lookup's draft, free, on a step where that
+    promises more (copying: quoted code, tool-call arguments); `lookup_acc` is its record."""
 
     index: NgramIndex
-    mode: str = "lookup"           # where its drafts come from: "lookup" or "draft"
+    mode: str = "lookup"           # "lookup", or "draft": the draft model and prompt lookup
     acc: Acceptance = field(default_factory=Acceptance)
+    lookup_acc: Acceptance = field(default_factory=Acceptance)
     draft: tuple[int, ...] = ()
+    by_model: bool = False         # the current draft is the draft model's
+
+    def totals(self) -> tuple[int, int]:
+        """Drafted and accepted tokens over both sources."""
+        extra = self.lookup_acc if self.mode == "draft" else Acceptance()
+        return self.acc.proposed + extra.proposed, self.acc.accepted + extra.accepted
 
 
 def drafts(states: Sequence[Drafting | None], room: Sequence[int], policy: Policy,
            drafter: DraftModel | None = None, slots: Sequence[int] = ()) -> list[tuple[int, ...]]:
-    """The draft for each decode stream of a step (empty for none). Lookup proposals come from
-    each stream's context first (a stream can draft only as far as its proposal goes); lengths
-    by `plan_drafts` on the measured costs; then the draft model decodes the drafts of its
-    streams together. `room[i]` is how many drafted tokens stream i can still use (its
-    max_tokens and context left, less one); `slots[i]` its slot, for the draft model."""
+    """The draft for each decode stream of a step (empty for none), also left in its state.
+    Lookup proposals come from each stream's context first (a lookup draft goes only as far
+    as its proposal); options and lengths by `plan_options` on the measured costs; then the
+    draft model decodes the drafts of its streams together. `room[i]` is how many drafted
+    tokens stream i can still use (its max_tokens and context left, less one); `slots[i]`
+    its slot, for the draft model."""
     if all(st is None for st in states):  # the usual step of a server that is not drafting
         return [()] * len(states)
-    modelled = [st is not None and st.mode == "draft" and drafter is not None for st in states]
-    props = [st.index.propose(min(policy.k_max, r)) if st is not None and not m and r > 0 else ()
-             for st, r, m in zip(states, room, modelled)]
-    avail = [max(0, min(policy.k_max, r)) if m else len(p) for p, r, m in zip(props, room, modelled)]
+    props, options = [], []
+    for st, r in zip(states, room):
+        room_k = max(0, min(policy.k_max, r))
+        prop = st.index.propose(room_k) if st is not None and room_k else ()
+        props.append(prop)
+        if st is None:
+            options.append([])
+        elif st.mode == "draft" and drafter is not None:
+            options.append([(st.acc.rate, room_k, True)] + ([(st.lookup_acc.rate, len(prop), False)] if prop else []))
+        else:
+            options.append([(st.acc.rate, len(prop), False)])
     draft_cost = drafter.cost if drafter is not None and drafter.cost is not None else policy.draft
-    ks = plan_drafts([(st.acc.rate if st else 0.0, n) for st, n in zip(states, avail)], policy.cost,
-                     draft_cost, modelled)
-    out = [p[:k] for p, k in zip(props, ks)]
-    asks = [(i, slots[i], states[i].index.toks, k) for i, (k, m) in enumerate(zip(ks, modelled)) if m and k]
+    plan = plan_options(options, policy.cost, draft_cost)
+    out: list[tuple[int, ...]] = [()] * len(states)
+    asks = []
+    for i, (o, k) in enumerate(plan):
+        if states[i] is None or not k:
+            continue
+        states[i].by_model = options[i][o][2]
+        if states[i].by_model:
+            asks.append((i, slots[i], states[i].index.toks, k))
+        else:
+            out[i] = props[i][:k]
     if asks:
         for (i, *_), got in zip(asks, drafter.propose([a[1:] for a in asks])):
             out[i] = got
+    for st, d in zip(states, out):
+        if st is not None:
+            st.draft = d
     return out
 
 
@@ -360,7 +406,7 @@ def record(st: Drafting, stats: SpecStats, used: int, committed: Sequence[int]) 
     Returns the accepted draft tokens."""
     k = len(st.draft)
     accepted = next((i for i in range(min(used, k)) if committed[i] != st.draft[i]), min(used, k))
-    st.acc.update(k, accepted)
+    (st.lookup_acc if st.mode == "draft" and not st.by_model else st.acc).update(k, accepted)
     stats.steps += 1
     stats.proposed += k
     stats.accepted += accepted

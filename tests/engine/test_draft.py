@@ -17,7 +17,8 @@ from appliance.errors import ModelLoadError
 from . import test_speculate as speculate_tests
 from .fake_runner import N_VOCAB, FakeRunner
 
-CYCLE = tuple(range(N_VOCAB - 1)) * 2 + tuple(range(10))
+CYCLE = tuple(range(N_VOCAB - 1)) * 2 + tuple(range(10))   # prompt lookup drafts it right
+PLAIN = tuple(range(10))   # the fake model continues 10, 11, ...: nothing repeats, no lookup draft
 FREE_ROWS = spec.CostModel((1, 16), (1.0, 1.0))
 
 
@@ -48,7 +49,7 @@ def policy(unit: float = 0.0, prior: float = 0.5) -> spec.Policy:
                        draft=spec.DraftCost(unit, FREE_ROWS, prior))
 
 
-def generate(pol, params, draft_runner=None, prompt=CYCLE, n=1, n_slots=2, speculate=None, chunk=512):
+def generate(pol, params, draft_runner=None, prompt=PLAIN, n=1, n_slots=2, speculate=None, chunk=512):
     """test_speculate's generate, with a draft model whose KV is checked after every step:
     what it holds is what it believes it holds."""
     drafter = DraftModel(draft_runner, N_VOCAB, chunk) if draft_runner is not None else None
@@ -82,6 +83,17 @@ def test_draft_model_output_equals_serial(params, step, n):
             assert t.draft_n_accepted == t.draft_n and steps < serial_steps / 3
         else:
             assert t.draft_n_accepted == 0
+
+
+def test_a_draft_mode_stream_takes_prompt_lookups_draft_where_it_promises_more():
+    """A draft model that is always wrong, on a prompt that lookup drafts right: the stream
+    learns that the model's drafts fail and lookup's pass, and goes on with lookup's."""
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    serial, *_ = generate(spec.Policy(), params, prompt=CYCLE)
+    drafted, done, steps, _ = generate(policy(unit=0.3), params, StepRunner(step=2), prompt=CYCLE)
+    assert drafted == serial
+    t = done[0].timings
+    assert t.draft_n_accepted > 30 and steps < 15
 
 
 def test_streams_draft_together_in_one_draft_forward_per_token():
@@ -215,7 +227,17 @@ def test_the_scheduler_feeds_the_draft_cost_with_its_steps():
     drafter = DraftModel(draft, N_VOCAB, 512)
     drafter.cost = spec.DraftCost(1e-6, FREE_ROWS, 0.9)
     sched = Scheduler(runner, EngineConfig(n_slots=2, n_ctx=4096), events.append, policy=policy(), drafter=drafter)
-    sched.submit(Request(id="a", params=SamplingParams(temperature=0.0, max_tokens=40), prompt_ids=CYCLE), list(CYCLE))
+    sched.submit(Request(id="a", params=SamplingParams(temperature=0.0, max_tokens=40), prompt_ids=PLAIN), list(PLAIN))
     while sched.has_work():
         sched.step()
     assert drafter.cost.unit > 1e-5  # real time passed in the fake draft model's forwards
+
+
+def test_a_stream_with_both_drafts_takes_the_one_that_promises_more():
+    cost = spec.CostModel((1, 2, 4, 8, 16), (1.0, 1.1, 1.25, 1.6, 2.5))
+    draft = spec.DraftCost(0.3, spec.CostModel((1, 2), (1.0, 1.2)))
+    model, copying, guessing = (0.9, 15, True), (0.9, 8, False), (0.1, 8, False)
+    assert spec.plan_options([[model, copying]], cost, draft)[0][0] == 1   # as sure, and free
+    (o, k), = spec.plan_options([[model, guessing]], cost, draft)
+    assert o == 0 and k > 0
+    assert spec.plan_options([[model, guessing]], cost, spec.DraftCost(2.0, draft.cost)) == [(0, 0)]
