@@ -51,6 +51,13 @@ def pair(request, tmp_path_factory):
     loop.scheduler.policy = dataclasses.replace(loop.policy, cost=free, draft=draft, k_max=6)
     loop.drafter.cost = draft
     loop.drafter.observe = lambda *a: None  # keep drafting free
+    propose, loop.drafted = loop.drafter.propose, []  # what the draft model itself proposed
+
+    def counted(asks):
+        got = propose(asks)
+        loop.drafted.extend(got)
+        return got
+    loop.drafter.propose = counted
     yield request.param, loop, per_set, streams
     loop.close()
 
@@ -82,10 +89,9 @@ def test_draft_equals_serial_on_the_shipped_prompt_sets(pair):
             assert cold[case][0] == s[0], f"{case}: drafting without the prompt cache differs from serial"
     accepted = sum(c[1].timings.draft_n_accepted for c in cached)
     drafted = sum(c[1].timings.draft_n for c in cached)
+    assert sum(len(d) for d in loop.drafted) > 100  # the draft model drafted (prompt lookup also may)
     if name.startswith("torch"):
         assert accepted > drafted / 2
-    else:
-        assert accepted < drafted / 4
 
 
 def test_draft_equals_serial_on_generated_prompts(pair):
