@@ -20,8 +20,9 @@ is the serial output for the same seed, token for token.
 Drafts come from prompt lookup (`NgramIndex`): the most recent earlier occurrence of the
 context's last n tokens (longest n first) in the request's prompt and output, and what
 followed it. Or from a draft model (`draft.DraftModel`): a second, smaller model with the same
-vocabulary, decoding greedily in its own KV kept in step with the target's. Which one a
-request uses is its mode ("lookup" or "draft"); the verify is the same.
+vocabulary, decoding greedily in its own KV kept in step with the target's. A request's mode
+says which ("lookup", or "draft": then prompt lookup's draft is its other option, taken on a
+step where it promises more); the verify is the same.
 
 Whether to draft, and how far, is arithmetic on measured costs (`CostModel`): a forward of
 m rows costs c(m) one-row steps (measured on the loaded model at start-up). With acceptance
