@@ -12,6 +12,7 @@ import json
 import random
 import secrets
 import string
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,19 +166,8 @@ SUPPORTED_MODES = ("serial", "lookup", "draft")
 
 
 def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
-    for mode in o.modes:
-        if mode not in SUPPORTED_MODES:
-            raise BenchError(f"mode {mode!r} is not available (modes: {', '.join(SUPPORTED_MODES)})")
-        if mode != "serial":
-            for v in ctx.variants:
-                spec = ((v.health or {}).get("settings") or {}).get("speculation")
-                if spec is None:
-                    raise BenchError(f"mode {mode!r} needs an appliance server: {v.target.url} does not "
-                                     "report speculation in /health")
-                if mode not in spec.get("modes", ()):
-                    why = ("it has no draft model (serve with --draft-model)" if mode == "draft" and spec.get("modes")
-                           else spec.get("reason", "it does not speculate"))
-                    raise BenchError(f"mode {mode!r}: {v.target.url} refuses it: {why}")
+    offers = _offered_modes(ctx, o.modes)
+    sets = [prompt_sets.load(name) for name in o.prompt_sets]
     sets = [prompt_sets.load(name) for name in o.prompt_sets]
     depths = () if o.depths is None else (o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,)))
     for d in depths:
@@ -190,7 +180,7 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
     for r in range(o.runs):
         for ps in sets:  # the modes side by side per prompt, their order alternating per repeat
             for mode in (o.modes if r % 2 == 0 else o.modes[::-1]):
-                steps += [_chat_step(ctx, v, ps, r, mode, o.tokens) for v in ctx.variants]
+                steps += [_chat_step(ctx, v, ps, r, mode, o.tokens) for v in ctx.variants if mode in offers[v.label]]
         for d in depths:
             steps += [_depth_step(ctx, v, d, r, o.tokens) for v in ctx.variants]
         for c in levels:
@@ -209,6 +199,34 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
     for v in ctx.variants:
         steps += [_needle_step(ctx, v, n) for n in lengths]
     return steps
+
+
+def _offered_modes(ctx: Context, modes: Sequence[str]) -> dict[str, set[str]]:
+    """The modes each variant is measured in. A mode no variant offers is an error that says
+    why; in an A/B run, a mode one side refuses (lookup on a runner that is not exact, draft
+    without a draft model) is measured on the other side only, and said so."""
+    offers: dict[str, set[str]] = {v.label: {"serial"} for v in ctx.variants}
+    for mode in modes:
+        if mode not in SUPPORTED_MODES:
+            raise BenchError(f"mode {mode!r} is not available (modes: {', '.join(SUPPORTED_MODES)})")
+        if mode == "serial":
+            continue
+        refusals = []
+        for v in ctx.variants:
+            spec = ((v.health or {}).get("settings") or {}).get("speculation")
+            if spec is None:
+                refusals.append(f"{v.target.url} does not report speculation in /health (not an appliance server)")
+            elif mode not in spec.get("modes", ()):
+                why = ("it has no draft model (serve with --draft-model)" if mode == "draft" and spec.get("modes")
+                       else spec.get("reason", "it does not speculate"))
+                refusals.append(f"{v.target.url} refuses it: {why}")
+            else:
+                offers[v.label].add(mode)
+        if refusals and (len(ctx.variants) == 1 or len(refusals) == len(ctx.variants)):
+            raise BenchError(f"mode {mode!r}: " + "; ".join(refusals))
+        for why in refusals:
+            print(f"appliance bench: mode {mode!r} on one side only: {why}", file=sys.stderr)
+    return offers
 
 
 def _chat_step(ctx: Context, v: Variant, ps: prompt_sets.PromptSet, r: int, mode: str, n_gen: int) -> Step:

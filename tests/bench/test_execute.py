@@ -70,3 +70,30 @@ def test_no_raw_reference_for_a_server_that_is_not_llama_cpp():
     variant = Variant("", None, "m", 512, 1, health)  # type: ignore[arg-type]
     with maybe_raw("/some/model.gguf", variant, 512, True) as raw:
         assert raw is None
+
+
+def _variant(label: str, modes: list[str] | None, reason: str = "not exact"):
+    from appliance.bench.session import Target, Variant
+
+    spec = None if modes is None else {"modes": modes, "reason": reason}
+    health = {"settings": {"speculation": spec}} if spec is not None else {"settings": {}}
+    return Variant(label, Target(f"http://{label or 'x'}"), "m", 512, 1, health)
+
+
+def test_a_mode_one_side_refuses_is_measured_on_the_other_side_only(capsys):
+    from types import SimpleNamespace
+
+    from appliance.bench.client import BenchError
+    from appliance.bench.plans import _offered_modes
+
+    ab = SimpleNamespace(variants=[_variant("A", []), _variant("B", ["lookup"])])
+    assert _offered_modes(ab, ("serial", "lookup")) == {"A": {"serial"}, "B": {"serial", "lookup"}}
+    assert "on one side only: http://A refuses it: not exact" in capsys.readouterr().err
+    with pytest.raises(BenchError, match="mode 'draft'.*no draft model"):
+        _offered_modes(ab, ("serial", "draft"))
+    with pytest.raises(BenchError, match="not exact"):
+        _offered_modes(SimpleNamespace(variants=[_variant("", [])]), ("lookup",))
+    with pytest.raises(BenchError, match="not an appliance server"):
+        _offered_modes(SimpleNamespace(variants=[_variant("", None)]), ("lookup",))
+    with pytest.raises(BenchError, match="not available"):
+        _offered_modes(ab, ("medusa",))
