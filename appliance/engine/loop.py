@@ -20,7 +20,7 @@ from ..errors import ApplianceError, EngineFailure, InvalidToken, ModelLoadError
 from ..models import file_fingerprint, resolve
 from . import plan as plan_mod
 from .chat import ChatTemplate
-from . import speculate, tools
+from . import probe, speculate, tools
 from .draft import SAMPLE, DraftModel, check_vocab
 from .constraints import Constraints
 from .prefix_cache import DiskTier
@@ -143,14 +143,14 @@ class EngineLoop:
         exactness = None
         for at in (252, 1020):
             n = max(1, min(at, self.info.n_ctx - 12))
-            exactness = speculate.check_exact(self.runner, 0, ids[:n], k=8)
+            exactness = probe.check_exact(self.runner, 0, ids[:n], k=8)
             if not exactness.exact or n < at:
                 break
         prompt = ids[:48]
         cost = speculate.CostModel()
         draft = None
         if exactness.exact or cfg.speculate_inexact:
-            cost = speculate.measure_costs(self.runner, 0, prompt)
+            cost = probe.measure_costs(self.runner, 0, prompt)
             if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
                 draft = self._load_draft(cfg, cost, prompt)
         try:
@@ -174,7 +174,7 @@ class EngineLoop:
             self.drafter = DraftModel(runner, self.info.n_vocab, cfg.prefill_chunk)
             sample = self.runner.tokenize(SAMPLE, add_special=True)
             prior = self.drafter.agreement(self.runner, 0, sample)
-            dcost = speculate.measure_costs(runner, 0, prompt)
+            dcost = probe.measure_costs(runner, 0, prompt)
         except BaseException:
             self.drafter = None
             runner.close()

@@ -8,7 +8,7 @@ exactly as it would sample k + 1 serial steps (same sampler, same random draws, 
 grammar and length checks), stopping at the first row whose token is not the draft's next.
 Every committed token is the one serial decoding would have produced, provided row i's logits
 equal those of the i-th serial step bit for bit. That is a property of the runner, which
-`check_exact` measures on the loaded model at start-up: where it does not hold, speculation is
+`probe.check_exact` measures on the loaded model at start-up: where it does not hold, speculation is
 refused unless the user opts in to inexact speculation, and then every response says so.
 
 With greedy decoding this is the usual accept rule (accept while the argmax, lowest id on
@@ -25,7 +25,7 @@ says which ("lookup", or "draft": then prompt lookup's draft is its other option
 step where it promises more); the verify is the same.
 
 Whether to draft, and how far, is arithmetic on measured costs (`CostModel`): a forward of
-m rows costs c(m) one-row steps (measured on the loaded model at start-up). With acceptance
+m rows costs c(m) one-row steps (`probe.measure_costs`, on the loaded model at start). With acceptance
 probability a per drafted token (tracked per request), a draft of k commits
 E(k) = (1 - a^(k+1)) / (1 - a) tokens for c(1 + k); serial commits 1 for c(1) = 1. A request
 drafts the k that maximises E(k) / c(1 + k), and only when that beats 1 by a margin. A draft
@@ -42,16 +42,14 @@ shared step slower than the tokens it adds is dropped.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .runners.base import ModelRunner, Span
-
 if TYPE_CHECKING:
     from .draft import DraftModel
+    from .probe import Exactness
 
 MIN_GAIN = 1.05         # a draft must promise 5% more tokens per unit of cost than no draft
 PRIOR_ACCEPT = 0.5      # acceptance assumed for a request before it has drafted
@@ -213,55 +211,6 @@ def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel, draft: Draf
     that draft would come from the draft model (see plan_options)."""
     modelled = list(modelled) or [False] * len(wants)
     return [k for _, k in plan_options([[(a, n, m)] for (a, n), m in zip(wants, modelled)], cost, draft)]
-
-
-# -- what the runner can do ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Exactness:
-    exact: bool
-    max_abs_diff: float
-    argmax_differs: int
-    positions: int
-
-
-def check_exact(runner: ModelRunner, slot: int, prompt: Sequence[int], k: int = 8) -> Exactness:
-    """Do k + 1 rows verified in one forward equal k + 1 one-row steps, bit for bit? Prefill
-    `prompt` in `slot`, decode k tokens one by one (greedy), then feed the same tokens again as
-    one span and compare every row. The slot is left empty."""
-    runner.truncate(slot, 0)
-    (out,) = runner.forward([Span(slot, tuple(prompt), 0, 1)])
-    toks, steps = [int(np.argmax(out[-1]))], []
-    for i in range(k + 1):
-        (row,) = runner.forward([Span(slot, (toks[-1],), len(prompt) + i, 1)])
-        steps.append(row[0])
-        toks.append(int(np.argmax(row[0])))
-    runner.truncate(slot, len(prompt))
-    (rows,) = runner.forward([Span(slot, tuple(toks[:k + 1]), len(prompt), k + 1)])
-    runner.truncate(slot, 0)
-    serial = np.stack(steps)
-    diff = float(np.abs(rows - serial).max())
-    differs = int((rows.argmax(-1) != serial.argmax(-1)).sum())
-    return Exactness(bool(np.array_equal(rows, serial)), diff, differs, k + 1)
-
-
-def measure_costs(runner: ModelRunner, slot: int, prompt: Sequence[int],
-                  rows: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 5) -> CostModel:
-    """c(m) on the loaded model: the median time of a forward of m rows after `prompt`, over
-    the median time of one row. The slot is left empty."""
-    runner.truncate(slot, 0)
-    runner.forward([Span(slot, tuple(prompt), 0, 1)])
-    n = len(prompt)
-    times: dict[int, list[float]] = {m: [] for m in rows}
-    for _ in range(repeats):
-        for m in rows:  # alternate the sizes inside every repeat: the machine drifts
-            t0 = time.perf_counter()
-            runner.forward([Span(slot, tuple(prompt[:m]), n, m)])
-            times[m].append(time.perf_counter() - t0)
-            runner.truncate(slot, n)
-    runner.truncate(slot, 0)
-    one = float(np.median(times[rows[0]]))
-    return CostModel(tuple(rows), tuple(float(np.median(times[m])) / one for m in rows), one)
 
 
 @dataclass

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine import speculate as spec
+from appliance.engine import probe, speculate as spec
 from appliance.engine.draft import DraftModel, check_vocab
 from appliance.engine.scheduler import Scheduler
 from appliance.engine.types import Error, Request, SamplingParams
@@ -181,7 +181,7 @@ def test_one_stream_drafts_with_a_model_exactly_when_it_pays(unit, accept):
 
 
 def test_the_policy_prefers_the_draft_model_when_one_is_loaded():
-    exact, cost = spec.Exactness(True, 0.0, 0, 9), FREE_ROWS
+    exact, cost = probe.Exactness(True, 0.0, 0, 9), FREE_ROWS
     d = spec.DraftCost(0.3, cost, 0.8)
     p = spec.decide("auto", False, exact, cost, d)
     assert p.default == "draft" and p.modes == ("lookup", "draft") and p.label("draft") == "draft"
@@ -189,7 +189,7 @@ def test_the_policy_prefers_the_draft_model_when_one_is_loaded():
     assert spec.decide("auto", False, exact, cost).refusal("draft") == \
         "this server has no draft model (start it with --draft-model)"
     with pytest.raises(ValueError, match="--speculate draft"):
-        spec.decide("draft", False, spec.Exactness(False, 1.0, 1, 9), cost, d)
+        spec.decide("draft", False, probe.Exactness(False, 1.0, 1, 9), cost, d)
     assert p.as_dict()["draft"]["prior_accept"] == 0.8
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine import speculate as spec
+from appliance.engine import probe, speculate as spec
 from appliance.engine.scheduler import Scheduler
 from appliance.engine.types import Delta, Done, Error, Request, SamplingParams
 
@@ -119,15 +119,15 @@ class PerturbingRunner(FakeRunner):
 
 
 def test_check_exact_tells_an_exact_runner_from_a_perturbed_one():
-    assert spec.check_exact(FakeRunner(n_slots=1), 0, [1, 2, 3], k=4).exact
-    got = spec.check_exact(PerturbingRunner(n_slots=1), 0, [1, 2, 3], k=4)
+    assert probe.check_exact(FakeRunner(n_slots=1), 0, [1, 2, 3], k=4).exact
+    got = probe.check_exact(PerturbingRunner(n_slots=1), 0, [1, 2, 3], k=4)
     assert not got.exact and got.max_abs_diff == pytest.approx(1e-3, rel=1e-3) and got.positions == 5
 
 
 def test_the_policy_refuses_an_inexact_runner_unless_told():
     cost = spec.CostModel()
-    exact = spec.Exactness(True, 0.0, 0, 9)
-    inexact = spec.Exactness(False, 1.1, 1, 9)
+    exact = probe.Exactness(True, 0.0, 0, 9)
+    inexact = probe.Exactness(False, 1.1, 1, 9)
     assert spec.decide("auto", False, exact, cost).default == "lookup"
     auto = spec.decide("auto", False, inexact, cost)
     assert auto.default == "off" and not auto.allowed and "differs from one-token steps" in auto.reason

@@ -200,7 +200,7 @@ class Attention:
         over the first ceil((p + 1) / KEY_BLOCK) key blocks, later positions masked, whatever
         other rows share the call. So a row's arithmetic (matmul shapes, softmax length) is the
         same in a one-token step and in a k-token verify; the kernels used compute each row
-        independently of the others (checked at start-up by speculate.check_exact)."""
+        independently of the others (checked at start-up by probe.check_exact)."""
         t = q.shape[0]
         ends = [min(kv.n_ctx, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK) for p in range(start, start + t)]
         out = torch.empty(t, self.args.n_head * self.args.head_dim, device=q.device)

@@ -7,7 +7,7 @@ Shapes: spans of up to DECODE_ROWS tokens (decode steps, speculative verifies) r
 in one forward, and every longer span (a prompt chunk) in a forward of its own, cut at
 n_batch. The matmul kernels used compute each row independently of the others, and a short
 span's attention is padded per row (model.Attention._attend_rows), so a row's logits are the
-same whatever else runs and however many rows its span has (speculate.check_exact proves it
+same whatever else runs and however many rows its span has (probe.check_exact proves it
 on the loaded model at start-up).
 """
 from __future__ import annotations
