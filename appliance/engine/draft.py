@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from .runners.base import ModelRunner, Span
+from .slot_cache import common_prefix
 from .speculate import DraftCost
 
 UNIT_WEIGHT = 0.3            # how far one observed step moves the draft/target time ratio
@@ -84,8 +85,9 @@ class DraftModel:
         last of what is missing; returns the last piece as a span (None: nothing to run). With
         `want_logits` the last token is always in it, so it yields the next token's logits."""
         have = self.have[slot]
-        n = min(len(have), len(tokens) - (1 if want_logits else 0))
-        p = next((i for i in range(n) if have[i] != tokens[i]), n)
+        p = common_prefix(have, tokens)
+        if want_logits:
+            p = min(p, len(tokens) - 1)
         if p < len(have):
             self.runner.truncate(slot, p)
             del have[p:]

@@ -6,7 +6,7 @@ to keep the scheduling step readable on its own.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from .scheduler import Active
@@ -99,15 +99,24 @@ class SlotCache:
                 continue
             reuse = 0
             if self.cfg.prompt_cache and act.req.cache_prompt:
-                reuse = min(_common_prefix(self.kept[i], act.prompt), len(act.prompt) - 1) // chunk * chunk
+                reuse = min(common_prefix(self.kept[i], act.prompt), len(act.prompt) - 1) // chunk * chunk
             if reuse > best_reuse or (reuse == best_reuse and len(self.kept[i]) < len(self.kept[best])):
                 best, best_reuse = i, reuse
         return best, best_reuse
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share. Slices compare in C, and the usual answer (all
+    of the shorter, or all but a few at the end) is found in a few of them: the draft model
+    asks this of a whole context on every drafting step."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n            # a[:lo] == b[:lo], and the first difference is before hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

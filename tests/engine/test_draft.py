@@ -241,3 +241,18 @@ def test_a_stream_with_both_drafts_takes_the_one_that_promises_more():
     (o, k), = spec.plan_options([[model, guessing]], cost, draft)
     assert o == 0 and k > 0
     assert spec.plan_options([[model, guessing]], cost, spec.DraftCost(2.0, draft.cost)) == [(0, 0)]
+
+
+def test_common_prefix_against_the_plain_loop():
+    import random
+
+    from appliance.engine.slot_cache import common_prefix
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = a[:rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(10))]
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        assert common_prefix(a, b) == n == common_prefix(b, a)

@@ -221,8 +221,8 @@ def test_malformed_and_unsupported_files_are_refused_by_name(tmp_path):
 def test_a_tensor_type_gguf_cannot_dequantize_is_refused_by_name(tmp_path, monkeypatch):
     """The error path for a quantization type the installed gguf lacks (a newer file): the load
     fails naming the tensor and its type. Simulated, since every type of this gguf dequantizes."""
-    def unsupported(data, qtype):
-        raise NotImplementedError(qtype)
+    def unsupported(data, qtype):  # what gguf.quants.dequantize raises for a type it lacks
+        raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
 
     monkeypatch.setattr(gguf.quants, "dequantize", unsupported)
     with pytest.raises(ModelLoadError, match=r"tensor '.*' has type F32, which this runner cannot dequantize"):
