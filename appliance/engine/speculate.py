@@ -204,15 +204,6 @@ def plan_options(options: Sequence[Sequence[Option]], cost: CostModel,
     return list(zip(pick, ks))
 
 
-def plan_drafts(wants: Sequence[tuple[float, int]], cost: CostModel, draft: DraftCost | None = None,
-                modelled: Sequence[bool] = ()) -> list[int]:
-    """Draft lengths for the decode streams of one step, one option each: `wants[i]` is
-    stream i's (acceptance rate, longest draft it can have; 0 for none), `modelled[i]` says
-    that draft would come from the draft model (see plan_options)."""
-    modelled = list(modelled) or [False] * len(wants)
-    return [k for _, k in plan_options([[(a, n, m)] for (a, n), m in zip(wants, modelled)], cost, draft)]
-
-
 @dataclass
 class SpecStats:
     """Engine-wide counters for /metrics."""

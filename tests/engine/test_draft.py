@@ -169,7 +169,7 @@ def test_draft_cost_counts_the_forwards_streams_share():
 def test_one_stream_drafts_with_a_model_exactly_when_it_pays(unit, accept):
     cost = spec.CostModel((1, 2, 4, 8, 16), (1.0, 1.1, 1.25, 1.6, 2.5))
     draft = spec.DraftCost(unit, spec.CostModel((1, 2), (1.0, 1.2)))
-    (k,) = spec.plan_drafts([(accept, 15)], cost, draft, [True])
+    (k,) = speculate_tests.plan_drafts([(accept, 15)], cost, draft, [True])
     rates = {j: spec.expected_tokens(accept, j) / (cost(1 + j) + unit * j) for j in spec.K_CHOICES}
     best = max(rates.values())
     if best > spec.MIN_GAIN:

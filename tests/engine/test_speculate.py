@@ -56,6 +56,12 @@ def test_cost_model_interpolates_and_extrapolates():
     assert c(1) == 1.0 and c(3) == pytest.approx(2.0) and c(6) == pytest.approx(3.5)
 
 
+def plan_drafts(wants, cost, draft=None, modelled=()):
+    """Draft lengths when each stream has one option: (acceptance, longest draft)."""
+    modelled = list(modelled) or [False] * len(wants)
+    return [k for _, k in spec.plan_options([[(a, n, m)] for (a, n), m in zip(wants, modelled)], cost, draft)]
+
+
 COSTS = {
     "free rows (memory-bound)": spec.CostModel((1, 16), (1.0, 1.0)),
     "linear (compute-bound)": spec.CostModel((1, 2), (1.0, 2.0)),
@@ -71,7 +77,7 @@ def test_one_stream_drafts_exactly_when_it_pays(name, accept, avail):
     """Against brute force: the chosen k maximises tokens per unit of cost, and is 0 exactly
     when no k beats serial by the margin."""
     cost = COSTS[name]
-    (k,) = spec.plan_drafts([(accept, avail)], cost)
+    (k,) = plan_drafts([(accept, avail)], cost)
     rates = {j: spec.expected_tokens(accept, j) / cost(1 + j) for j in spec.K_CHOICES if j <= avail}
     best = max(rates.values(), default=0.0)
     if best > spec.MIN_GAIN:
@@ -81,13 +87,13 @@ def test_one_stream_drafts_exactly_when_it_pays(name, accept, avail):
 
 
 def test_compute_bound_rows_never_draft_and_free_rows_always_do():
-    assert spec.plan_drafts([(0.99, 8)] * 3, COSTS["linear (compute-bound)"]) == [0, 0, 0]
-    assert spec.plan_drafts([(0.6, 8)] * 3, COSTS["free rows (memory-bound)"]) == [8, 8, 8]
+    assert plan_drafts([(0.99, 8)] * 3, COSTS["linear (compute-bound)"]) == [0, 0, 0]
+    assert plan_drafts([(0.6, 8)] * 3, COSTS["free rows (memory-bound)"]) == [8, 8, 8]
 
 
 def test_several_streams_draft_only_while_the_whole_step_gains():
     cost = COSTS["torch int4 here"]
-    ks = spec.plan_drafts([(0.95, 8), (0.1, 8), (0.95, 0), (0.95, 8)], cost)
+    ks = plan_drafts([(0.95, 8), (0.1, 8), (0.95, 0), (0.95, 8)], cost)
     assert ks[1] == 0 and ks[2] == 0 and ks[0] > 0 and ks[3] > 0
     rows = 4 + sum(ks)
     tokens = 4 - 2 + spec.expected_tokens(0.95, ks[0]) + spec.expected_tokens(0.95, ks[3])
