@@ -113,18 +113,27 @@ def test_the_runner_proves_itself_exact_and_drafts_by_default(exact):
     assert p.cost.rows[0] == 1 and len(p.cost.rows) > 1
 
 
-def test_lookup_equals_serial_on_every_shipped_prompt_set(exact):
-    loop, per_set = exact
+def equals_serial_on_shipped_sets(loop: EngineLoop, per_set: dict[str, int], mode: str,
+                                  long_sets) -> list[tuple[list[int], Done]]:
+    """Every prompt `per_set` picks, decoded in `mode` with the prompt cache on (and off, but
+    for `long_sets`), against serial greedy without it: the same tokens. Returns the cached
+    runs."""
     cases = shipped(per_set)
     serial = [run(loop, [chat(m, t, "off", cache=False)])[0] for _, (m, t) in cases]
-    cached = [run(loop, [chat(m, t, "lookup", cache=True)])[0] for _, (m, t) in cases]
-    cold = {name: run(loop, [chat(m, t, "lookup", cache=False)])[0]
-            for name, (m, t) in cases if not name.startswith(tuple(PER_SET))}
+    cached = [run(loop, [chat(m, t, mode, cache=True)])[0] for _, (m, t) in cases]
+    cold = {name: run(loop, [chat(m, t, mode, cache=False)])[0]
+            for name, (m, t) in cases if not name.startswith(tuple(long_sets))}
     for (name, _), s, c in zip(cases, serial, cached):
-        assert c[0] == s[0], f"{name}: lookup with the prompt cache differs from serial"
-        assert c[1].timings.speculation == "lookup"
+        assert c[0] == s[0], f"{name}: {mode} with the prompt cache differs from serial"
+        assert c[1].timings.speculation == mode
         if name in cold:
-            assert cold[name][0] == s[0], f"{name}: lookup without the prompt cache differs from serial"
+            assert cold[name][0] == s[0], f"{name}: {mode} without the prompt cache differs from serial"
+    return cached
+
+
+def test_lookup_equals_serial_on_every_shipped_prompt_set(exact):
+    loop, per_set = exact
+    cached = equals_serial_on_shipped_sets(loop, per_set, "lookup", PER_SET)
     assert sum(c[1].timings.draft_n_accepted for c in cached) > 0
 
 
