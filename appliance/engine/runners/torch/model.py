@@ -31,6 +31,7 @@ DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) 
 KEY_BLOCK = 64     # ... over the slot's keys padded to a multiple of this (masked past the row)
 MIN_ROWS = 8       # ... with at least this many query rows per KV head in each matmul
 FLOAT32_KEYS = 1024   # ... in float32 up to this many keys, in the KV dtype past it
+ROW_GROUP, ROWS_FREE = 4, 12   # CPU matmuls get a multiple of 4 rows below 12 (padded_rows)
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,21 @@ class Linear:
         self.weight, self.bias = weight, bias   # weight: [out, in]; bias: [out] float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x.to(self.weight.dtype), self.weight).float()
+        m = x.shape[0]
+        rows = padded_rows(m) if x.is_cpu else m
+        if rows > m:
+            x = torch.cat((x, x.new_zeros(rows - m, *x.shape[1:])))
+        y = F.linear(x.to(self.weight.dtype), self.weight)[:m].float()
         return y + self.bias if self.bias is not None else y
+
+
+def padded_rows(m: int) -> int:
+    """How many rows a CPU matmul of m rows is given. On an AVX2 host (measured: float32, 2
+    threads), a call of 1-3, 5-7 or 9-11 rows computes each row unlike a call of a multiple of
+    4 or of 12 or more rows, so a one-row decode step would not equal the same row in a k-row
+    verify; padded to a multiple of ROW_GROUP below ROWS_FREE, every row is computed alike
+    (AVX-512 hosts compute rows alike at any count; the padding costs them little)."""
+    return m if m >= ROWS_FREE or m % ROW_GROUP == 0 else m + (-m % ROW_GROUP)
 
 
 class Rope:
@@ -234,9 +248,10 @@ class Attention:
             keys, values = keys.float(), values.float()
             qg = torch.cat((qg, qg.new_zeros(g, MIN_ROWS - m, a.head_dim)), 1) if m < MIN_ROWS else qg
             scores = torch.bmm(qg, keys.transpose(1, 2))[:, :m]
-        else:
+        else:  # query rows padded as a linear layer's (padded_rows): a row's result is its own
             qg = qg.to(keys.dtype)
-            scores = torch.stack([qg[h] @ keys[h].T for h in range(g)]).float()
+            qg = torch.cat((qg, qg.new_zeros(g, padded_rows(m) - m, a.head_dim)), 1)
+            scores = torch.stack([qg[h] @ keys[h].T for h in range(g)])[:, :m].float()
         hidden = (torch.arange(length, device=q.device)[None, :]       # [T, L]: row i sees
                   > torch.arange(start, start + t, device=q.device)[:, None])   # positions <= start + i
         scores = (scores / math.sqrt(a.head_dim)).view(g, per, t, length).masked_fill(hidden, float("-inf"))
@@ -245,7 +260,8 @@ class Attention:
             probs = torch.cat((probs, probs.new_zeros(g, MIN_ROWS - m, length)), 1) if m < MIN_ROWS else probs
             o = torch.bmm(probs, values)[:, :m]                                       # [G, per*T, E]
         else:
-            o = torch.bmm(probs.to(values.dtype), values).float()
+            probs = torch.cat((probs, probs.new_zeros(g, padded_rows(m) - m, length)), 1)
+            o = torch.bmm(probs.to(values.dtype), values)[:, :m].float()
         return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
 
