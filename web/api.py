@@ -17,7 +17,7 @@ from appliance.engine.process import EngineClient, RequestStream
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, EngineUnavailable
 
-from . import openapi, wire
+from . import openapi, responses, wire
 
 bp = Blueprint("api", __name__)
 
@@ -120,7 +120,7 @@ def _complete(chat: bool) -> Any:
     tally = Tally()
     if parsed.stream:
         keepalive = _state().config.server.keepalive_s
-        return Response(_sse(stream, gone, wire.ChunkWriter(parsed, chat, fingerprint), tally, keepalive),
+        return Response(_sse(stream, gone, responses.ChunkWriter(parsed, chat, fingerprint), tally, keepalive),
                         mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     deltas: list[Delta] = []
@@ -137,11 +137,11 @@ def _complete(chat: bool) -> Any:
                 break
     finally:
         stream.abort()
-    build = wire.chat_response if chat else wire.completion_response
+    build = responses.chat_response if chat else responses.completion_response
     return jsonify(build(parsed, deltas, ev, fingerprint))
 
 
-def _sse(stream: RequestStream, gone: Callable[[], bool], writer: wire.ChunkWriter, tally: Tally,
+def _sse(stream: RequestStream, gone: Callable[[], bool], writer: responses.ChunkWriter, tally: Tally,
          keepalive: float) -> Iterator[bytes]:
     try:
         first = writer.first()

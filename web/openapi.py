@@ -1,8 +1,10 @@
 """The published description of the API (OpenAPI 3.0), served at /openapi.json.
 
-It says what `wire.py` accepts: the served model id, the ranges of every sampling knob, which
-fields may be null. The fuzz tests (schemathesis) hold the two together: whatever this
-document forbids must be a 4xx, and no input may produce a 5xx.
+It says what `wire.py` accepts. The scalar request parameters are rendered from their
+declarations in `params.py` (the same ones wire validates with: type, range or choices,
+default, help as the description); the structured ones are written here with the limits
+params.py names. The fuzz tests (schemathesis) hold document and server together: whatever
+this document forbids must be a 4xx, and no input may produce a 5xx.
 """
 from __future__ import annotations
 
@@ -10,43 +12,43 @@ from typing import Any
 
 from appliance import __version__
 
-from . import wire
+from . import params
+from .params import Param
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "nullable": True}
 
 
-def _num(lo: float, hi: float) -> dict[str, Any]:
-    return _nullable({"type": "number", "minimum": lo, "maximum": hi})
-
-
-def _int(lo: int, hi: int | None = None) -> dict[str, Any]:
-    s: dict[str, Any] = {"type": "integer", "minimum": lo}
+def scalar(p: Param, n_ctx: int) -> dict[str, Any]:
+    """The schema of one declared parameter; null is always allowed (it means the default)."""
+    s: dict[str, Any] = {"type": p.kind, "description": p.help}
+    lo, hi = p.bounds(n_ctx)
+    if lo is not None:
+        s["minimum"] = lo
     if hi is not None:
         s["maximum"] = hi
+    if p.enum:
+        s["enum"] = list(p.enum)
+    if p.default is not None:
+        s["default"] = p.default
     return _nullable(s)
 
 
-def _sampling(n_ctx: int, model: str) -> dict[str, Any]:
+def _scalars(table: dict[str, Param], n_ctx: int) -> dict[str, Any]:
+    return {name: scalar(p, n_ctx) for name, p in table.items()}
+
+
+def _structured(model: str) -> dict[str, Any]:
+    """The parameters with structure that both endpoints take."""
     stop = _nullable({"oneOf": [{"type": "string"},
-                                {"type": "array", "items": {"type": "string"}, "maxItems": wire.MAX_STOPS}]})
+                                {"type": "array", "items": {"type": "string"}, "maxItems": params.MAX_STOPS}]})
     return {
         "model": {"type": "string", "enum": [model]},
-        "max_tokens": _int(1, n_ctx), "max_completion_tokens": _int(1, n_ctx),
-        "temperature": _num(0, 2), "top_p": _num(0, 1), "top_k": _int(0), "min_p": _num(0, 1),
-        "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2),
-        "repetition_penalty": _num(0.01, 10), "repeat_penalty": _num(0.01, 10),
-        "seed": _int(-(2**63), 2**64 - 1), "stop": stop,
-        "n": _nullable({"type": "integer", "enum": [1]}),
-        "stream": _nullable({"type": "boolean"}),
-        "stream_options": _nullable({"type": "object", "properties": {
-            "include_usage": _nullable({"type": "boolean"})}}),
-        "ignore_eos": _nullable({"type": "boolean"}), "cache_prompt": _nullable({"type": "boolean"}),
-        "cache_pin": _nullable({"type": "boolean"}),
-        "speculate": _nullable({"type": "string", "enum": ["off", "lookup"]}),
+        "stop": stop,
+        "stream_options": _nullable({"type": "object", "properties": _scalars(params.STREAM_OPTIONS, 0)}),
         "response_format": _nullable({"type": "object", "required": ["type"], "properties": {
-            "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+            "type": {"type": "string", "enum": list(params.RESPONSE_FORMATS)},
             "json_schema": {"type": "object", "properties": {
                 "name": {"type": "string"}, "strict": _nullable({"type": "boolean"}),
                 "schema": {"type": "object"}}}}}),
@@ -57,7 +59,7 @@ def _message() -> dict[str, Any]:
     part = {"type": "object", "required": ["type", "text"],
             "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
     return {"type": "object", "required": ["role"], "properties": {
-        "role": {"type": "string", "enum": list(wire.ROLES)},
+        "role": {"type": "string", "enum": list(params.ROLES)},
         "content": _nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": part}]}),
         "name": _nullable({"type": "string"}),
         "tool_calls": _nullable({"type": "array", "items": REQUEST_TOOL_CALL}),
@@ -89,10 +91,10 @@ REQUEST_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
 TOOL = {"type": "object", "required": ["type", "function"], "properties": {
     "type": {"type": "string", "enum": ["function"]},
     "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "name": {"type": "string", "pattern": params.TOOL_NAME_PATTERN},
         "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
 TOOL_CHOICE = _nullable({"oneOf": [
-    {"type": "string", "enum": ["auto", "none", "required"]},
+    {"type": "string", "enum": list(params.TOOL_CHOICES)},
     {"type": "object", "required": ["type", "function"], "properties": {
         "type": {"type": "string", "enum": ["function"]},
         "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]})
@@ -142,9 +144,8 @@ def _post(summary: str, body: dict[str, Any], ok: dict[str, Any], stream: bool =
 
 def _tokenizer(n_vocab: int) -> dict[str, Any]:
     """llama-server's /tokenize and /detokenize."""
-    flag = _nullable({"type": "boolean"})
     tokenize_body = {"type": "object", "required": ["content"], "properties": {
-        "content": {"type": "string"}, "add_special": flag, "parse_special": flag, "with_pieces": flag}}
+        "content": {"type": "string"}, **_scalars(params.TOKENIZE, 0)}}
     # a piece that is not valid UTF-8 on its own comes as its bytes
     piece = {"oneOf": [{"type": "string"},
                        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}]}
@@ -161,18 +162,16 @@ def _tokenizer(n_vocab: int) -> dict[str, Any]:
 
 def build(model: str, n_ctx: int, n_vocab: int) -> dict[str, Any]:
     chat_body = {"type": "object", "required": ["messages"], "properties": {
-        **_sampling(n_ctx, model),
+        **_scalars(params.CHAT, n_ctx), **_structured(model),
         "messages": {"type": "array", "minItems": 1, "items": _message()},
-        "logprobs": _nullable({"type": "boolean"}), "top_logprobs": _int(0, wire.MAX_TOP_LOGPROBS),
         "chat_template_kwargs": _nullable({"type": "object"}),
         "tools": _nullable({"type": "array", "items": TOOL}), "tool_choice": TOOL_CHOICE,
-        "parallel_tool_calls": _nullable({"type": "boolean"}),
     }}
     prompt = {"oneOf": [{"type": "string"},
                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
                         {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}}]}
     completion_body = {"type": "object", "required": ["prompt"], "properties": {
-        **_sampling(n_ctx, model), "prompt": prompt, "logprobs": _int(0, 5)}}
+        **_scalars(params.COMPLETION, n_ctx), **_structured(model), "prompt": prompt}}
     health = {"description": "engine state", "content": {"application/json": {"schema": {
         "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}}}}
     return {

@@ -1,30 +1,29 @@
-"""The OpenAI wire format <-> engine types. Validation lives here, once, for both endpoints.
+"""The OpenAI wire format -> engine types. Validation lives here, once, for both endpoints; the
+responses are shaped in `responses.py`.
 
 Every client mistake becomes an `InvalidRequest` naming the offending parameter, so the API
-answers a 400 (never a 500, which SDKs retry) and nothing reaches the engine. Parameters this
-version does not implement yet (tools, structured output, logprobs) are refused by name rather
-than silently ignored.
+answers a 400 (never a 500, which SDKs retry) and nothing reaches the engine. The scalar
+parameters are read through their declarations in `params.py` (which `openapi.py` publishes);
+the structured ones (messages, tools, response_format, ...) are checked here. Parameters this
+version does not implement (NOT_YET: the deprecated functions/function_call, logit_bias,
+grammar, json_schema at the top level, best_of, echo, suffix) and any n other than 1 are
+refused by name rather than silently ignored; a few that change nothing for one local model
+(IGNORED) are accepted and ignored.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
-import time
+import re
 from dataclasses import dataclass
 from typing import Any
 
-import dataclasses
-
-import re
-
-from appliance.engine.types import (ChatMessage, Constraint, Delta, Done, Request, SamplingParams, TokenLogprob,
-                                    Tokenized, ToolCall, ToolSpec)
+from appliance.engine.types import ChatMessage, Constraint, Request, SamplingParams, Tokenized, ToolCall, ToolSpec
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
-SPECULATE_MODES = ("off", "lookup", "draft")
-ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_STOPS = 16
-MAX_TOP_LOGPROBS = 20
+from .params import (CHAT, COMPLETION, MAX_STOPS, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOKENIZE, TOOL_CHOICES,
+                     TOOL_NAME_PATTERN, Param)
+
 # accepted and ignored: they change nothing for a single local model
 IGNORED = {"user", "store", "metadata", "service_tier",
            "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
@@ -62,39 +61,7 @@ def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
     return body
 
 
-# -- typed getters ------------------------------------------------------------------------------
-
-def _num(body: dict, key: str, lo: float, hi: float, default: float | None) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise InvalidRequest(f"'{key}' must be a number", param=key)
-    if not lo <= v <= hi:
-        raise InvalidRequest(f"'{key}' must be between {lo} and {hi}, got {v}", param=key)
-    return float(v)
-
-
-def _int(body: dict, key: str, lo: int, hi: int | None, default: int | None) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidRequest(f"'{key}' must be an integer", param=key)
-    if v < lo or (hi is not None and v > hi):
-        bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
-        raise InvalidRequest(f"'{key}' must be {bound}, got {v}", param=key)
-    return v
-
-
-def _bool(body: dict, key: str, default: bool) -> bool:
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise InvalidRequest(f"'{key}' must be true or false", param=key)
-    return v
-
+# -- structured parameters ----------------------------------------------------------------------
 
 def _stops(body: dict) -> tuple[str, ...]:
     v = body.get("stop")
@@ -109,15 +76,13 @@ def _stops(body: dict) -> tuple[str, ...]:
     return tuple(s for s in v if s)
 
 
-def _refuse_unsupported(body: dict) -> None:
+def _refuse_unsupported(body: dict, table: dict[str, Param]) -> None:
     for key, what in NOT_YET.items():
         v = body.get(key)
         if v in (None, False, [], {}):
             continue
         raise InvalidRequest(f"'{key}' ({what}) is not supported by this server version", param=key)
-    n = body.get("n")
-    if n is not None and n != 1:  # null means the default, as for every other parameter
-        raise InvalidRequest("only n=1 is supported", param="n")
+    table["n"].read(body)
 
 
 def check_model(body: dict, served: set[str]) -> str:
@@ -132,27 +97,26 @@ def check_model(body: dict, served: set[str]) -> str:
     return model
 
 
-def sampling_params(body: dict, n_ctx: int, default_max_tokens: int | None) -> SamplingParams:
-    max_tokens = _int(body, "max_completion_tokens", 1, n_ctx, None)
+def sampling_params(body: dict, n_ctx: int, table: dict[str, Param] = CHAT) -> SamplingParams:
+    """The sampling knobs of `body`, checked against the endpoint's declarations (CHAT or
+    COMPLETION, which differ in max_tokens' default)."""
+    def get(name: str) -> Any:
+        return table[name].read(body, n_ctx)
+
+    max_tokens = get("max_completion_tokens")
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, n_ctx, default_max_tokens)
-    return SamplingParams(
-        temperature=_num(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_num(body, "top_p", 0.0, 1.0, 1.0),
-        top_k=_int(body, "top_k", 0, None, 0),
-        min_p=_num(body, "min_p", 0.0, 1.0, 0.0),
-        presence_penalty=_num(body, "presence_penalty", -2.0, 2.0, 0.0),
-        frequency_penalty=_num(body, "frequency_penalty", -2.0, 2.0, 0.0),
-        repetition_penalty=_num(body, "repetition_penalty", 0.01, 10.0,
-                                _num(body, "repeat_penalty", 0.01, 10.0, 1.0)),
-        seed=_int(body, "seed", -(2**63), 2**64 - 1, None),
-        max_tokens=max_tokens, stop=_stops(body),
-        ignore_eos=_bool(body, "ignore_eos", False),
-    )
+        max_tokens = get("max_tokens")
+    # checked in this order, so that of two mistakes the same one is reported as always
+    knobs = {k: get(k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                 "frequency_penalty", "repeat_penalty", "repetition_penalty", "seed")}
+    repeat = knobs.pop("repeat_penalty")  # llama.cpp's name for it
+    if knobs["repetition_penalty"] is None:
+        knobs["repetition_penalty"] = repeat
+    return SamplingParams(**knobs, max_tokens=max_tokens, stop=_stops(body), ignore_eos=get("ignore_eos"))
 
 
-def _stream_flags(body: dict) -> tuple[bool, bool]:
-    stream = _bool(body, "stream", False)
+def _stream_flags(body: dict, table: dict[str, Param]) -> tuple[bool, bool]:
+    stream = table["stream"].read(body)
     opts = body.get("stream_options")
     if opts is None:
         return stream, False
@@ -160,7 +124,7 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
         raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
     if not isinstance(opts, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    return stream, _bool(opts, "include_usage", False)
+    return stream, STREAM_OPTIONS["include_usage"].read(opts)
 
 
 def response_format(body: dict) -> Constraint | None:
@@ -188,16 +152,16 @@ def response_format(body: dict) -> Constraint | None:
         return None
     if kind == "json_object":
         return Constraint("json_object")
-    if kind != "json_schema":
-        raise InvalidRequest(f"response_format type must be text, json_object or json_schema; got {kind!r}",
-                             param="response_format.type")
+    if kind not in RESPONSE_FORMATS:
+        raise InvalidRequest(f"response_format type must be {', '.join(RESPONSE_FORMATS[:-1])} or "
+                             f"{RESPONSE_FORMATS[-1]}; got {kind!r}", param="response_format.type")
     if js is None:
         raise InvalidRequest("response_format.json_schema (with a 'schema') is required for type json_schema",
                              param="response_format.json_schema")
     return Constraint("json_schema", json.dumps(js.get("schema", {}), sort_keys=True))
 
 
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 
 
 def _tools(body: dict) -> tuple[ToolSpec, ...]:
@@ -235,7 +199,7 @@ def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> str:
         return "auto"
     if not tools and choice != "none":
         raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
-    if choice in ("auto", "none", "required"):
+    if choice in TOOL_CHOICES:
         return choice
     fn = choice.get("function") if isinstance(choice, dict) else None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(fn, dict):
@@ -243,7 +207,7 @@ def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> str:
             raise InvalidRequest(f"tool_choice names {fn.get('name')!r}, which is not in 'tools'",
                                  param="tool_choice")
         return fn["name"]
-    raise InvalidRequest("'tool_choice' must be auto, none, required or "
+    raise InvalidRequest(f"'tool_choice' must be {', '.join(TOOL_CHOICES)} or "
                          "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
 
 
@@ -318,18 +282,19 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
 
 
 def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
+    t = CHAT
     model = check_model(body, served)
-    _refuse_unsupported(body)
-    stream, include_usage = _stream_flags(body)
+    _refuse_unsupported(body, t)
+    stream, include_usage = _stream_flags(body, t)
     messages = _messages(body)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-    logprobs = _bool(body, "logprobs", False)
-    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
+    logprobs = t["logprobs"].read(body)
+    top = t["top_logprobs"].read(body)
     if top and not logprobs:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    params = dataclasses.replace(sampling_params(body, n_ctx, None), logprobs=logprobs, top_logprobs=top)
+    params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=logprobs, top_logprobs=top)
     tools = _tools(body)
     choice = _tool_choice(body, tools)
     constraint = response_format(body)
@@ -338,16 +303,17 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                              param="tool_choice")
     req = Request(id=request_id, params=params, messages=messages,
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
-                  tool_choice=choice, parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False),
-                  speculate=_speculate(body))
+                  tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
+                  cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
+                  speculate=t["speculate"].read(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 
 def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
+    t = COMPLETION
     model = check_model(body, served)
-    _refuse_unsupported(body)
-    stream, include_usage = _stream_flags(body)
+    _refuse_unsupported(body, t)
+    stream, include_usage = _stream_flags(body, t)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -360,21 +326,12 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     else:
         raise InvalidRequest("'prompt' must be a string or a non-empty list of token ids "
                              "(batches of several prompts are not supported)", param="prompt")
-    top = _int(body, "logprobs", 0, 5, None)  # the legacy API: an int, how many alternatives
-    params = dataclasses.replace(sampling_params(body, n_ctx, 16), logprobs=top is not None, top_logprobs=top or 0)
+    top = t["logprobs"].read(body)  # the legacy API: an int, how many alternatives
+    params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
-                  cache_prompt=_bool(body, "cache_prompt", True), cache_pin=_bool(body, "cache_pin", False),
-                  speculate=_speculate(body))
+                  cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
+                  speculate=t["speculate"].read(body))
     return ParsedRequest(req, stream, include_usage, model)
-
-
-def _speculate(body: dict) -> str | None:
-    """Our extension: "off", "lookup" or "draft" for this request (absent or null: the server's default)."""
-    v = body.get("speculate")
-    if v is not None and v not in SPECULATE_MODES:
-        raise InvalidRequest(f"'speculate' must be one of {', '.join(SPECULATE_MODES)}; got {v!r}",
-                             param="speculate")
-    return v
 
 
 def _is_ids(v: Any) -> bool:
@@ -386,8 +343,8 @@ def parse_tokenize(body: dict) -> tuple[str, bool, bool, bool]:
     content = body.get("content")
     if not isinstance(content, str):
         raise InvalidRequest("'content' is required and must be a string", param="content")
-    return (content, _bool(body, "add_special", False), _bool(body, "parse_special", True),
-            _bool(body, "with_pieces", False))
+    t = TOKENIZE
+    return content, t["add_special"].read(body), t["parse_special"].read(body), t["with_pieces"].read(body)
 
 
 def parse_detokenize(body: dict) -> tuple[int, ...]:
@@ -409,140 +366,3 @@ def tokenize_response(ev: Tokenized, with_pieces: bool) -> dict[str, Any]:
     if not with_pieces:
         return {"tokens": list(ev.ids)}
     return {"tokens": [{"id": t, "piece": _piece(p)} for t, p in zip(ev.ids, ev.pieces)]}
-
-
-# -- responses ----------------------------------------------------------------------------------
-
-def usage_dict(done: Done) -> dict[str, Any]:
-    u = done.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
-
-
-def _chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
-    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes),
-                         "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)}
-                                          for t in e.top]} for e in entries],
-            "refusal": None}
-
-
-def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e.token)
-    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries], "text_offset": offsets}
-
-
-def tool_call_dicts(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls]
-
-
-def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
-    lps = [e for d in deltas for e in d.logprobs]
-    calls = [c for d in deltas for c in d.tool_calls]
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(d.text for d in deltas)}
-    reasoning = "".join(d.reasoning for d in deltas)
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["content"] = message["content"] or None
-        message["tool_calls"] = tool_call_dicts(calls)
-    return {
-        "id": p.request.id, "object": "chat.completion", "created": int(time.time()), "model": p.model,
-        "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": message,
-                     "logprobs": _chat_logprobs(lps) if p.request.params.logprobs else None,
-                     "finish_reason": done.finish_reason}],
-        "usage": usage_dict(done), "timings": done.timings.as_dict(),
-    }
-
-
-def completion_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
-    lps = [e for d in deltas for e in d.logprobs]
-    return {
-        "id": p.request.id, "object": "text_completion", "created": int(time.time()), "model": p.model,
-        "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "text": "".join(d.text for d in deltas),
-                     "logprobs": _completion_logprobs(lps, 0) if p.request.params.logprobs else None,
-                     "finish_reason": done.finish_reason}],
-        "usage": usage_dict(done), "timings": done.timings.as_dict(),
-    }
-
-
-class ChunkWriter:
-    """Builds the SSE chunks of one streamed response, chat or completion."""
-
-    def __init__(self, p: ParsedRequest, chat: bool, fingerprint: str) -> None:
-        self.p, self.chat = p, chat
-        self.base = {"id": p.request.id, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
-        self._delta_parts: tuple[bytes, bytes] | None = None
-        self._offset = 0  # text_offset of the legacy completions logprobs
-        self._n_calls = 0
-
-    def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
-        body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
-        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
-    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-    def first(self) -> bytes | None:
-        return self._chunk(self._choice("", None, role=True)) if self.chat else None
-
-    def delta(self, ev: Delta) -> bytes:
-        out = b""
-        if ev.reasoning and self.chat:
-            out += self._chunk({"index": 0, "delta": {"reasoning_content": ev.reasoning}, "logprobs": None,
-                                "finish_reason": None})
-            if not (ev.text or ev.tool_calls or ev.logprobs):
-                return out
-        if ev.tool_calls and self.chat:
-            for c in ev.tool_calls:  # OpenAI's shape: id, type and name first, then the arguments
-                i = self._n_calls
-                self._n_calls += 1
-                head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
-                out += self._chunk({"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None,
-                                    "finish_reason": None})
-                out += self._chunk({"index": 0, "delta": {"tool_calls": [
-                    {"index": i, "function": {"arguments": c.arguments}}]}, "logprobs": None, "finish_reason": None})
-            if not ev.text:
-                return out
-        if ev.logprobs:
-            choice = self._choice(ev.text, None)
-            if self.chat:
-                choice["logprobs"] = _chat_logprobs(list(ev.logprobs))
-            else:
-                choice["logprobs"] = _completion_logprobs(list(ev.logprobs), self._offset)
-            self._offset += sum(len(e.token) for e in ev.logprobs)
-            return out + self._chunk(choice)
-        return out + self._text_chunk(ev.text)
-
-    def _text_chunk(self, text: str) -> bytes:
-        # the hot path (one call per token): the chunk around the text is encoded once
-        if self._delta_parts is None:
-            marker = "\x00TEXT\x00"
-            whole = self._chunk(self._choice(marker, None)).decode()
-            at = whole.index(json.dumps(marker)[1:-1]) - 1
-            self._delta_parts = (whole[:at].encode(), whole[at + len(json.dumps(marker)):].encode())
-        head, tail = self._delta_parts
-        return head + json.dumps(text).encode() + tail
-
-    def last(self, done: Done) -> bytes:
-        out = self._chunk(self._choice(None if self.chat else "", done.finish_reason),
-                          timings=done.timings.as_dict())
-        if self.p.include_usage:
-            out += self._chunk(None, usage=usage_dict(done))
-        return out + b"data: [DONE]\n\n"
-
-    @staticmethod
-    def error(body: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps(body).encode() + b"\n\n"

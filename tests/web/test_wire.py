@@ -7,8 +7,8 @@ import pytest
 
 from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Tokenized, Usage
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
-from web.wire import (ChunkWriter, parse_chat, parse_completion, parse_detokenize, parse_json_body, parse_tokenize,
-                      tokenize_response)
+from web.responses import ChunkWriter
+from web.wire import parse_chat, parse_completion, parse_detokenize, parse_json_body, parse_tokenize, tokenize_response
 
 MODEL = "smollm2"
 SERVED = {MODEL}
