@@ -22,6 +22,32 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class LlamaCppSettings:
+    """llama.cpp's context settings, with the threads resolved (never 0 for "auto"). The one
+    shape they take everywhere: the engine config's flags (`EngineConfig.llamacpp`), the tuned
+    plan, `tune`'s candidates, bench's raw reference and the runner's /health report."""
+
+    n_threads: int              # decode
+    n_threads_batch: int        # prefill
+    n_batch: int                # most tokens in one llama_decode
+    n_ubatch: int               # llama.cpp's physical micro-batch
+    flash_attn: bool
+
+    def __post_init__(self) -> None:
+        _require(min(self.n_threads, self.n_threads_batch, self.n_batch, self.n_ubatch) >= 1,
+                 f"llama.cpp's threads and batch sizes must be positive, got {self}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> LlamaCppSettings:
+        """From a dict holding these keys (others ignored): /health's settings, a plan entry."""
+        return cls(n_threads=int(m["n_threads"]), n_threads_batch=int(m["n_threads_batch"]),
+                   n_batch=int(m["n_batch"]), n_ubatch=int(m["n_ubatch"]), flash_attn=bool(m["flash_attn"]))
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """What the engine process needs to load a model and schedule requests."""
 
@@ -63,7 +89,8 @@ class EngineConfig:
                                    "differ from serial decoding; every response says so in timings)")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
-    seed: int = _opt(0, "default sampling seed for requests that give none")
+    seed: int | None = _opt(None, "sampling seed for requests that give none, so the same request gets "
+                            "the same reply (default: a random seed per request)")
 
     def __post_init__(self) -> None:
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
@@ -97,6 +124,17 @@ class EngineConfig:
 
         n = self.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         return n, self.n_threads_batch or n
+
+    def llamacpp(self) -> LlamaCppSettings:
+        """The llama.cpp settings these flags give: threads resolved (0: physical cores), n_ubatch
+        at most n_batch (llama.cpp clamps it so itself)."""
+        threads, threads_batch = self.resolved_threads()
+        return LlamaCppSettings(n_threads=threads, n_threads_batch=threads_batch, n_batch=self.n_batch,
+                                n_ubatch=min(self.n_ubatch, self.n_batch), flash_attn=self.flash_attn)
+
+    def with_llamacpp(self, s: LlamaCppSettings) -> EngineConfig:
+        """This config with its llama.cpp flags set to s."""
+        return dataclasses.replace(self, **s.as_dict())
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import config
+from .config import LlamaCppSettings
 
 NEAR_TIE = 0.02
 CHUNK_TOKENS = 512      # the score: one prompt chunk...
@@ -37,7 +38,7 @@ class Measurement:
         return CHUNK_TOKENS / self.prefill_tps + DECODE_TOKENS / self.decode_tps
 
 
-def choose(cands: Sequence[dict[str, Any]], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
+def choose(cands: Sequence[LlamaCppSettings], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
     """The winning candidate's index at this depth and the medians it was chosen on."""
     medians = {}
     for i in range(len(cands)):
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from .bench import prompt_sets
     from .bench.raw import RawError, RawReference, RawSettings
     from .engine import plan as plan_mod
+    from .engine.grid import Grid
     from .errors import ApplianceError
     from .models import file_fingerprint, resolve
 
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             # the server's pool shape (n_slots x n_ctx, not unified): the kernels are timed on
             # the KV pool they will run on
             workers.append(RawReference(str(ref.path), RawSettings(
-                n_ctx=args.n_ctx, n_slots=args.n_slots, prefill_chunk=CHUNK_TOKENS, **c)))
+                n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=c, grid=Grid(CHUNK_TOKENS))))
         steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
         for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
             res = workers[i].run([ids[:d]], args.tokens)
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     entries, table = [], []
     for d, depth_max in zip(depths, depth_ranges(depths)):
         winner, medians = choose(cands, measured, d)
-        entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, **cands[winner], measured={
+        entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, settings=cands[winner], measured={
             "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
     fingerprint = plan_mod.current_fingerprint(_build_info())
@@ -195,14 +197,14 @@ def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tup
     return plan_mod.Plan(fingerprint=fingerprint, llamacpp=others, created_at=now)
 
 
-def _render(model: str, table: list) -> str:
+def _render(model: str, table: list[tuple[int, int, LlamaCppSettings, dict, bool]]) -> str:
     lines = [f"## Tuned plan for {model}", "",
              f"score = {CHUNK_TOKENS} prompt tokens at the prefill rate + {DECODE_TOKENS} tokens at the decode "
              f"rate, at the depth (median of the runs; near-ties within {NEAR_TIE:.0%} go to the earlier candidate)",
              "", "| depth | candidate | threads | n_ubatch | flash attn | prefill tok/s | decode tok/s | score s | chosen |",
              "|---|---|---|---|---|---|---|---|---|"]
     for d, i, c, m, won in table:
-        lines.append(f"| {d:,} | {i} | {c['n_threads']} | {c['n_ubatch']} | {'on' if c['flash_attn'] else 'off'} | "
+        lines.append(f"| {d:,} | {i} | {c.n_threads} | {c.n_ubatch} | {'on' if c.flash_attn else 'off'} | "
                      f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} | "
                      f"{'**yes**' if won else ''} |")
     return "\n".join(lines) + "\n"

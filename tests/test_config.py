@@ -9,7 +9,7 @@ import pytest
 
 from appliance import config
 from appliance.cli import build_parser
-from appliance.config import Config, EngineConfig, ServerConfig
+from appliance.config import Config, EngineConfig, LlamaCppSettings, ServerConfig
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -145,3 +145,23 @@ def test_serve_help_exits_cleanly(capsys):
 def test_invalid_settings_are_refused(flags):
     with pytest.raises(ValueError):
         config.load(flags, env={})
+
+
+def test_llamacpp_settings_resolve_threads_and_clamp_the_micro_batch(monkeypatch):
+    import psutil
+
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16 if logical else 6)
+    assert EngineConfig().llamacpp() == LlamaCppSettings(6, 6, 512, 512, False)
+    assert EngineConfig(n_threads=3, n_threads_batch=5, n_batch=256, n_ubatch=1024, prefill_chunk=256,
+                        flash_attn=True).llamacpp() == LlamaCppSettings(3, 5, 256, 256, True)
+
+
+def test_llamacpp_settings_round_trip_through_a_dict_and_the_config():
+    s = LlamaCppSettings(n_threads=2, n_threads_batch=4, n_batch=1024, n_ubatch=256, flash_attn=True)
+    health = {**s.as_dict(), "kv_type": "f16", "prefill_chunk": 512}     # /health: more keys
+    assert LlamaCppSettings.from_mapping(health) == s
+    assert list(s.as_dict()) == ["n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn"]
+    cfg = EngineConfig(n_ctx=2048).with_llamacpp(s)
+    assert cfg.llamacpp() == s and cfg.n_ctx == 2048 and cfg.n_threads_batch == 4
+    with pytest.raises(ValueError):
+        LlamaCppSettings(0, 1, 512, 512, False)

@@ -10,8 +10,10 @@ import sys
 import pytest
 import requests
 
+from appliance.config import EngineConfig, LlamaCppSettings
 from appliance.engine import plan as plan_mod
 from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
+from appliance.models import file_fingerprint
 from appliance.tune import Measurement, choose, depth_ranges
 
 FP = {"appliance": "0.1.0", "kernel_sources": "abc", "llama_cpp_python": "0.3.36", "llama_cpp_build": "AVX2 = 1",
@@ -21,7 +23,7 @@ FP = {"appliance": "0.1.0", "kernel_sources": "abc", "llama_cpp_python": "0.3.36
 
 def choice(depth_max: int, **kw) -> LlamaCppChoice:
     values = dict(n_threads=2, n_threads_batch=2, n_batch=512, n_ubatch=512, flash_attn=False)
-    return LlamaCppChoice(depth_max=depth_max, **(values | kw))
+    return LlamaCppChoice(depth_max=depth_max, settings=LlamaCppSettings(**(values | kw)))
 
 
 PLAN = Plan(fingerprint=FP, llamacpp={"98:abc": (choice(1280, n_ubatch=256), choice(4096),
@@ -37,10 +39,10 @@ def test_round_trip_and_a_stable_hash(tmp_path):
 
 
 def test_lookup_is_a_pure_function_of_model_and_depth():
-    assert PLAN.lookup("98:abc", 0).n_ubatch == 256
-    assert PLAN.lookup("98:abc", 1280).n_ubatch == 256
-    assert PLAN.lookup("98:abc", 1281).n_ubatch == 512 and not PLAN.lookup("98:abc", 4096).flash_attn
-    assert PLAN.lookup("98:abc", 10**6).flash_attn
+    assert PLAN.lookup("98:abc", 0).settings.n_ubatch == 256
+    assert PLAN.lookup("98:abc", 1280).settings.n_ubatch == 256
+    assert PLAN.lookup("98:abc", 1281).settings.n_ubatch == 512 and not PLAN.lookup("98:abc", 4096).settings.flash_attn
+    assert PLAN.lookup("98:abc", 10**6).settings.flash_attn
     assert [PLAN.lookup("98:abc", 3000) for _ in range(3)] == [PLAN.lookup("98:abc", 3000)] * 3
     assert PLAN.lookup("other", 100) is None
 
@@ -56,9 +58,58 @@ def test_a_fingerprint_mismatch_refuses_the_whole_plan_naming_what_differs(tmp_p
     assert got is None and resolved.status == "refused" and "cpu_model" in resolved.reason
 
 
+# a plan file as `tune` has always written it: the settings flat beside depth_max and measured
+V1_FILE = """\
+{
+ "created_at": "2025-01-02T03:04:05+00:00",
+ "fingerprint": {
+  "appliance": "0.1.0",
+  "cpu_model": "AMD EPYC"
+ },
+ "llamacpp": {
+  "98:abc": [
+   {
+    "depth_max": 1280,
+    "flash_attn": false,
+    "measured": {
+     "0": {
+      "score_s": 0.5
+     },
+     "depth": 512
+    },
+    "n_batch": 512,
+    "n_threads": 2,
+    "n_threads_batch": 2,
+    "n_ubatch": 256
+   },
+   {
+    "depth_max": 1073741824,
+    "flash_attn": true,
+    "measured": {},
+    "n_batch": 512,
+    "n_threads": 4,
+    "n_threads_batch": 4,
+    "n_ubatch": 512
+   }
+  ]
+ },
+ "version": 1
+}
+"""
+
+
+def test_the_plan_file_format_is_unchanged():
+    plan = plan_mod.parse(V1_FILE)
+    first, last = plan.llamacpp["98:abc"]
+    assert first == LlamaCppChoice(1280, LlamaCppSettings(2, 2, 512, 256, False), {"depth": 512, "0": {"score_s": 0.5}})
+    assert last.settings == LlamaCppSettings(4, 4, 512, 512, True) and last.measured == {}
+    assert plan.to_json() == V1_FILE
+
+
 @pytest.mark.parametrize("text, words", [("{not json", "not valid JSON"), ('{"version": 9}', "version-1"),
                                          ('{"version": 1, "fingerprint": {}, "llamacpp": {"m": [{"depth_max": 1}]}}',
-                                          "malformed")])
+                                          "malformed"),
+                                         (V1_FILE.replace('"n_ubatch": 256', '"n_ubatch": 0'), "malformed")])
 def test_a_corrupt_file_is_refused_with_a_clear_message(tmp_path, text, words):
     path = tmp_path / "plan.json"
     path.write_text(text)
@@ -80,6 +131,45 @@ def test_a_miss_keeps_the_defaults_and_records_its_key(tmp_path):
     assert plan_mod.resolve(tmp_path / "none.json", False, FP, "98:abc", 1)[1].status == "absent"
 
 
+def _plan_here(tmp_path, **settings) -> tuple[str, object]:
+    """A plan made on this machine for a stand-in model file, with one entry for any depth."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF stand-in")
+    here = plan_mod.current_fingerprint(plan_mod.llama_cpp_build())
+    values = dict(n_threads=3, n_threads_batch=5, n_batch=256, n_ubatch=128, flash_attn=True) | settings
+    plan_mod.save(Plan(fingerprint=here, llamacpp={file_fingerprint(model): (choice(1 << 30, **values),)}),
+                  tmp_path / "plan.json")
+    return str(tmp_path / "plan.json"), model
+
+
+def test_apply_fills_only_the_settings_left_at_their_defaults(tmp_path):
+    path, model = _plan_here(tmp_path)
+    cfg, resolved = plan_mod.apply(EngineConfig(plan=path, n_ctx=1024, prefill_chunk=256, n_ubatch=64), model)
+    assert resolved.status == "used" and resolved.choice["n_threads_batch"] == 5
+    assert (cfg.n_threads, cfg.n_threads_batch, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn) == (3, 5, 256, 64, True)
+    assert cfg.n_ctx == 1024 and cfg.prefill_chunk == 256
+
+
+def test_apply_raises_n_batch_to_the_prefill_chunk(tmp_path):
+    path, model = _plan_here(tmp_path)
+    cfg, _ = plan_mod.apply(EngineConfig(plan=path), model)     # the default chunk, 512
+    assert cfg.n_batch == 512 and cfg.n_ubatch == 128
+    assert plan_mod.fill_defaults(EngineConfig(prefill_chunk=64), LlamaCppSettings(1, 1, 32, 32, False)).n_batch == 64
+
+
+def test_apply_leaves_the_config_alone_when_off_another_engine_or_a_miss(tmp_path):
+    path, model = _plan_here(tmp_path)
+    off = EngineConfig(plan="off")
+    assert plan_mod.apply(off, model) == (off, plan_mod.Resolved("off"))
+    torch_cfg = EngineConfig(plan=path, engine="torch")
+    cfg, resolved = plan_mod.apply(torch_cfg, model)
+    assert cfg == torch_cfg and resolved.status == "off" and "torch" in resolved.reason
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another model")
+    cfg, resolved = plan_mod.apply(EngineConfig(plan=path), other)
+    assert cfg == EngineConfig(plan=path) and resolved.status == "miss"
+
+
 def test_choose_takes_the_lowest_score_and_gives_near_ties_to_the_earlier_candidate():
     cands = [{"n": 0}, {"n": 1}, {"n": 2}]
     measured = [Measurement(0, 512, 1000.0, 100.0), Measurement(1, 512, 1010.0, 101.0),   # 1% better
@@ -94,9 +184,10 @@ def test_choose_takes_the_lowest_score_and_gives_near_ties_to_the_earlier_candid
 
 def test_candidates_come_in_a_fixed_order():
     cands = plan_mod.candidates(2, 4)
-    assert cands[0] == {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512, "flash_attn": False}
+    assert cands[0].as_dict() == {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512,
+                                  "flash_attn": False}
     assert len(cands) == 8 and cands == plan_mod.candidates(2, 4)
-    assert {c["n_threads"] for c in plan_mod.candidates(2, 2)} == {2}
+    assert {c.n_threads for c in plan_mod.candidates(2, 2)} == {2}
 
 
 def test_tune_on_a_tiny_model_writes_a_plan_the_engine_uses(tmp_path):

@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from appliance.engine.stats import EngineStats
+
 PREFIX = "appliance"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
@@ -20,56 +22,57 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class EngineCollector:
-    """Gauges and engine-side counters from the engine's stats dict, read at scrape time."""
+    """Gauges and engine-side counters from the engine's latest `EngineStats`, read at scrape time."""
 
-    def __init__(self, stats: Callable[[], dict], info: Callable[[], object]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], info: Callable[[], object]) -> None:
         self.stats, self.info = stats, info
 
     def collect(self) -> Iterator:
-        s = self.stats() or {}
+        s = self.stats() or EngineStats()
+        c, sp = s.cache, s.spec
         gauges = {
-            "queue_depth": ("requests waiting for a slot", s.get("queue_depth", 0)),
-            "slots_busy": ("slots holding a request", s.get("slots_busy", 0)),
-            "slots": ("slots configured", s.get("n_slots", 0)),
-            "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.get("kv_bytes", 0)),
-            "kv_pool_tokens": ("positions in the KV pool", s.get("kv_capacity", 0)),
-            "kv_used_tokens": ("positions of the KV pool holding a live request", s.get("kv_tokens", 0)),
-            "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", s.get("cached_tokens", 0)),
-            "prompt_cache_ram_bytes": ("bytes of saved prompt states in the RAM tier", s.get("ram_bytes", 0)),
-            "prompt_cache_ram_entries": ("saved prompt states in the RAM tier", s.get("ram_entries", 0)),
+            "queue_depth": ("requests waiting for a slot", s.queue_depth),
+            "slots_busy": ("slots holding a request", s.slots_busy),
+            "slots": ("slots configured", s.n_slots),
+            "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.kv_bytes),
+            "kv_pool_tokens": ("positions in the KV pool", s.kv_capacity),
+            "kv_used_tokens": ("positions of the KV pool holding a live request", s.kv_tokens),
+            "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", c.cached_tokens),
+            "prompt_cache_ram_bytes": ("bytes of saved prompt states in the RAM tier", c.ram_bytes),
+            "prompt_cache_ram_entries": ("saved prompt states in the RAM tier", c.ram_entries),
             "prompt_cache_ram_pinned_bytes": ("bytes of pinned prompt states in the RAM tier",
-                                              s.get("ram_pinned_bytes", 0)),
-            "prompt_cache_disk_bytes": ("bytes of saved prompt states in the disk tier", s.get("disk_bytes", 0)),
-            "prompt_cache_disk_entries": ("saved prompt states in the disk tier", s.get("disk_entries", 0)),
+                                              c.ram_pinned_bytes),
+            "prompt_cache_disk_bytes": ("bytes of saved prompt states in the disk tier", c.disk_bytes),
+            "prompt_cache_disk_entries": ("saved prompt states in the disk tier", c.disk_entries),
             "prompt_cache_disk_pinned_bytes": ("bytes of pinned prompt states in the disk tier",
-                                               s.get("disk_pinned_bytes", 0)),
+                                               c.disk_pinned_bytes),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
         counters = {
-            "engine_steps": ("scheduler steps run", s.get("steps", 0)),
-            "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", s.get("cache_hit_tokens", 0)),
-            "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", s.get("ram_hit_tokens", 0)),
-            "prompt_cache_ram_hits": ("requests restored from the RAM tier", s.get("ram_hits", 0)),
-            "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", s.get("disk_hit_tokens", 0)),
-            "prompt_cache_disk_hits": ("requests restored from the disk tier", s.get("disk_hits", 0)),
-            "draft_tokens_proposed": ("tokens proposed by speculative drafting", s.get("draft_proposed", 0)),
-            "draft_tokens_accepted": ("drafted tokens accepted by verification", s.get("draft_accepted", 0)),
-            "speculative_steps": ("decode steps that verified a draft", s.get("spec_steps", 0)),
+            "engine_steps": ("scheduler steps run", s.steps),
+            "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", c.cache_hit_tokens),
+            "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", c.ram_hit_tokens),
+            "prompt_cache_ram_hits": ("requests restored from the RAM tier", c.ram_hits),
+            "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", c.disk_hit_tokens),
+            "prompt_cache_disk_hits": ("requests restored from the disk tier", c.disk_hits),
+            "draft_tokens_proposed": ("tokens proposed by speculative drafting", sp.draft_proposed),
+            "draft_tokens_accepted": ("drafted tokens accepted by verification", sp.draft_accepted),
+            "speculative_steps": ("decode steps that verified a draft", sp.spec_steps),
             "speculative_tokens_committed": ("tokens committed by steps that verified a draft",
-                                             s.get("spec_committed", 0)),
+                                             sp.spec_committed),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
         batches = GaugeMetricFamily(f"{PREFIX}_decode_batch_steps", "steps by number of decode rows",
                                     labels=["rows"])
-        for rows, n in (s.get("decode_batches") or {}).items():
+        for rows, n in sorted(s.decode_batches.items()):
             batches.add_metric([str(rows)], n)
         yield batches
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], dict], info: Callable[[], object]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], info: Callable[[], object]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and status",

@@ -20,29 +20,25 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..config import LlamaCppSettings
+from ..engine.grid import Grid
 from .client import BenchError
 
 
 @dataclass(frozen=True)
 class RawSettings:
-    n_ctx: int
-    n_slots: int
-    n_threads: int
-    n_threads_batch: int
-    n_batch: int
-    n_ubatch: int
-    flash_attn: bool
-    prefill_chunk: int
+    n_ctx: int                      # positions per sequence
+    n_slots: int                    # sequences, one KV stream each
+    llamacpp: LlamaCppSettings
+    grid: Grid                      # where prompts are cut into llama_decode calls
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
         """The server's settings as its /health reports them (prefill_chunk: when it does not)."""
         s = health["settings"]
         return cls(n_ctx=int(health["n_ctx"]), n_slots=int(health["n_slots"]),
-                   n_threads=int(s["n_threads"]), n_threads_batch=int(s["n_threads_batch"]),
-                   n_batch=int(s["n_batch"]), n_ubatch=int(s["n_ubatch"]),
-                   flash_attn=bool(s["flash_attn"]),
-                   prefill_chunk=int(s.get("prefill_chunk") or prefill_chunk))
+                   llamacpp=LlamaCppSettings.from_mapping(s),
+                   grid=Grid(int(s.get("prefill_chunk") or prefill_chunk)))
 
 
 @dataclass(frozen=True)
@@ -75,11 +71,12 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
         conn.send(("error", f"llama.cpp could not load {model_path}"))
         return
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    ls = st.llamacpp
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_seq_max, cp.kv_unified = st.n_ctx * st.n_slots, st.n_slots, False
-    cp.n_batch, cp.n_ubatch = st.n_batch, min(st.n_ubatch, st.n_batch)
-    cp.n_threads, cp.n_threads_batch = st.n_threads, st.n_threads_batch
-    cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if st.flash_attn
+    cp.n_batch, cp.n_ubatch = ls.n_batch, min(ls.n_ubatch, ls.n_batch)
+    cp.n_threads, cp.n_threads_batch = ls.n_threads, ls.n_threads_batch
+    cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if ls.flash_attn
                           else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     cp.no_perf = True
     ctx = L.llama_init_from_model(model, cp)
@@ -87,7 +84,7 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
         conn.send(("error", f"llama.cpp could not create a context of {st.n_slots} x {st.n_ctx}"))
         return
     mem = L.llama_get_memory(ctx)
-    batch = L.llama_batch_init(max(st.n_batch, st.n_slots), 0, st.n_slots)
+    batch = L.llama_batch_init(max(ls.n_batch, st.n_slots), 0, st.n_slots)
 
     def decode(entries) -> None:
         for i, (tok, pos, seq, want) in enumerate(entries):
@@ -102,12 +99,10 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
 
     def prefill(seq: int, toks: list[int]) -> int:
         L.llama_memory_seq_rm(mem, seq, -1, -1)
-        start = 0
-        while start < len(toks):
-            end = min(len(toks), (start // st.prefill_chunk + 1) * st.prefill_chunk)
+        for start, end in st.grid.chunks(0, len(toks)):
             decode([(toks[p], p, seq, p == len(toks) - 1) for p in range(start, end)])
-            start = end
-        return argmax(len(toks) - 1 - (len(toks) - 1) // st.prefill_chunk * st.prefill_chunk)
+        # the last chunk starts at the grid line before the last token: its row there
+        return argmax(len(toks) - 1 - st.grid.floor(len(toks) - 1))
 
     conn.send(("ready", None))
     while True:

@@ -16,6 +16,9 @@ field for field, or it is refused with a log line naming the fields that differ.
 pure functions of the plan and the key. A key the plan does not hold (another model) is a
 miss: the engine keeps its fixed defaults, counts the miss and records the key in
 `<plan>.misses.json`, which `appliance tune` reads to measure what was missed.
+
+At engine start `apply` fills the llama.cpp settings that flags and environment left at their
+defaults from the entry for the model.
 """
 from __future__ import annotations
 
@@ -24,17 +27,18 @@ import json
 import logging
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import __version__
+from ..config import EngineConfig, LlamaCppSettings
+from ..models import file_fingerprint
 
 log = logging.getLogger("appliance.plan")
 
 PLAN_VERSION = 1
-LLAMACPP_FIELDS = ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn")
 
 
 class PlanRefused(ValueError):
@@ -89,15 +93,17 @@ class LlamaCppChoice:
     """llama.cpp settings for contexts up to `depth_max` positions (the last entry: any depth)."""
 
     depth_max: int
-    n_threads: int
-    n_threads_batch: int
-    n_batch: int
-    n_ubatch: int
-    flash_attn: bool
+    settings: LlamaCppSettings
     measured: Mapping[str, Any] = field(default_factory=dict)
 
-    def settings(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in LLAMACPP_FIELDS}
+    def to_entry(self) -> dict[str, Any]:
+        """The plan file's entry: the settings flat beside depth_max and measured."""
+        return {"depth_max": self.depth_max, **self.settings.as_dict(), "measured": dict(self.measured)}
+
+    @classmethod
+    def from_entry(cls, e: Mapping[str, Any]) -> LlamaCppChoice:
+        return cls(depth_max=int(e["depth_max"]), settings=LlamaCppSettings.from_mapping(e),
+                   measured=dict(e.get("measured", {})))
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ class Plan:
 
     def to_json(self) -> str:
         body = {"version": self.version, "fingerprint": dict(self.fingerprint), "created_at": self.created_at,
-                "llamacpp": {m: [asdict(c) | {"measured": dict(c.measured)} for c in cs]
+                "llamacpp": {m: [c.to_entry() for c in cs]
                              for m, cs in sorted(self.llamacpp.items())}}
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
@@ -138,14 +144,10 @@ def parse(text: str, source: str = "plan") -> Plan:
         fp = {str(k): str(v) for k, v in doc["fingerprint"].items()}
         llamacpp = {}
         for model, entries in doc.get("llamacpp", {}).items():
-            choices = tuple(sorted((LlamaCppChoice(
-                depth_max=int(e["depth_max"]), n_threads=int(e["n_threads"]),
-                n_threads_batch=int(e["n_threads_batch"]), n_batch=int(e["n_batch"]),
-                n_ubatch=int(e["n_ubatch"]), flash_attn=bool(e["flash_attn"]),
-                measured=dict(e.get("measured", {}))) for e in entries), key=lambda c: c.depth_max))
-            if not choices or any(min(c.n_threads, c.n_threads_batch, c.n_batch, c.n_ubatch) < 1
-                                  for c in choices):
-                raise ValueError(f"bad entries for {model}")
+            # LlamaCppSettings refuses counts below 1
+            choices = tuple(sorted((LlamaCppChoice.from_entry(e) for e in entries), key=lambda c: c.depth_max))
+            if not choices:
+                raise ValueError(f"no entries for {model}")
             llamacpp[str(model)] = choices
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlanRefused(f"{source} is malformed ({e})") from None
@@ -261,14 +263,41 @@ def resolve(path: str | Path | None, explicit: bool, fingerprint: Mapping[str, s
         log.warning("tuned plan %s has no entry for model %s; using the fixed defaults (recorded for "
                     "the next `appliance tune`)", path, model)
         return None, Resolved("miss", str(path), plan.hash, reason=f"no entry for model {model}", misses=1)
-    log.info("tuned plan %s (%s): %s", path, plan.hash, choice.settings())
-    return choice, Resolved("used", str(path), plan.hash, choice=choice.settings())
+    log.info("tuned plan %s (%s): %s", path, plan.hash, choice.settings)
+    return choice, Resolved("used", str(path), plan.hash, choice=choice.settings.as_dict())
+
+
+def apply(cfg: EngineConfig, model_path: Path) -> tuple[EngineConfig, Resolved]:
+    """Fill the llama.cpp settings left at their defaults from the tuned plan's entry for this
+    model at the working depth (half the context: llama.cpp fixes these per context, so one
+    entry is used for the whole run). Flags and environment variables that set them win."""
+    path, explicit = cfg.resolved_plan()
+    if path is None:
+        return cfg, Resolved("off")
+    if cfg.engine != "llamacpp":  # the plan holds llama.cpp settings only, for now
+        return cfg, Resolved("off", reason=f"the plan has no entries for --engine {cfg.engine}")
+    fingerprint = current_fingerprint(llama_cpp_build())
+    depth = (cfg.n_ctx or 8192) // 2
+    choice, resolved = resolve(path, explicit, fingerprint, file_fingerprint(model_path), depth)
+    if choice is None:
+        return cfg, resolved
+    return fill_defaults(cfg, choice.settings), resolved
+
+
+def fill_defaults(cfg: EngineConfig, chosen: LlamaCppSettings) -> EngineConfig:
+    """cfg with each llama.cpp setting it leaves at the default taken from `chosen`; n_batch is
+    raised to the prefill chunk if below it (a prompt chunk must fit one llama_decode)."""
+    defaults = EngineConfig()
+    merged = {k: v if getattr(cfg, k) == getattr(defaults, k) else getattr(cfg, k)
+              for k, v in chosen.as_dict().items()}
+    merged["n_batch"] = max(merged["n_batch"], cfg.prefill_chunk)
+    return cfg.with_llamacpp(LlamaCppSettings(**merged))
 
 
 def candidates(cores: int, logical: int, flash: Sequence[bool] = (False, True),
-               ubatches: Sequence[int] = (256, 512)) -> list[dict[str, Any]]:
+               ubatches: Sequence[int] = (256, 512)) -> list[LlamaCppSettings]:
     """The llama.cpp settings `tune` measures, in order (near-ties go to the earlier one): the
     physical cores first, then every logical CPU if there are more."""
     threads = [cores] + ([logical] if logical > cores else [])
-    return [{"n_threads": t, "n_threads_batch": t, "n_batch": max(ubatches), "n_ubatch": u, "flash_attn": fa}
+    return [LlamaCppSettings(n_threads=t, n_threads_batch=t, n_batch=max(ubatches), n_ubatch=u, flash_attn=fa)
             for t in threads for fa in flash for u in sorted(ubatches, reverse=True)]

@@ -2,10 +2,12 @@
 
     server process                                   engine process (spawned)
     EngineClient.submit(Request) --- cmd pipe --->   engine_main: render template, tokenize,
-    EngineClient.abort(id)                           Scheduler.step() over the runner
-    EngineClient.tokenize/detokenize                 answered between steps: one Tokenized
-    router thread  <------- event pipe ----------    one message per step: [events...]
+    EngineClient.abort(id)           Submit, Abort,  Scheduler.step() over the runner
+    EngineClient.tokenize/detokenize Tokenize, ...   answered between steps: one Tokenized
+    router thread  <------- event pipe ----------    Ready, then one StepEvents per step
       -> per-request queue.Queue
+
+The messages are the frozen dataclasses of `ipc.py`.
 
 The model lives only in the engine process, so a native crash (a malformed GGUF, a kernel bug)
 kills that process and not the server. The supervisor thread notices the closed pipe, ends
@@ -27,7 +29,9 @@ from typing import Any
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
+from .ipc import Abort, Command, Detokenize, LoadFailed, Ready, StepEvents, Stop, Submit, Tokenize
 from .runners.base import RunnerInfo
+from .stats import EngineStats
 from .types import Done, Error, Event, Request, Tokenized
 
 log = logging.getLogger("appliance.engine")
@@ -49,9 +53,9 @@ def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: 
     try:
         loop = EngineLoop(cfg)
     except ApplianceError as e:
-        evt.send(("load_failed", e.to_wire()))
+        evt.send(LoadFailed(*e.to_wire()))
         return
-    evt.send(("ready", loop.info, loop.stats()))
+    evt.send(Ready(loop.info, loop.stats()))
     loop.run(cmd, evt)
 
 
@@ -101,7 +105,7 @@ class EngineClient:
         self.cfg = cfg
         self.log_level = log_level
         self.info: RunnerInfo | None = None
-        self.stats: dict[str, Any] = {}
+        self.stats: EngineStats | None = None
         self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -138,7 +142,7 @@ class EngineClient:
         """Stop the engine; it first writes idle slots' prompt states to disk, which may take a
         while for long contexts (most are written while idle already)."""
         self._closing = True
-        self._send(("stop",), quiet=True)
+        self._send(Stop(), quiet=True)
         proc = self._proc
         if proc is not None:
             proc.join(timeout)
@@ -153,18 +157,18 @@ class EngineClient:
         return f"{prefix}-{time.time_ns():x}{next(self._ids):04x}"
 
     def submit(self, req: Request) -> RequestStream:
-        return self._open(req.id, ("submit", req))
+        return self._open(req.id, Submit(req))
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool, with_pieces: bool,
                  timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
         rid = self.new_id("tok")
-        return self._ask(rid, ("tokenize", rid, text, add_special, parse_special, with_pieces), timeout)
+        return self._ask(rid, Tokenize(rid, text, add_special, parse_special, with_pieces), timeout)
 
     def detokenize(self, ids: tuple[int, ...], timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
         rid = self.new_id("detok")
-        return self._ask(rid, ("detokenize", rid, ids), timeout)
+        return self._ask(rid, Detokenize(rid, ids), timeout)
 
-    def _ask(self, request_id: str, msg: tuple, timeout: float) -> Tokenized:
+    def _ask(self, request_id: str, msg: Command, timeout: float) -> Tokenized:
         """Send a command the engine answers with one event, and wait for it (an Error raises)."""
         stream = self._open(request_id, msg)
         ev = stream.get(timeout)
@@ -173,7 +177,7 @@ class EngineClient:
             raise EngineUnavailable(f"the engine did not answer within {timeout:.0f} s")
         return ev
 
-    def _open(self, request_id: str, msg: tuple) -> RequestStream:
+    def _open(self, request_id: str, msg: Command) -> RequestStream:
         stream = RequestStream(self, request_id)
         with self._lock:
             if self._state.status != "ready":
@@ -188,13 +192,13 @@ class EngineClient:
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._streams.pop(request_id, None)
-        self._send(("abort", request_id), quiet=True)
+        self._send(Abort(request_id), quiet=True)
 
     def in_flight(self) -> int:
         with self._lock:
             return len(self._streams)
 
-    def _send(self, msg: tuple, quiet: bool = False) -> bool:
+    def _send(self, msg: Command, quiet: bool = False) -> bool:
         with self._send_lock:
             if self._cmd is None:
                 return False
@@ -250,21 +254,22 @@ class EngineClient:
                 msg = conn.recv()
             except (EOFError, OSError):
                 return was_ready, None
-            kind = msg[0]
-            if kind == "events":
-                self._dispatch(msg[1])
-                if msg[2] is not None:
-                    self.stats = msg[2]
-            elif kind == "ready":
-                self.info, self.stats = msg[1], msg[2]
-                was_ready = True
-                self._state = EngineState("ready", "", self._state.pid, self._state.restarts)
-                self._ready.set()
-            elif kind == "load_failed":
-                err = from_wire(*msg[1])
-                return False, err.message
+            match msg:
+                case StepEvents(events, stats):
+                    self._dispatch(events)
+                    if stats is not None:
+                        self.stats = stats
+                case Ready(info, stats):
+                    self.info, self.stats = info, stats
+                    was_ready = True
+                    self._state = EngineState("ready", "", self._state.pid, self._state.restarts)
+                    self._ready.set()
+                case LoadFailed(kind, message, fields):
+                    return False, from_wire(kind, message, fields).message
+                case _:
+                    raise TypeError(f"unknown engine reply {msg!r}")
 
-    def _dispatch(self, events: list[Event]) -> None:
+    def _dispatch(self, events: tuple[Event, ...]) -> None:
         with self._lock:
             for ev in events:
                 stream = self._streams.get(ev.request_id)

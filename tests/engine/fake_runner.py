@@ -25,6 +25,9 @@ class FakeRunner:
         self.kv: list[list[int]] = [[] for _ in range(n_slots)]
         self.calls: list[list[Span]] = []
 
+    def kv_fingerprint(self) -> str:
+        return f"fake|n_ctx={self.info.n_ctx}"
+
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
         return [ord(c) % 26 for c in text]
 

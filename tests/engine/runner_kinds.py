@@ -15,6 +15,6 @@ KINDS = ["llamacpp", pytest.param("torch", marks=needs_torch)]
 
 
 def make_runner(kind: str, cfg: EngineConfig, path: Path | str, name: str = "test"):
-    from appliance.engine.loop import make_runner as make
+    from appliance.engine.runners import make_runner as make
 
     return make(EngineConfig(**{**cfg.__dict__, "engine": kind}), Path(path), name)

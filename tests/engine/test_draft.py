@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine import probe, speculate as spec
-from appliance.engine.draft import DraftModel, check_vocab
-from appliance.engine.scheduler import Scheduler
+from appliance.engine import spec
+from appliance.engine.spec import probe
+from appliance.engine.grid import Grid
+from appliance.engine.spec.draft import DraftModel, check_vocab
+from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Error, Request, SamplingParams
 from appliance.errors import ModelLoadError
 
@@ -52,7 +54,7 @@ def policy(unit: float = 0.0, prior: float = 0.5) -> spec.Policy:
 def generate(pol, params, draft_runner=None, prompt=PLAIN, n=1, n_slots=2, speculate=None, chunk=512):
     """test_speculate's generate, with a draft model whose KV is checked after every step:
     what it holds is what it believes it holds."""
-    drafter = DraftModel(draft_runner, N_VOCAB, chunk) if draft_runner is not None else None
+    drafter = DraftModel(draft_runner, N_VOCAB, Grid(chunk)) if draft_runner is not None else None
     events: list = []
 
     def check() -> None:
@@ -114,7 +116,7 @@ def test_the_draft_model_prefills_along_with_the_target():
 
 
 def test_a_slot_reused_by_a_new_request_keeps_the_shared_prefix_in_the_draft_model():
-    drafter = DraftModel(StepRunner(n_slots=1), N_VOCAB, 16)
+    drafter = DraftModel(StepRunner(n_slots=1), N_VOCAB, Grid(16))
     drafter.propose([(0, list(range(40)), 4)])
     before = len(drafter.runner.calls)
     drafter.propose([(0, list(range(30)) + [7, 8], 4)])
@@ -123,15 +125,15 @@ def test_a_slot_reused_by_a_new_request_keeps_the_shared_prefix_in_the_draft_mod
 
 
 def test_a_draft_token_the_target_does_not_have_ends_the_draft():
-    drafter = DraftModel(StepRunner(n_slots=1, n_vocab=N_VOCAB + 8), N_VOCAB, 512)
+    drafter = DraftModel(StepRunner(n_slots=1, n_vocab=N_VOCAB + 8), N_VOCAB, Grid(512))
     (got,) = drafter.propose([(0, [N_VOCAB - 4], 8)])
     assert got == (N_VOCAB - 3, N_VOCAB - 2, N_VOCAB - 1)
 
 
 def test_agreement_is_the_share_of_equal_argmaxes():
     target = FakeRunner(n_slots=1)
-    assert DraftModel(StepRunner(n_slots=1), N_VOCAB, 512).agreement(target, 0, list(range(20))) == 1.0
-    assert DraftModel(StepRunner(n_slots=1, step=2), N_VOCAB, 512).agreement(target, 0, list(range(20))) == 0.0
+    assert DraftModel(StepRunner(n_slots=1), N_VOCAB, Grid(512)).agreement(target, 0, list(range(20))) == 1.0
+    assert DraftModel(StepRunner(n_slots=1, step=2), N_VOCAB, Grid(512)).agreement(target, 0, list(range(20))) == 0.0
     assert target.kv[0] == []
 
 
@@ -149,7 +151,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused():
 
 
 def test_reset_forgets_the_draft_kv():
-    drafter = DraftModel(StepRunner(n_slots=1), N_VOCAB, 512)
+    drafter = DraftModel(StepRunner(n_slots=1), N_VOCAB, Grid(512))
     drafter.propose([(0, [1, 2, 3], 2)])
     drafter.reset()
     assert drafter.have == [[]] and drafter.runner.kv == [[]]
@@ -202,8 +204,8 @@ def test_asking_for_draft_without_a_draft_model_is_a_clear_error():
 
 def test_draft_requests_start_from_the_measured_prior():
     runner, events = FakeRunner(n_slots=1), []
-    sched = Scheduler(runner, EngineConfig(n_slots=1, n_ctx=512), events.append, policy=policy(prior=0.9),
-                      drafter=DraftModel(StepRunner(n_slots=1), N_VOCAB, 512))
+    sched = Scheduler(runner, EngineConfig(n_slots=1, n_ctx=512), events.append,
+                      spec=spec.Speculator(policy(prior=0.9), DraftModel(StepRunner(n_slots=1), N_VOCAB, Grid(512))))
     sched.submit(Request(id="a", params=SamplingParams(max_tokens=4), prompt_ids=(1, 2)), [1, 2])
     assert sched.by_id["a"].spec.mode == "draft" and sched.by_id["a"].spec.acc.rate == pytest.approx(0.9)
 
@@ -212,7 +214,7 @@ def test_the_draft_cost_follows_what_steps_measure():
     """The start-up ratio of draft to target forward times moves towards what each all-decode
     step observes: drafts of 4 tokens took 20 ms (5 ms a forward) while the verify took 30 ms
     for 1.5 one-row steps (20 ms a step): a ratio of 0.25 seen, against 0.5 believed."""
-    drafter = DraftModel(StepRunner(n_slots=1), N_VOCAB, 512)
+    drafter = DraftModel(StepRunner(n_slots=1), N_VOCAB, Grid(512))
     drafter.cost = spec.DraftCost(0.5, spec.CostModel(), 0.9)
     drafter.last = (0.020, (4,))
     drafter.observe(0.030, 1.5)
@@ -224,9 +226,10 @@ def test_the_draft_cost_follows_what_steps_measure():
 def test_the_scheduler_feeds_the_draft_cost_with_its_steps():
     draft = StepRunner()
     runner, events = FakeRunner(), []
-    drafter = DraftModel(draft, N_VOCAB, 512)
+    drafter = DraftModel(draft, N_VOCAB, Grid(512))
     drafter.cost = spec.DraftCost(1e-6, FREE_ROWS, 0.9)
-    sched = Scheduler(runner, EngineConfig(n_slots=2, n_ctx=4096), events.append, policy=policy(), drafter=drafter)
+    sched = Scheduler(runner, EngineConfig(n_slots=2, n_ctx=4096), events.append,
+                      spec=spec.Speculator(policy(), drafter))
     sched.submit(Request(id="a", params=SamplingParams(temperature=0.0, max_tokens=40), prompt_ids=PLAIN), list(PLAIN))
     while sched.has_work():
         sched.step()
@@ -246,7 +249,7 @@ def test_a_stream_with_both_drafts_takes_the_one_that_promises_more():
 def test_common_prefix_against_the_plain_loop():
     import random
 
-    from appliance.engine.slot_cache import common_prefix
+    from appliance.engine.grid import common_prefix
 
     rng = random.Random(0)
     for _ in range(2000):

@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine import speculate
+from appliance.engine import spec as speculate
 from appliance.engine.loop import EngineLoop
 
 from .gguf_fixtures import write_tiny
@@ -47,25 +47,25 @@ def pair(request, tmp_path_factory):
     loop = EngineLoop(EngineConfig(n_ctx=N_CTX, n_slots=4, plan="off", cache_disk_bytes=0, **cfg))
     free = speculate.CostModel((1, 16), (1.0, 1.0))
     # a prior of at least one half: the random draft model measured ~0 and would never draft
-    draft = dataclasses.replace(loop.drafter.cost, unit=0.0, prior=max(0.5, loop.drafter.cost.prior))
+    draft = dataclasses.replace(loop.scheduler.spec.drafter.cost, unit=0.0, prior=max(0.5, loop.scheduler.spec.drafter.cost.prior))
     # drafts of at most 6: every step drafts, and 15 draft forwards a step would cost CI minutes
-    loop.scheduler.policy = dataclasses.replace(loop.policy, cost=free, draft=draft, k_max=6)
-    loop.drafter.cost = draft
-    loop.drafter.observe = lambda *a: None  # keep drafting free
-    propose, loop.drafted = loop.drafter.propose, []  # what the draft model itself proposed
+    loop.scheduler.spec.policy = dataclasses.replace(loop.scheduler.spec.policy, cost=free, draft=draft, k_max=6)
+    loop.scheduler.spec.drafter.cost = draft
+    loop.scheduler.spec.drafter.observe = lambda *a: None  # keep drafting free
+    propose, loop.drafted = loop.scheduler.spec.drafter.propose, []  # what the draft model itself proposed
 
     def counted(asks):
         got = propose(asks)
         loop.drafted.extend(got)
         return got
-    loop.drafter.propose = counted
+    loop.scheduler.spec.drafter.propose = counted
     yield request.param, loop, per_set, streams
     loop.close()
 
 
 def test_the_draft_model_is_checked_measured_and_the_default(pair):
     name, loop, *_ = pair
-    p = loop.policy
+    p = loop.scheduler.spec.policy
     assert p.exactness.exact and p.default == "draft" and p.modes == ("lookup", "draft")
     assert p.draft is not None and p.draft.unit > 0 and p.draft.cost.rows[0] == 1
     info = loop.info.settings["speculation"]["draft_model"]
@@ -103,4 +103,4 @@ def test_several_streams_drafted_together_equal_each_alone(pair):
     together = run(loop, [chat(m, mode="draft", cache=False) for m in cases])
     assert [t for t, _ in together] == alone
     assert all(d.timings.draft_n > 0 for _, d in together)
-    assert loop.scheduler.stats()["max_decode_batch"] >= 2
+    assert loop.scheduler.stats().max_decode_batch >= 2

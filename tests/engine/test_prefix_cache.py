@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine.prefix_cache import RamTier, block_chain
-from appliance.engine.scheduler import Scheduler
+from appliance.engine.cache.ram import RamTier, block_chain
+from appliance.engine.cache.prompt_cache import PromptCache
+from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Delta, Done, Request, SamplingParams
 
 from .fake_runner import FakeRunner
@@ -54,9 +55,9 @@ def test_scheduler_spills_a_needed_slot_and_restores_it():
     a = list(range(1, 14))
     go("a", a)
     go("b", [30] * 9)                     # needs the only slot: a's 12 kept tokens go to RAM
-    assert sched.ram.stats()["ram_entries"] == 1
+    assert sched.cache.ram.stats()["ram_entries"] == 1
     done = go("c", a + [50])
-    assert done.usage.cached_tokens == 12 and sched.ram.hits == 1
+    assert done.usage.cached_tokens == 12 and sched.cache.ram.hits == 1
     assert runner.kv[0][:14] == a + [50]
 
 
@@ -92,13 +93,13 @@ def test_restored_from_ram_is_exactly_the_cold_answer(real):
     follow = story + "One stormy night a ship came too close to the rocks. What did the keeper do?"
     warm = go("c", follow)
     cold = go("d", follow, cache=False)
-    assert warm[2] >= 256 and sched.ram.hits >= 1 and cold[2] == 0
+    assert warm[2] >= 256 and sched.cache.ram.hits >= 1 and cold[2] == 0
     assert warm[0] == cold[0] and warm[1] == cold[1]
 
 
 # -- the disk tier ------------------------------------------------------------------------------
 
-from appliance.engine.prefix_cache import DiskTier  # noqa: E402
+from appliance.engine.cache.disk import DiskTier  # noqa: E402
 
 
 def test_disk_round_trip_and_restart(tmp_path):
@@ -159,7 +160,7 @@ def test_byte_bound_evicts_the_least_valuable_file_the_oldest_of_equals(tmp_path
 
 # -- eviction by value ---------------------------------------------------------------------------
 
-from appliance.engine.prefix_cache import PrefillCost  # noqa: E402
+from appliance.engine.cache.cost import PrefillCost  # noqa: E402
 
 
 def test_prefill_cost_learns_rates_by_depth_and_extrapolates():
@@ -263,8 +264,8 @@ def test_a_pinned_request_stays_cached_through_a_flood(pin, cached):
     sched = Scheduler(runner, cfg, events.append)
     # every token equally dear and nothing learned from wall time: recency alone decides, so
     # without the pin the system prompt is the first to go
-    sched.prefill_cost.ms_per_token = {b: 1.0 for b in range(4)}
-    sched.prefill_cost.observe = lambda *a: None
+    sched.cache.prefill_cost.ms_per_token = {b: 1.0 for b in range(4)}
+    sched.cache.prefill_cost.observe = lambda *a: None
 
     def go(rid, prompt, pin=False):
         sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x",
@@ -275,7 +276,7 @@ def test_a_pinned_request_stays_cached_through_a_flood(pin, cached):
 
     system = list(range(1, 17))
     go("sys", system + [99], pin=pin)
-    assert (sched.ram.stats()["ram_pinned_bytes"] > 0) == pin
+    assert (sched.cache.ram.stats()["ram_pinned_bytes"] > 0) == pin
     for i in range(30):                       # many other conversations pass through the one slot
         go(f"o{i}", [200 + i] * 9)
     assert go("turn", system + [42, 43]).usage.cached_tokens == cached
@@ -285,12 +286,12 @@ def test_idle_slots_are_written_behind_one_at_a_time(tmp_path):
     runner = FakeRunner(n_slots=2, n_ctx=256)
     cfg = EngineConfig(n_slots=2, n_ctx=256, prefill_chunk=4, step_token_budget=8)
     disk = DiskTier(tmp_path, max_bytes=1 << 20, chunk=4, fingerprint="fake")
-    sched = Scheduler(runner, cfg, lambda e: None, disk)
+    sched = Scheduler(runner, cfg, lambda e: None, PromptCache.from_config(runner, cfg, disk))
     for rid, prompt in (("a", list(range(1, 10))), ("b", list(range(50, 59)))):
         sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x"), prompt)
     while sched.has_work():
         sched.step()
-    assert sched.persist_one() and len(disk.files) == 1
-    assert sched.persist_one() and len(disk.files) == 2
-    assert not sched.persist_one()            # nothing left: shutdown has nothing to write
+    assert sched.cache.persist_one() and len(disk.files) == 1
+    assert sched.cache.persist_one() and len(disk.files) == 2
+    assert not sched.cache.persist_one()            # nothing left: shutdown has nothing to write
     assert disk.lookup(list(range(1, 10)))[0] == 8 and disk.lookup(list(range(50, 59)))[0] == 8

@@ -329,3 +329,29 @@ def test_tiny_model_without_template_reports_none(tmp_path, kind):
         assert r.info.chat_template is None
     finally:
         r.close()
+
+
+# what each runner's saved KV states depend on, besides the model file
+KV_SETTINGS = {"llamacpp": [{"n_ctx": 512}, {"n_batch": 128, "prefill_chunk": 128}, {"n_ubatch": 32},
+                            {"flash_attn": True}, {"n_threads": 2}, {"n_threads_batch": 2}],
+               "torch": [{"n_ctx": 512}, {"n_batch": 128, "prefill_chunk": 128}, {"torch_dtype": "bfloat16"},
+                         {"n_threads": 2}]}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kv_fingerprint_changes_with_every_setting_that_changes_the_kv(tmp_path, kind):
+    paths = [write_tiny_llama(tmp_path / f"tiny{n}.gguf", n_layer=n) for n in (1, 2)]
+    base = dict(n_slots=1, n_ctx=256, n_threads=1, n_threads_batch=1, n_batch=64, n_ubatch=64,
+                prefill_chunk=64, torch_dtype="float32")
+
+    def fingerprint(path, **changed) -> str:
+        r = make_runner(kind, EngineConfig(**(base | changed)), path, "tiny")
+        try:
+            return r.kv_fingerprint()
+        finally:
+            r.close()
+
+    first = fingerprint(paths[0])
+    assert fingerprint(paths[0]) == first
+    others = [fingerprint(paths[1])] + [fingerprint(paths[0], **c) for c in KV_SETTINGS[kind]]
+    assert len({first, *others}) == len(others) + 1, others

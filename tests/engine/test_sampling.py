@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.engine.sampling import (
+from appliance.engine.output.sampling import (
     Sampler, StopMatcher, apply_penalties, draw, greedy, min_p_filter, softmax, top_k_filter,
     top_p_filter,
 )
@@ -329,7 +329,7 @@ def test_text_without_stop_comes_out_whole():
 def test_tiny_temperature_behaves_like_greedy_instead_of_overflowing():
     import numpy as np
 
-    from appliance.engine.sampling import draw
+    from appliance.engine.output.sampling import draw
 
     logits = np.array([1.0, 3.0, 2.0, -np.inf], dtype=np.float32)
     rng = np.random.Generator(np.random.PCG64(0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine.scheduler import Scheduler
+from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Accepted, Delta, Done, Error, Request, SamplingParams
 
 from .fake_runner import EOG, FakeRunner
@@ -75,7 +75,7 @@ def test_new_request_joins_running_batch():
     assert {s.slot for s in last} == {0, 1}
     sched.step()
     assert sorted(len(s.tokens) for s in runner.calls[-1]) == [1, 1]
-    assert sched.stats()["max_decode_batch"] == 2
+    assert sched.stats().max_decode_batch == 2
 
 
 def test_long_prompt_is_chunked_on_a_fixed_grid_and_never_stalls_decode():
@@ -219,6 +219,24 @@ def test_negative_and_huge_seeds_are_valid():
     assert of(events, "a", Done) and of(events, "b", Done)
 
 
+
+def _sampled(sched, events, rid, seed=None):
+    sched.submit(Request(id=rid, params=SamplingParams(temperature=2.0, seed=seed, max_tokens=12), prompt="x"), [1])
+    run(sched)
+    return [t for d in of(events, rid, Delta) for t in d.token_ids]
+
+
+def test_server_seed_is_the_default_for_requests_without_one():
+    sched, _, events = make(seed=7)
+    assert _sampled(sched, events, "a") == _sampled(sched, events, "b") == _sampled(sched, events, "c", seed=7)
+    assert _sampled(sched, events, "d", seed=8) != _sampled(sched, events, "e")
+
+
+def test_without_a_server_seed_each_request_draws_its_own():
+    sched, _, events = make()
+    replies = {tuple(_sampled(sched, events, f"r{i}")) for i in range(4)}
+    assert len(replies) > 1
+
 def _prompt_cache_run(sched, rid, prompt, cache=True):
     sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x",
                          cache_prompt=cache), prompt)
@@ -229,14 +247,14 @@ def test_slot_reuse_keeps_whole_blocks_of_the_longest_common_prefix():
     sched, runner, events = make(n_slots=2, prefill_chunk=4, step_token_budget=4)
     a = list(range(1, 11))                    # 10 tokens: blocks [0,4) [4,8) kept
     _prompt_cache_run(sched, "a", a)
-    assert sched.kept[0] == a[:8]
+    assert sched.cache.kept[0] == a[:8]
     _prompt_cache_run(sched, "b", a[:6] + [40, 41, 42])  # shares 6 -> reuses one block of 4
     done = of(events, "b", Done)[0]
     assert done.usage.cached_tokens == 4 and done.timings.cache_n == 4 and done.timings.prompt_n == 5
     # the rest was computed in the grid's chunks, as a cold run would
     b_chunks = [(s.start_pos, len(s.tokens)) for call in runner.calls[-4:] for s in call if len(s.tokens) > 1]
     assert b_chunks[0] == (4, 4)
-    assert sched.stats()["cache_hit_tokens"] == 4
+    assert sched.stats().cache.cache_hit_tokens == 4
 
 
 def test_reuse_never_covers_the_last_prompt_token_and_respects_cache_off():
@@ -260,4 +278,4 @@ def test_the_best_slot_is_chosen_and_a_failure_forgets_everything():
     assert of(events, "c", Done)[0].usage.cached_tokens == 8
     assert sched.slots == [None, None]
     sched.fail_all(EngineFailure("boom"))
-    assert sched.kept == [[], []]
+    assert sched.cache.kept == [[], []]

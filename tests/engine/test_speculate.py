@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine import probe, speculate as spec
-from appliance.engine.scheduler import Scheduler
+from appliance.engine import spec
+from appliance.engine.spec import probe
+from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Delta, Done, Error, Request, SamplingParams
 
 from .fake_runner import N_VOCAB, FakeRunner
@@ -155,7 +156,7 @@ def generate(policy, params, prompt=CYCLE, n_slots=1, runner_cls=FakeRunner, spe
     runner = runner_cls(n_slots=n_slots)
     events = [] if events is None else events
     sched = Scheduler(runner, EngineConfig(n_slots=n_slots, n_ctx=4096, prefill_chunk=chunk), events.append,
-                      policy=policy, drafter=drafter)
+                      spec=spec.Speculator(policy, drafter))
     for i in range(n):
         sched.submit(Request(id=f"r{i}", params=params, prompt_ids=prompt, speculate=speculate), list(prompt))
     steps = 0
@@ -186,7 +187,7 @@ def test_verified_drafts_give_the_serial_output_token_for_token(params, n_slots)
         assert steps < serial_steps / 3
         t = done[0].timings
         assert t.speculation == "lookup" and t.draft_n_accepted > 0 and t.tokens_per_step > 3
-        assert t.predicted_n == 39 and sched.stats()["draft_accepted"] >= t.draft_n_accepted
+        assert t.predicted_n == 39 and sched.stats().spec.draft_accepted >= t.draft_n_accepted
 
 
 def test_a_rejected_draft_is_cut_from_the_kv():
@@ -201,7 +202,7 @@ def test_a_rejected_draft_is_cut_from_the_kv():
 def test_a_request_asking_for_lookup_on_a_refusing_engine_gets_a_clear_error():
     refused = spec.Policy(reason="this runner's 9-row verify differs from one-token steps")
     runner, events = FakeRunner(n_slots=1), []
-    sched = Scheduler(runner, EngineConfig(n_slots=1, n_ctx=512), events.append, policy=refused)
+    sched = Scheduler(runner, EngineConfig(n_slots=1, n_ctx=512), events.append, spec=spec.Speculator(refused))
     sched.submit(Request(id="a", params=SamplingParams(max_tokens=4), prompt_ids=(1, 2), speculate="lookup"), [1, 2])
     (err,) = events
     assert isinstance(err, Error) and err.kind == "InvalidRequest" and "differs" in err.message

@@ -16,7 +16,7 @@ import pytest
 
 from appliance.bench import prompt_sets
 from appliance.config import EngineConfig
-from appliance.engine import speculate
+from appliance.engine import spec as speculate
 from appliance.engine.loop import EngineLoop
 from appliance.engine.types import Delta, Done, Error, Request
 from web import wire
@@ -101,13 +101,13 @@ def exact(request):
     # draft whenever lookup has a proposal, as if verifying were free: identity must hold
     # whatever the adaptive rule decides, and on llama.cpp (a 4-row verify costs 2.6 steps
     # here) the rule would hardly ever draft
-    loop.scheduler.policy = dataclasses.replace(loop.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)))
+    loop.scheduler.spec.policy = dataclasses.replace(loop.scheduler.spec.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)))
     yield loop, per_set
     loop.runner.close()
 
 
 def test_the_runner_proves_itself_exact_and_drafts_by_default(exact):
-    p = exact[0].policy
+    p = exact[0].scheduler.spec.policy
     assert p.exactness is not None and p.exactness.exact and p.exactness.max_abs_diff == 0.0
     assert p.allowed and p.default == "lookup" and p.label(p.default) == "lookup"
     assert p.cost.rows[0] == 1 and len(p.cost.rows) > 1
@@ -155,7 +155,7 @@ def test_several_drafting_streams_equal_each_alone(exact):
     together = run(loop, [chat(m, t, "lookup", cache=False) for m, t in cases])
     assert [t for t, _ in together] == alone
     assert sum(d.timings.draft_n_accepted for _, d in together) > 0
-    assert loop.scheduler.stats()["max_decode_batch"] >= 2
+    assert loop.scheduler.stats().max_decode_batch >= 2
 
 
 def test_llama_cpp_speculates_only_if_its_verify_is_found_exact():
@@ -164,7 +164,7 @@ def test_llama_cpp_speculates_only_if_its_verify_is_found_exact():
     the reason."""
     loop = engine("llamacpp")
     try:
-        p = loop.policy
+        p = loop.scheduler.spec.policy
         assert p.exactness is not None
         if p.exactness.exact:  # another build or backend may be: then it drafts like torch
             assert p.allowed and p.default == "lookup"

@@ -232,7 +232,7 @@ def test_a_tensor_type_gguf_cannot_dequantize_is_refused_by_name(tmp_path, monke
 def test_without_torch_the_engine_says_how_to_install_it(monkeypatch):
     import sys
 
-    from appliance.engine.loop import make_runner as make
+    from appliance.engine.runners import make_runner as make
 
     monkeypatch.setitem(sys.modules, "appliance.engine.runners.torch.runner", None)
     with pytest.raises(ModelLoadError, match=r"pip install 'appliance\[torch\]'"):

@@ -1,0 +1,22 @@
+"""Model runners: the backends behind the `ModelRunner` protocol (base.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...config import EngineConfig
+from ...errors import ModelLoadError
+from .base import ModelRunner
+
+
+def make_runner(cfg: EngineConfig, model_path: Path, alias: str) -> ModelRunner:
+    """The runner `--engine` names; each imports its backend only when chosen."""
+    if cfg.engine == "torch":
+        try:
+            from .torch.runner import TorchRunner
+        except ImportError as e:
+            raise ModelLoadError(f"--engine torch needs PyTorch, which is not installed ({e}); "
+                                 "install the torch extra: pip install 'appliance[torch]'") from None
+        return TorchRunner(cfg, model_path, alias)
+    from .llamacpp import LlamaCppRunner
+
+    return LlamaCppRunner(cfg, model_path, alias)

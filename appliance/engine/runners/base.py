@@ -65,6 +65,11 @@ class ModelRunner(Protocol):
 
     def restore(self, slot: int, blob: bytes) -> None: ...
 
+    def kv_fingerprint(self) -> str:
+        """What a saved state's validity depends on: the model file, n_ctx, the KV type, the
+        engine's versions, and the settings that change the computed KV (batch shapes, kernels,
+        threads). A state saved by a runner with another fingerprint is not restored."""
+
     def guidance_tokenizer(self) -> Any:
         """An llguidance LLTokenizer over this vocabulary (structured output masks)."""
 

@@ -27,6 +27,8 @@ from ...models import file_fingerprint
 from .base import RunnerInfo, Span
 from .vocab import TextMethods, Vocab, load_model, meta
 
+KV_TYPE = "f16"     # llama.cpp's default K and V cache type, which the runner keeps
+
 
 class LlamaCppRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
@@ -35,16 +37,15 @@ class LlamaCppRunner(TextMethods):
         self.n_vocab = self.text.n_vocab
         n_ctx_train = L.llama_model_n_ctx_train(self.model)
         n_ctx = cfg.n_ctx or n_ctx_train
-        threads, threads_batch = cfg.resolved_threads()
+        self.llamacpp = s = cfg.llamacpp()
 
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx * cfg.n_slots
         cp.n_seq_max = cfg.n_slots
         cp.kv_unified = False
-        cp.n_batch = cfg.n_batch
-        cp.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
-        cp.n_threads, cp.n_threads_batch = threads, threads_batch
-        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
+        cp.n_batch, cp.n_ubatch = s.n_batch, s.n_ubatch
+        cp.n_threads, cp.n_threads_batch = s.n_threads, s.n_threads_batch
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
@@ -53,7 +54,7 @@ class LlamaCppRunner(TextMethods):
             raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of "
                                  f"{cfg.n_slots} x {n_ctx} positions")
         self.mem = L.llama_get_memory(self.ctx)
-        self.n_batch = cfg.n_batch
+        self.n_batch = s.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
         n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
         self.info = RunnerInfo(
@@ -62,12 +63,19 @@ class LlamaCppRunner(TextMethods):
             n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
             **self.text.facts(),
             kv_bytes=self._kv_bytes(n_ctx_seq * cfg.n_slots),
-            settings={"n_threads": threads, "n_threads_batch": threads_batch,
-                      "n_batch": cfg.n_batch, "n_ubatch": cp.n_ubatch,
-                      "flash_attn": cfg.flash_attn, "kv_type": "f16",
-                      "llama_cpp_python": L.__version__},
+            settings={**s.as_dict(), "kv_type": KV_TYPE, "llama_cpp_python": L.__version__},
             fingerprint=file_fingerprint(model_path),
         )
+
+    def kv_fingerprint(self) -> str:
+        """What a saved state's validity depends on: the model file, the context, the KV type,
+        llama.cpp's build, and the batch shapes, kernels and threads that change the computed KV
+        (a state saved under other settings would not restore bit for bit)."""
+        s = self.llamacpp
+        return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={KV_TYPE}",
+                         f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
+                         f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
+                         f"n_threads_batch={s.n_threads_batch}"])
 
     # -- model facts ---------------------------------------------------------------------
     def _kv_bytes(self, positions: int) -> int:

@@ -94,6 +94,14 @@ class TorchRunner(TextMethods):
                       "torch": str(torch.__version__)},
             fingerprint=file_fingerprint(model_path))
 
+    def kv_fingerprint(self) -> str:
+        """What a saved state's validity depends on: the model file, the context, the KV dtype,
+        torch's version, and the dtype, device, kernels, batch cut and threads that change the
+        computed KV (torch's CPU matmuls may split their sums by thread)."""
+        s = self.info.settings
+        return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
+                         *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "n_batch", "n_threads"))])
+
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(spans)

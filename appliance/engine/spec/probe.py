@@ -1,25 +1,17 @@
 """What the loaded runner can do, measured on it at engine start: whether a k-row verify equals
 k one-row steps bit for bit (`check_exact`, which decides whether speculation may change the
-output; see speculate.py), and what a forward of m decode rows costs (`measure_costs`, which
+output; see speculator.py), and what a forward of m decode rows costs (`measure_costs`, which
 the drafting arithmetic weighs)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from .runners.base import ModelRunner, Span
-from .speculate import CostModel
-
-
-@dataclass(frozen=True)
-class Exactness:
-    exact: bool
-    max_abs_diff: float
-    argmax_differs: int
-    positions: int
+from ..runners.base import ModelRunner, Span
+from .cost import CostModel
+from .policy import Exactness
 
 
 def check_exact(runner: ModelRunner, slot: int, prompt: Sequence[int], k: int = 8) -> Exactness:

@@ -7,7 +7,7 @@ The draft model is any `ModelRunner` (llama.cpp or torch, `--draft-engine`) with
 slots and context. Its KV is kept in step with the target's: `have[slot]` is the token
 sequence whose KV the draft holds in that slot, and every call first brings it to the
 request's context by the longest common prefix (a truncate) and a catch-up of what is
-missing, fed on the same grid of `chunk`-aligned positions as the target's prefill. After a
+missing, fed on the same prefill grid as the target's prefill. After a
 verify, the accepted draft tokens are already in the draft's KV and the rejected ones are cut
 by the next call's common prefix; a new request in a slot reuses whatever prefix the slot's
 last request shares with it, as the target's prompt cache does. The draft follows the
@@ -39,10 +39,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ModelLoadError
-from .runners.base import ModelRunner, Span
-from .slot_cache import common_prefix
-from .speculate import DraftCost
+from ...errors import ModelLoadError
+from ..grid import Grid, common_prefix
+from ..runners.base import ModelRunner, Span
+from .cost import DraftCost
 
 UNIT_WEIGHT = 0.3            # how far one observed step moves the draft/target time ratio
 
@@ -71,10 +71,10 @@ def check_vocab(draft: ModelRunner, target: ModelRunner, name: str) -> None:
 
 
 class DraftModel:
-    def __init__(self, runner: ModelRunner, n_vocab_target: int, chunk: int) -> None:
+    def __init__(self, runner: ModelRunner, n_vocab_target: int, grid: Grid) -> None:
         self.runner = runner
         self.n_vocab = min(n_vocab_target, runner.info.n_vocab)
-        self.chunk = chunk
+        self.grid = grid
         self.have: list[list[int]] = [[] for _ in range(runner.info.n_slots)]
         self.cost: DraftCost | None = None      # set once measured; `observe` keeps it current
         self.last: tuple[float, tuple[int, ...]] | None = None  # the last propose: seconds, lengths
@@ -92,7 +92,7 @@ class DraftModel:
             self.runner.truncate(slot, p)
             del have[p:]
         while len(tokens) - p > 0:
-            end = min(len(tokens), (p // self.chunk + 1) * self.chunk)
+            end = self.grid.chunk_end(p, len(tokens))
             span = Span(slot, tuple(tokens[p:end]), p, 1 if want_logits and end == len(tokens) else 0)
             if end == len(tokens):
                 return span

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .types import SamplingParams
+from ..types import SamplingParams
 
 NEG_INF = np.float32(-np.inf)
 

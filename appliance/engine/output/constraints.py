@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InvalidRequest
-from .types import Constraint
+from ...errors import InvalidRequest
+from ..types import Constraint
 
 ANY_OBJECT = {"type": "object"}
 

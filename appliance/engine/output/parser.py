@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .reasoning import ReasoningParser
-from .tools import StreamParser
-from .types import ToolCall
+from ..reasoning import ReasoningParser
+from ..tools import StreamParser
+from ..types import ToolCall
 
 
 @dataclass

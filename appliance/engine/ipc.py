@@ -1,0 +1,83 @@
+"""The messages that cross the pipes between the server process and the engine process.
+
+    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, Stop
+    engine -> server (event pipe)    Ready or LoadFailed once; then StepEvents, one per step
+
+Every message is a frozen dataclass (it pickles across the boundary and cannot change on the
+way), and each side dispatches them with `match`, so an unknown message is a loud error and
+a field is read by name, never by tuple position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .runners.base import RunnerInfo
+from .stats import EngineStats
+from .types import Event, Request
+
+
+# -- commands: server -> engine -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Submit:
+    request: Request
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Tokenize:
+    """llama-server's /tokenize, answered between steps with one `Tokenized` event."""
+
+    request_id: str
+    text: str
+    add_special: bool
+    parse_special: bool
+    with_pieces: bool
+
+
+@dataclass(frozen=True)
+class Detokenize:
+    request_id: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Write idle slots' prompt states to disk, release the model, exit."""
+
+
+Command = Submit | Abort | Tokenize | Detokenize | Stop
+
+
+# -- replies: engine -> server --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ready:
+    info: RunnerInfo
+    stats: EngineStats
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The model could not be loaded; `kind` names a class in appliance.errors."""
+
+    kind: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """The events of one scheduler step (or of commands answered between steps), and the
+    engine's statistics when they are due (about ten times a second)."""
+
+    events: tuple[Event, ...]
+    stats: EngineStats | None = None
+
+
+Reply = Ready | LoadFailed | StepEvents

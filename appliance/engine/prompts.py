@@ -1,0 +1,82 @@
+"""From a request to what the scheduler runs: the prompt's token ids and the request's output
+machinery. On the engine side of the boundary, next to the model: the chat template is
+rendered (with the tools described the way the template expects), the text tokenized, token
+ids from a client checked against the vocabulary, the reasoning and tool-call parsers set up,
+and the grammar compiled when the output is constrained (a forced tool choice, a JSON schema).
+The server never tokenizes."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import InvalidToken
+from . import tools
+from .chat import ChatTemplate
+from .output.constraints import Constraints, Matcher
+from .output.parser import OutputParser
+from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
+from .runners.base import ModelRunner, RunnerInfo
+from .types import Constraint, Request
+
+log = logging.getLogger("appliance.engine")
+
+
+@dataclass
+class Prepared:
+    ids: list[int]
+    matcher: Matcher | None = None        # structured output: the grammar's state
+    parser: OutputParser | None = None    # chat: reasoning and tool calls apart from content
+
+
+class PromptBuilder:
+    def __init__(self, runner: ModelRunner, info: RunnerInfo) -> None:
+        self.runner, self.info = runner, info
+        self.template = ChatTemplate(info.chat_template, info.bos_text, info.eos_text)
+        self.tool_format = tools.detect_format(info.chat_template)
+        self.think_markers = markers_for(info.chat_template)
+        if self.template.load_warning:
+            log.warning("%s", self.template.load_warning)
+        self.constraints = Constraints(runner.guidance_tokenizer, info.n_vocab)
+
+    def prepare(self, req: Request) -> Prepared:
+        """The prompt's ids and the request's parser and matcher; a client mistake raises."""
+        ids, text = self.prompt_ids(req)
+        constraint, tool_parser, parser = req.constraint, None, None
+        if req.tools and req.tool_choice != "none":
+            tool_parser = tools.StreamParser(self.tool_format, {t.name for t in req.tools})
+            if req.tool_choice != "auto":  # required, or one named function: never downgraded
+                grammar = tools.grammar(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_format)
+                constraint = Constraint("lark", grammar)
+        if req.messages is not None:
+            inside = prompt_opens_thinking(text, self.think_markers[0])
+            parser = OutputParser(ReasoningParser(inside, self.think_markers), tool_parser)
+        matcher = self.constraints.matcher(constraint) if constraint else None
+        return Prepared(ids, matcher, parser)
+
+    def prompt_ids(self, req: Request) -> tuple[list[int], str]:
+        """The prompt's tokens, and its text (empty when the client sent token ids)."""
+        if req.prompt_ids is not None:
+            self.check_ids(req.prompt_ids, "prompt")
+            return list(req.prompt_ids), ""
+        if req.messages is not None:
+            messages, kwargs = req.messages, dict(req.template_kwargs)
+            if req.tools and req.tool_choice != "none":
+                if self.tool_format == "generic":
+                    messages = tools.with_generic_tools(messages, req.tools)
+                else:
+                    kwargs["tools"] = tools.tool_dicts(req.tools)
+            text = self.template.render(messages, req.add_generation_prompt, **kwargs)
+        else:
+            text = req.prompt or ""
+        ids = self.runner.tokenize(text, add_special=True, parse_special=True)
+        bos = self.info.bos_id
+        if len(ids) > 1 and bos is not None and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]  # the template wrote a BOS and the tokenizer added one
+        return ids, text
+
+    def check_ids(self, ids: Sequence[int], param: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.info.n_vocab]
+        if bad:
+            raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
+                               f"[0, {self.info.n_vocab})", param=param)

@@ -1,0 +1,54 @@
+"""A request inside the scheduler, from admission to its last event: where it is (slot,
+positions computed), what it has produced (its `RequestOutput`), its drafting state, and the
+clocks its `Timings` are made of."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..output.request_output import RequestOutput
+from ..spec import Drafting
+from ..types import Request, Timings, Usage
+
+
+@dataclass
+class Active:
+    req: Request
+    prompt: list[int]
+    output: RequestOutput
+    spec: Drafting | None = None       # its drafting state, when it speculates
+    t_submit: float = field(default_factory=time.perf_counter)
+    slot: int = -1
+    n_past: int = 0                    # positions of this request in its slot's KV
+    cancelled: bool = False
+    cached: int = 0                    # prompt positions reused from the prompt cache
+    t_admit: float = 0.0
+    t_prefill: float = 0.0             # start of the first prefill chunk
+    prompt_ms: float = 0.0
+    decode_ms: float = 0.0
+    decode_steps: int = 0
+    decode_tokens: int = 0             # tokens committed by decode steps (several per verify)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+    @property
+    def out(self) -> list[int]:
+        """The tokens sampled so far."""
+        return self.output.tokens
+
+    def room(self, n_ctx: int) -> int:
+        """How many drafted tokens a decode step of this request could still use."""
+        return min(self.output.limit - len(self.out), n_ctx - self.n_past - 1) - 1
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt), self.output.n_generated, self.cached)
+
+    def timings(self, n_ctx: int, speculation: str) -> Timings:
+        queue_ms = 1000.0 * ((self.t_admit or time.perf_counter()) - self.t_submit)
+        drafted, accepted = self.spec.totals() if self.spec is not None else (0, 0)
+        return Timings(prompt_n=len(self.prompt) - self.cached, cache_n=self.cached, prompt_ms=self.prompt_ms,
+                       predicted_n=self.decode_tokens, predicted_ms=self.decode_ms, queue_ms=queue_ms,
+                       n_ctx=n_ctx, tokens_per_step=self.decode_tokens / self.decode_steps if self.decode_steps else 1.0,
+                       draft_n=drafted, draft_n_accepted=accepted, speculation=speculation)

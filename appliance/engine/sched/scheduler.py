@@ -1,0 +1,241 @@
+"""The scheduler: slots, admission, continuous batching, cancellation, the context limit.
+
+Design
+------
+The runner holds `n_slots` sequences. A request is validated at submit (its prompt plus its
+`max_tokens` must fit one slot's `n_ctx`, else `ContextOverflow` before any work) and waits in
+a bounded FIFO queue; past `max_queue` it is refused with `QueueFull`.
+
+Each `step()` is one iteration of continuous batching:
+  1. cancelled requests leave (queue or slot) -- so an abort takes effect within one step;
+  2. waiting requests take free slots: the prompt cache (`cache.PromptCache.admit`) chooses the
+     slot and says how much of the prompt is already there;
+  3. every decoding request contributes its last sampled token, and the draft the speculator
+     proposes for it (`spec.Speculator.propose`), to the batch;
+  4. prefilling requests, oldest first, contribute one prompt chunk each while the step's
+     prompt-token budget lasts (`step_plan.plan_step`). Chunks are cut on the prefill grid
+     (`grid.Grid`), so a prompt is always cut at the same places whatever else runs: its KV,
+     and so its output, does not depend on the other requests;
+  5. one `runner.forward` over all of that; then each request's `RequestOutput` samples its
+     rows. A decode span's rows are sampled in order exactly as serial steps would be, up to
+     the first token that is not the draft's next, so speculation never changes the output.
+A long prompt therefore never holds other streams for more than one chunk per step, and a new
+request joins the running batch at the next step. When a request ends, `PromptCache.release`
+keeps its prompt's whole blocks in its slot for the next request that shares them.
+
+The scheduler holds its parts and keeps the queue, the slots and the step; what a token means
+(sampling, stops, tool calls, logprobs) is `RequestOutput`'s, what is cached is `PromptCache`'s,
+what is drafted is `Speculator`'s.
+
+Invariant: a request in a slot has exactly `n_past` positions in that slot's KV.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, deque
+from typing import Callable
+
+import numpy as np
+
+from ...config import EngineConfig
+from ...errors import ApplianceError, ContextOverflow, QueueFull
+from ..cache.prompt_cache import PromptCache
+from ..grid import Grid
+from ..output.constraints import Matcher
+from ..output.parser import OutputParser
+from ..output.request_output import RequestOutput
+from ..runners.base import ModelRunner, Span
+from ..spec import Speculator
+from ..stats import EngineStats
+from ..types import Accepted, Done, Error, Event, Request
+from .request_state import Active
+from .step_plan import StepPlan, plan_step
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None],
+                 cache: PromptCache | None = None, spec: Speculator | None = None) -> None:
+        self.runner, self.cfg, self.emit = runner, cfg, emit
+        self.grid = Grid(cfg.prefill_chunk)
+        self.cache = cache or PromptCache.from_config(runner, cfg)
+        self.spec = spec or Speculator()
+        self.n_ctx = runner.info.n_ctx
+        self.waiting: deque[Active] = deque()
+        self.slots: list[Active | None] = [None] * runner.info.n_slots
+        self.by_id: dict[str, Active] = {}
+        self.steps = 0
+        self.decode_rows_seen: Counter[int] = Counter()
+        self.tokens_generated = 0
+
+    # -- requests in ---------------------------------------------------------------------
+    def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None,
+               parser: OutputParser | None = None) -> None:
+        """Validate and queue; emits Accepted, or Error and nothing else."""
+        try:
+            act = self._admit_check(req, prompt, matcher, parser)
+        except ApplianceError as e:
+            self.emit(Error(req.id, *e.to_wire()))
+            return
+        self.waiting.append(act)
+        self.by_id[req.id] = act
+        self.emit(Accepted(req.id, len(prompt), 0))
+
+    def _admit_check(self, req: Request, prompt: list[int], matcher: Matcher | None,
+                     parser: OutputParser | None) -> Active:
+        n, p = len(prompt), req.params
+        if n == 0:
+            raise ContextOverflow("the prompt is empty after tokenization", n_prompt_tokens=0, n_ctx=self.n_ctx)
+        max_tokens = p.max_tokens or self.cfg.max_tokens_default or (self.n_ctx - n)
+        if n + max_tokens > self.n_ctx or max_tokens < 1:
+            raise ContextOverflow(
+                f"this request needs {n} prompt tokens + {max_tokens} max_tokens, more than the "
+                f"context of {self.n_ctx} tokens per slot",
+                param="messages" if req.messages is not None else "prompt",
+                n_prompt_tokens=n, n_ctx=self.n_ctx, max_tokens=max_tokens)
+        if len(self.waiting) >= self.cfg.max_queue:
+            raise QueueFull(f"all {len(self.slots)} slots are busy and {len(self.waiting)} requests "
+                            "are waiting; retry later", retry_after=1)
+        seed = p.seed if p.seed is not None else self.cfg.seed
+        # any integer is a seed (OpenAI allows negatives); PCG64 takes non-negative ones
+        seed = seed % 2**64 if seed is not None else int.from_bytes(os.urandom(8), "little")
+        drafting = self.spec.start(prompt, req.speculate)
+        out = RequestOutput(req.id, p, seed, min(max_tokens, self.n_ctx - n), self.runner.info.eog_ids,
+                            self.runner.detokenize, matcher, parser)
+        return Active(req, list(prompt), out, drafting)
+
+    def abort(self, request_id: str) -> None:
+        act = self.by_id.get(request_id)
+        if act is not None:
+            act.cancelled = True
+
+    def fail_all(self, err: ApplianceError) -> None:
+        """End every request with `err` (the runner failed under them); the slots are emptied."""
+        for act in list(self.waiting) + [a for a in self.slots if a is not None]:
+            self.emit(Error(act.req.id, *err.to_wire()))
+            self.by_id.pop(act.req.id, None)
+        self.waiting.clear()
+        self.slots = [None] * len(self.slots)
+        self.cache.forget()  # the runner failed: trust no KV
+        self.spec.reset()
+
+    # -- state ---------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.slots)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            steps=self.steps, slots_busy=sum(s is not None for s in self.slots), n_slots=len(self.slots),
+            queue_depth=len(self.waiting), tokens_generated=self.tokens_generated,
+            max_decode_batch=max(self.decode_rows_seen, default=0),
+            kv_tokens=sum(a.n_past for a in self.slots if a is not None),
+            kv_capacity=len(self.slots) * self.n_ctx, kv_bytes=self.runner.info.kv_bytes,
+            decode_batches=dict(self.decode_rows_seen), cache=self.cache.stats(), spec=self.spec.stats())
+
+    # -- one iteration -------------------------------------------------------------------
+    def step(self) -> StepPlan | None:
+        """One iteration of continuous batching; what it ran (None: nothing to run)."""
+        self._drop_cancelled()
+        self._fill_slots()
+        t0 = time.perf_counter()  # the draft model's forwards are part of the step
+        plan = self._plan()
+        if not plan.spans:
+            return None
+        for act in plan.owners:
+            act.t_prefill = act.t_prefill or t0
+        t_fwd = time.perf_counter()
+        logits = self.runner.forward(plan.spans)
+        self.spec.after_forward(time.perf_counter() - t_fwd, plan.rows, all(plan.decoding), plan.prefilled())
+        sampled = []
+        for act, span, rows, dec in zip(plan.owners, plan.spans, logits, plan.decoding):
+            if dec:
+                self._take_rows(act, span, rows)
+            else:
+                act.n_past += len(span.tokens)
+                if span.n_logits:
+                    self._sample(act, rows[-1])
+            if span.n_logits:
+                sampled.append(act)
+        self._account(plan, 1000.0 * (time.perf_counter() - t0))
+        for act in sampled:
+            reason = act.output.finished()
+            if reason is not None:
+                self._finish(act, reason)
+        return plan
+
+    def _account(self, plan: StepPlan, ms: float) -> None:
+        for act, dec in zip(plan.owners, plan.decoding):
+            if dec:
+                act.decode_ms += ms
+                act.decode_steps += 1
+        prefills = [s for s, dec in zip(plan.spans, plan.decoding) if not dec]
+        if len(prefills) == 1 and not plan.decode_rows:  # a clean measurement of one chunk at its depth
+            self.cache.observe_prefill(prefills[0].start_pos, len(prefills[0].tokens), ms)
+        self.steps += 1
+        if plan.decode_rows:
+            self.decode_rows_seen[plan.decode_rows] += 1
+
+    def _drop_cancelled(self) -> None:
+        for act in [a for a in self.waiting if a.cancelled]:
+            self.waiting.remove(act)
+            self._finish(act, "cancelled")
+        for act in self.slots:
+            if act is not None and act.cancelled:
+                self._finish(act, "cancelled")
+
+    def _fill_slots(self) -> None:
+        while self.waiting and None in self.slots:
+            act = self.waiting.popleft()
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            at = self.cache.admit(act.prompt, act.req.cache_prompt, free)
+            act.slot, act.n_past, act.cached, act.t_admit = at.slot, at.reuse, at.reuse, time.perf_counter()
+            self.slots[at.slot] = act
+
+    def _plan(self) -> StepPlan:
+        decoding = [a for a in self.slots if a is not None and not a.prefilling]
+        drafts = self.spec.propose([a.spec for a in decoding], [a.room(self.n_ctx) for a in decoding],
+                                   [a.slot for a in decoding]) if decoding else []
+        prefilling = sorted((a for a in self.slots if a is not None and a.prefilling), key=lambda a: a.t_submit)
+        return plan_step(decoding, drafts, prefilling, self.grid, self.cfg.step_token_budget)
+
+    # -- tokens out ----------------------------------------------------------------------
+    def _sample(self, act: Active, row: np.ndarray) -> None:
+        if not act.out:
+            act.prompt_ms = 1000.0 * (time.perf_counter() - act.t_prefill)
+        tok = act.output.sample(row)
+        if act.spec is not None:
+            act.spec.index.extend((tok,))
+        if not act.output.is_eog(tok):
+            self.tokens_generated += 1
+        delta = act.output.accept(tok, row)
+        if delta is not None:
+            self.emit(delta)
+
+    def _take_rows(self, act: Active, span: Span, rows: np.ndarray) -> None:
+        """A decode span's rows, sampled in order exactly as serial steps would sample them,
+        up to the first token that is not the draft's next (or the end of the request); the
+        KV past what was committed is dropped."""
+        draft = act.spec.draft if act.spec is not None else ()
+        used = 0
+        for i, row in enumerate(rows):
+            self._sample(act, row)
+            used = i + 1
+            if i == len(draft) or act.out[-1] != draft[i] or act.output.finished() is not None:
+                break
+        act.n_past = span.start_pos + used
+        act.decode_tokens += used
+        if used < len(span.tokens):
+            self.runner.truncate(act.slot, act.n_past)
+        if draft:
+            self.spec.verified(act.spec, used, act.out[-used:])
+
+    def _finish(self, act: Active, reason: str) -> None:
+        if reason != "cancelled":
+            reason, tail = act.output.finish(reason)
+            if tail is not None:
+                self.emit(tail)
+        if act.slot >= 0 and self.slots[act.slot] is act:
+            self.slots[act.slot] = None
+            self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled")
+        self.by_id.pop(act.req.id, None)
+        self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec))))

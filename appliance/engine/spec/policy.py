@@ -1,0 +1,81 @@
+"""What the engine decided about speculation at start (`decide`): which modes requests may ask
+for, the default, whether the runner is exact (`Exactness`, measured by `probe.check_exact`),
+and the measured costs the drafting arithmetic uses."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cost import CostModel, DraftCost
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """Whether a k-row verify equalled k one-row steps bit for bit on the loaded model."""
+
+    exact: bool
+    max_abs_diff: float
+    argmax_differs: int
+    positions: int
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the engine decided at start: which requests draft, how, and on what measured costs."""
+
+    default: str = "off"           # for requests that do not say: "lookup", "draft" or "off"
+    modes: tuple[str, ...] = ()    # the modes a request may ask for
+    inexact: bool = False          # the user allowed speculation on an inexact runner
+    reason: str = "speculation is off (--speculate off)"
+    cost: CostModel = field(default_factory=CostModel)
+    exactness: Exactness | None = None
+    k_max: int = 15
+    draft: DraftCost | None = None  # the draft model's costs, when one is loaded
+
+    @property
+    def allowed(self) -> bool:
+        return bool(self.modes)
+
+    def label(self, mode: str) -> str:
+        """What a response of this mode reports in timings.speculation."""
+        return mode + "-inexact" if self.inexact and mode != "off" else mode
+
+    def refusal(self, mode: str) -> str | None:
+        """Why a request may not ask for `mode` (None: it may)."""
+        if mode == "off" or mode in self.modes:
+            return None
+        if self.modes and mode == "draft":
+            return "this server has no draft model (start it with --draft-model)"
+        return self.reason
+
+    def as_dict(self) -> dict:
+        ex = self.exactness
+        return {"default": self.default, "modes": list(self.modes), "allowed": self.allowed,
+                "label": self.label(self.default), "reason": self.reason, "cost": self.cost.as_dict(),
+                "exact": None if ex is None else ex.exact,
+                "exact_max_abs_diff": None if ex is None else ex.max_abs_diff,
+                "draft": None if self.draft is None else self.draft.as_dict()}
+
+
+def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel,
+           draft: DraftCost | None = None) -> Policy:
+    """The policy for `--speculate mode` given what the start-up check measured (and the
+    draft model's costs, when one is loaded)."""
+    if mode == "off" or exactness is None:
+        return Policy(reason="speculation is off (--speculate off)", cost=cost)
+    modes = ("lookup", "draft") if draft is not None else ("lookup",)
+    preferred = "draft" if draft is not None else "lookup"
+    if exactness.exact:
+        return Policy(preferred if mode == "auto" else mode, modes, False,
+                      "the runner verifies k tokens exactly as k steps", cost, exactness, draft=draft)
+    why = (f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
+           f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
+           f"{exactness.argmax_differs} of {exactness.positions} rows), so drafted tokens could "
+           "change the output; start with --speculate-inexact to allow it anyway")
+    if inexact_ok:
+        return Policy(mode if mode != "auto" else "off", modes, True, why.split(", so")[0], cost,
+                      exactness, draft=draft)
+    if mode in ("lookup", "draft"):
+        raise ValueError(f"--speculate {mode}: {why}")
+    return Policy(reason=why, cost=cost, exactness=exactness)
+
+

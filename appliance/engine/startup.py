@@ -1,0 +1,155 @@
+"""Engine start-up: from a config to a loaded, warm engine whose parts are wired together.
+
+    tuned plan -> runner -> warm-up -> prompt builder
+               -> speculation: exactness check, measured costs, draft model -> policy
+               -> prompt cache (slot, RAM and disk tiers) -> scheduler
+
+`start` returns them as one `Engine`; `/health` 200 means all of this has happened (a request
+never pays for graph allocation or page faults of the first forward). What was decided is
+reported in `Engine.info.settings`: the runner's own settings plus the scheduler's grid and
+budget, the plan's status and the speculation policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .. import __version__
+from ..config import EngineConfig
+from ..errors import ModelLoadError
+from ..models import resolve
+from . import plan as plan_mod
+from .cache.disk import DiskTier
+from .cache.prompt_cache import PromptCache
+from .grid import Grid
+from .prompts import PromptBuilder
+from .runners import make_runner
+from .runners.base import ModelRunner, RunnerInfo, Span
+from .sched.scheduler import Scheduler
+from .spec import CostModel, DraftCost, Speculator, decide, probe
+from .spec.draft import SAMPLE, DraftModel, check_vocab
+from .types import Event
+
+log = logging.getLogger("appliance.engine")
+
+# the verify's 9 rows cross position 256, where llama.cpp's flash attention starts to split a
+# step's keys over threads, then 1,024, where the torch runner's decode attention changes path
+EXACTNESS_AT = (252, 1020)
+
+
+@dataclass
+class Engine:
+    info: RunnerInfo             # the runner's, with what the engine adds in `settings`
+    runner: ModelRunner
+    prompts: PromptBuilder
+    scheduler: Scheduler
+
+    def close(self) -> None:
+        if self.scheduler.spec.drafter is not None:
+            self.scheduler.spec.drafter.close()
+        self.runner.close()
+
+
+def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
+    """Load the model `cfg` names and make every part of the engine; events go to `emit`."""
+    ref = resolve(cfg.model, cfg.model_alias)
+    t0 = time.perf_counter()
+    cfg, plan = plan_mod.apply(cfg, ref.path)
+    runner = make_runner(cfg, ref.path, ref.alias)
+    info = _with_settings(runner.info, prefill_chunk=cfg.prefill_chunk, step_token_budget=cfg.step_token_budget,
+                          prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
+    prompts = PromptBuilder(runner, info)
+    warm_up(runner, info)
+    spec = speculation(cfg, runner)
+    info = _with_settings(info, speculation=_speculation_report(spec))
+    cache = PromptCache.from_config(runner, cfg, disk_tier(cfg, runner))
+    scheduler = Scheduler(runner, cfg, emit, cache, spec)
+    log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
+             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots,
+             info.n_ctx, info.kv_bytes / 2**20, info.settings)
+    return Engine(info, runner, prompts, scheduler)
+
+
+def _with_settings(info: RunnerInfo, **more) -> RunnerInfo:
+    return dataclasses.replace(info, settings={**info.settings, **more})
+
+
+def warm_up(runner: ModelRunner, info: RunnerInfo) -> None:
+    """One small prefill and one decode step, so the first request does not pay for graph
+    allocation and page faults (`/health` says ready only after this)."""
+    tok = info.bos_id if info.bos_id is not None else 0
+    runner.forward([Span(0, (tok,) * 8, 0, 1)])
+    runner.forward([Span(0, (tok,), 8, 1)])
+    runner.truncate(0, 0)
+
+
+def disk_tier(cfg: EngineConfig, runner: ModelRunner) -> DiskTier | None:
+    """The prompt cache's disk tier. A saved state is valid only for what the runner says its
+    KV depends on (model file, context, KV type, engine build, batch shapes), this appliance's
+    version and the prefill grid: files of another fingerprint are deleted at start."""
+    if not cfg.prompt_cache or cfg.cache_disk_bytes <= 0:
+        return None
+    fingerprint = "|".join([runner.kv_fingerprint(), f"appliance={__version__}", f"chunk={cfg.prefill_chunk}"])
+    return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, cfg.prefill_chunk, fingerprint)
+
+
+def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
+    """Prove on the loaded model whether a k-row verify equals k one-row steps, measure what a
+    forward of m rows costs, load the draft model if one is named, and decide (spec.decide)."""
+    if cfg.speculate == "off":
+        return Speculator()
+    ids = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
+    exactness = None
+    for at in EXACTNESS_AT:  # a context too small for a position checks what fits
+        n = max(1, min(at, runner.info.n_ctx - 12))
+        exactness = probe.check_exact(runner, 0, ids[:n], k=8)
+        if not exactness.exact or n < at:
+            break
+    prompt = ids[:48]
+    cost, drafter = CostModel(), None
+    if exactness.exact or cfg.speculate_inexact:
+        cost = probe.measure_costs(runner, 0, prompt)
+        if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
+            drafter = load_draft(cfg, runner, cost, prompt)
+    try:
+        policy = decide(cfg.speculate, cfg.speculate_inexact, exactness, cost,
+                        drafter.cost if drafter is not None else None)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    log.info("speculation: %s (%s); verify cost by rows %s", policy.default, policy.reason, policy.cost.as_dict())
+    return Speculator(policy, drafter)
+
+
+def load_draft(cfg: EngineConfig, target: ModelRunner, cost: CostModel, prompt: Sequence[int]) -> DraftModel:
+    """Load --draft-model with the target's slots and context, check that it shares the
+    vocabulary, and measure what its forwards cost against the target's and how often its
+    argmax agrees with the target's (the acceptance prior)."""
+    ref = resolve(None if cfg.draft_model == "embedded" else cfg.draft_model)
+    dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=target.info.n_ctx)
+    runner = make_runner(dcfg, ref.path, ref.alias)
+    try:
+        check_vocab(runner, target, str(ref.path))
+        drafter = DraftModel(runner, target.info.n_vocab, Grid(cfg.prefill_chunk))
+        prior = drafter.agreement(target, 0, target.tokenize(SAMPLE, add_special=True))
+        dcost = probe.measure_costs(runner, 0, prompt)
+    except BaseException:
+        runner.close()
+        raise
+    unit = dcost.unit_s / cost.unit_s if cost.unit_s > 0 else 1.0
+    log.info("draft model %s (%s): one forward %.2f of the target's, argmax agreement %.0f%%",
+             ref.path.name, runner.info.backend, unit, 100 * prior)
+    drafter.cost = DraftCost(unit, dcost, prior)
+    return drafter
+
+
+def _speculation_report(spec: Speculator) -> dict:
+    """/health's settings.speculation: the policy, and the draft model when there is one."""
+    report = spec.policy.as_dict()
+    if spec.drafter is not None:
+        d = spec.drafter.runner.info
+        report["draft_model"] = {"path": d.model_path, "name": d.model_name, "backend": d.backend,
+                                 "arch": d.arch, "settings": d.settings}
+    return report
