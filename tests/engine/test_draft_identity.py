@@ -49,7 +49,8 @@ def pair(request, tmp_path_factory):
     # a prior of at least one half: the random draft model measured ~0 and would never draft
     draft = dataclasses.replace(loop.scheduler.spec.drafter.cost, unit=0.0, prior=max(0.5, loop.scheduler.spec.drafter.cost.prior))
     # drafts of at most 6: every step drafts, and 15 draft forwards a step would cost CI minutes
-    loop.scheduler.spec.policy = dataclasses.replace(loop.scheduler.spec.policy, cost=free, draft=draft, k_max=6)
+    loop.measured = loop.scheduler.spec.policy  # what start-up decided, before the test's overrides
+    loop.scheduler.spec.policy = dataclasses.replace(loop.measured, cost=free, draft=draft, k_max=6)
     loop.scheduler.spec.drafter.cost = draft
     loop.scheduler.spec.drafter.observe = lambda *a: None  # keep drafting free
     propose, loop.drafted = loop.scheduler.spec.drafter.propose, []  # what the draft model itself proposed
@@ -65,7 +66,7 @@ def pair(request, tmp_path_factory):
 
 def test_the_draft_model_is_checked_measured_and_the_default(pair):
     name, loop, *_ = pair
-    p = loop.scheduler.spec.policy
+    p = loop.measured
     assert p.exactness.exact and p.default == "draft" and p.modes == ("lookup", "draft")
     assert p.draft is not None and p.draft.unit > 0 and p.draft.cost.rows[0] == 1
     info = loop.info.settings["speculation"]["draft_model"]

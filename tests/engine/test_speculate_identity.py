@@ -101,13 +101,14 @@ def exact(request):
     # draft whenever lookup has a proposal, as if verifying were free: identity must hold
     # whatever the adaptive rule decides, and on llama.cpp (a 4-row verify costs 2.6 steps
     # here) the rule would hardly ever draft
-    loop.scheduler.spec.policy = dataclasses.replace(loop.scheduler.spec.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)))
+    loop.measured = loop.scheduler.spec.policy  # what start-up decided, before the test's override
+    loop.scheduler.spec.policy = dataclasses.replace(loop.measured, cost=speculate.CostModel((1, 16), (1.0, 1.0)))
     yield loop, per_set
     loop.runner.close()
 
 
 def test_the_runner_proves_itself_exact_and_drafts_by_default(exact):
-    p = exact[0].scheduler.spec.policy
+    p = exact[0].measured
     assert p.exactness is not None and p.exactness.exact and p.exactness.max_abs_diff == 0.0
     assert p.allowed and p.default == "lookup" and p.label(p.default) == "lookup"
     assert p.cost.rows[0] == 1 and len(p.cost.rows) > 1
