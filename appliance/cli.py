@@ -79,10 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="check that a model of N bytes fits")
     host.set_defaults(func=_hostcheck)
     from .bench.commands import add_parsers  # argparse only; the measuring code loads when run
+    from .fit.command import add_parser as add_fit
     from .tune import add_parser as add_tune
 
     add_parsers(sub)
     add_tune(sub)
+    add_fit(sub)
     return parser
 
 

@@ -1,0 +1,128 @@
+"""`appliance fit`: where a model's tensors would go on this host (or another), without loading it."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from .devices import Device, from_snapshot
+from .model import ModelFacts, from_gguf
+from .planner import KV_TYPES, FitRequest, plan
+from .render import render
+from .shapes import SHAPES, build
+
+DESCRIPTION = (
+    "Plan where a model's layers, tensors and KV cache go on this host's devices (or on another "
+    "host's, from its `appliance hostcheck --json`), from the GGUF's tensor table and the devices' "
+    "memory, without loading a weight. Prints the placement and the bytes per device; when it does "
+    "not fit, what would (a smaller KV type, fewer slots, a shorter context). Exit status 0 when it "
+    "fits, 1 when it does not, 2 on bad input.")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("fit", help="plan a model's placement on the GPU and CPU without loading it",
+                       description=DESCRIPTION)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--model", metavar="PATH", help="a GGUF file (default: the embedded model)")
+    what.add_argument("--shape", choices=sorted(SHAPES), help="a well-known model by its published shape")
+    p.add_argument("--n-ctx", type=int, default=8192, help="positions per slot (default 8192)")
+    p.add_argument("--n-slots", type=int, default=4, help="sequences decoded together (default 4)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f16", help="K and V cache type (default f16)")
+    p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp micro-batch (default 512)")
+    p.add_argument("--n-gpu-layers", default="auto", metavar="N|auto|all",
+                   help="layers on the GPU (default auto: the most that fit)")
+    p.add_argument("--cpu-moe", action="store_true", help="every routed expert in host memory")
+    p.add_argument("--n-cpu-moe", type=int, metavar="N", help="the experts of the first N layers in host memory")
+    p.add_argument("--override-tensor", "-ot", action="append", default=[], metavar="REGEX=DEVICE",
+                   help="put tensors whose name matches REGEX on DEVICE (CPU, GPU0, ...); repeatable, "
+                        "the first match wins (llama-server's -ot)")
+    p.add_argument("--host", metavar="SNAPSHOT.json",
+                   help="plan for the host of this `appliance hostcheck --json` (default: this host)")
+    p.add_argument("--json", action="store_true", help="print the placement as JSON")
+    p.set_defaults(func=run)
+
+
+class BadInput(ValueError):
+    pass
+
+
+def _request(args: argparse.Namespace, m: ModelFacts, devices: list[Device]) -> FitRequest:
+    if args.n_ctx < 1 or args.n_slots < 1 or args.n_ubatch < 1:
+        raise BadInput("--n-ctx, --n-slots and --n-ubatch must be at least 1")
+    ngl = {"auto": None, "all": m.n_layer + 1}.get(args.n_gpu_layers)
+    if ngl is None and args.n_gpu_layers != "auto":
+        try:
+            ngl = int(args.n_gpu_layers)
+        except ValueError:
+            raise BadInput(f"--n-gpu-layers must be a number, auto or all, not {args.n_gpu_layers!r}") from None
+        if ngl < 0:
+            raise BadInput("--n-gpu-layers must not be negative")
+    if args.cpu_moe and args.n_cpu_moe is not None:
+        raise BadInput("give --cpu-moe or --n-cpu-moe, not both")
+    n_cpu_moe = m.n_layer if args.cpu_moe else args.n_cpu_moe
+    if n_cpu_moe is not None and not 0 <= n_cpu_moe:
+        raise BadInput("--n-cpu-moe must not be negative")
+    return FitRequest(n_ctx=args.n_ctx, n_slots=args.n_slots, kv_type=args.kv_type, n_ubatch=args.n_ubatch,
+                      n_gpu_layers=ngl, n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
+                      overrides=parse_overrides(args.override_tensor, devices))
+
+
+def parse_overrides(items: list[str], devices: list[Device]) -> tuple[tuple[str, str], ...]:
+    """REGEX=DEVICE pairs, checked: the pattern compiles and the device exists on the host."""
+    names = {d.name for d in devices}
+    out = []
+    for item in items:
+        pattern, sep, device = item.rpartition("=")
+        if not sep or not pattern or not device:
+            raise BadInput(f"--override-tensor {item!r}: expected REGEX=DEVICE")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise BadInput(f"--override-tensor {item!r}: bad regular expression: {e}") from None
+        if device not in names:
+            raise BadInput(f"--override-tensor {item!r}: no device {device!r} on this host "
+                           f"(it has {', '.join(sorted(names))})")
+        out.append((pattern, device))
+    return tuple(out)
+
+
+def _host(path: str | None) -> list[Device]:
+    if path is None:
+        from hostcheck import collect
+
+        return from_snapshot(collect(power_interval_s=0.0).to_dict())
+    try:
+        return from_snapshot(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, AttributeError) as e:
+        raise BadInput(f"--host {path}: not a hostcheck snapshot it can read: {e}") from None
+
+
+def _model(args: argparse.Namespace) -> ModelFacts:
+    if args.shape:
+        return build(args.shape)
+    if args.model is None:
+        from ..models import embedded_model_path
+
+        return from_gguf(embedded_model_path())
+    try:
+        return from_gguf(args.model)
+    except (OSError, ValueError, KeyError) as e:
+        raise BadInput(f"--model {args.model}: not a GGUF it can read: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        m = _model(args)
+        devices = _host(args.host)
+        req = _request(args, m, devices)
+    except BadInput as e:
+        print(f"appliance fit: {e}", file=sys.stderr)
+        return 2
+    p = plan(m, req, devices)
+    if args.json:
+        print(json.dumps({"model": m.name, "weight_bytes": m.weight_bytes, **p.to_dict()}, indent=2))
+    else:
+        print(render(m, p), end="")
+    return 0 if p.fits else 1

@@ -1,0 +1,75 @@
+"""The memory the planner may fill on each device, from a hostcheck snapshot (this host's, or
+another's `appliance hostcheck --json`).
+
+    CPU            host memory: the total less the OS's share (RESERVE), and no more than
+                   what was available when the snapshot was taken
+    discrete GPU   its VRAM less a driver reserve (GPU_RESERVE)
+    unified GPU    (an APU) what it can map: the BIOS carve-out plus the GTT, which is capped
+                   by amdgpu's GTT size and by ttm.pages_limit, and which is host memory:
+                   what the GPU holds beyond the carve-out is taken from the CPU's share too
+                   (the planner counts both against one pool, `shares_host`)
+
+Free memory at start (llama.cpp's `ggml_backend_dev_memory`) replaces the snapshot's total for
+a device when the engine plans for itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+
+
+def host_reserve(total: int) -> int:
+    """What the OS and everything else keep: a tenth of the memory, at least 2 GiB, at most 8."""
+    return min(max(total // 10, 2 * GIB), 8 * GIB)
+
+
+def gpu_reserve(vram: int) -> int:
+    """The driver's and context's share of a discrete card: 5%, at least 512 MiB."""
+    return max(vram // 20, GIB // 2)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str                 # "CPU", "GPU0", ...
+    kind: str                 # "cpu" | "gpu"
+    budget: int               # bytes the planner may fill
+    unified: bool = False     # a GPU that maps host memory (an APU)
+    carve_out: int = 0        # unified: the dedicated (BIOS) part of the budget
+    how: str = ""             # how the budget was found, for the report
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def from_snapshot(snap: dict) -> list[Device]:
+    """Devices from a hostcheck snapshot as JSON (`HostSnapshot.to_dict()`, or the whole of
+    `appliance hostcheck --json`, which holds it under "snapshot"). The CPU first."""
+    snap = snap.get("snapshot", snap)
+    mem = snap.get("memory") or {}
+    total, avail = _int(mem.get("total_bytes")), _int(mem.get("available_bytes"))
+    if total is None:
+        raise ValueError("the host snapshot has no memory.total_bytes: cannot plan")
+    cpu_budget = total - host_reserve(total)
+    how = f"{total / GIB:.1f} GiB less {host_reserve(total) / GIB:.1f} GiB for the OS"
+    if avail is not None and avail < cpu_budget:
+        cpu_budget, how = avail, f"{avail / GIB:.1f} GiB available"
+    devices = [Device("CPU", "cpu", cpu_budget, how=how)]
+    gpu = snap.get("gpu") or {}
+    limits = gpu.get("gtt_limits") or {}
+    ttm_pages = _int(limits.get("ttm_pages_limit")) if isinstance(limits, dict) else None
+    for i, g in enumerate(gpu.get("gpus") or []):
+        vram = _int(g.get("vram_bytes")) or 0
+        if g.get("unified") is True:
+            caps = {k: v for k, v in (("GTT size", _int(g.get("gtt_bytes"))),
+                                      ("ttm.pages_limit", ttm_pages * 4096 if ttm_pages else None)) if v}
+            gtt_name, gtt = min(caps.items(), key=lambda kv: kv[1]) if caps else ("no GTT limit read", 0)
+            gtt = min(gtt, cpu_budget)
+            devices.append(Device(f"GPU{i}", "gpu", vram + gtt, unified=True, carve_out=vram,
+                                  how=f"carve-out {vram / GIB:.1f} GiB + GTT {gtt / GIB:.1f} GiB ({gtt_name})"))
+        elif vram:
+            devices.append(Device(f"GPU{i}", "gpu", vram - gpu_reserve(vram),
+                                  how=f"{vram / GIB:.1f} GiB VRAM less {gpu_reserve(vram) / GIB:.1f} GiB reserve"))
+    return devices

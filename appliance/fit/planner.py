@@ -1,0 +1,274 @@
+"""The fit planner: a pure function from a model's tensor table, the context asked for, and the
+devices' memory to a placement, in llama.cpp's own terms.
+
+llama.cpp places a model by layer: with `n_gpu_layers = N` the last N repeating layers (their
+weights and their KV) sit on the GPU, and the output layer too when N exceeds the layer count;
+the input embedding always stays in host memory. `tensor_buft_overrides` (llama-server's `-ot
+REGEX=DEVICE`) then move single tensors, matched by the first pattern that finds the name.
+
+Scarce device memory goes, in this order, to attention and the layers' other small weights
+with their KV, then to dense FFNs, then to routed experts (each token reads k of them, so they
+cost the least to leave in host memory). So when everything does not fit on the GPU the planner
+walks one path, from most on the GPU to least, and takes the first step that fits:
+
+    1. the routed experts of layers 0, 1, ... stay in host memory  (llama-server --n-cpu-moe K)
+    2. then the dense FFNs of layers 0, 1, ...                    (-ot blk.K.ffn_(gate|up|down))
+    3. then whole layers from the front, with their KV, and the output  (n_gpu_layers < all)
+
+A choice the user made (n_gpu_layers, cpu_moe, n_cpu_moe, overrides) is kept fixed and only the
+rest is walked. On an APU the GPU's memory is host memory: what it holds past its carve-out
+counts against the host's share too. When nothing fits, `suggest` says what would.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from .devices import GIB, Device
+from .model import TIED_OUTPUT, ModelFacts
+from .gguf_header import nbytes
+
+KV_TYPES = ("f16", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    n_ctx: int                                 # positions per slot
+    n_slots: int = 1
+    kv_type: str = "f16"
+    n_ubatch: int = 512
+    n_gpu_layers: int | None = None            # None: choose; n_layer + 1 or more: all
+    n_cpu_moe: int | None = None               # None: choose; the experts of layers < K in host memory
+    overrides: tuple[tuple[str, str], ...] = ()  # (regex, device name), first match wins
+
+
+@dataclass(frozen=True)
+class Use:
+    """What one device holds."""
+
+    weights: dict[str, int]                    # by role
+    kv: int
+    compute: int
+    budget: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.weights.values()) + self.kv + self.compute
+
+    @property
+    def headroom(self) -> int:
+        return self.budget - self.total
+
+
+@dataclass(frozen=True)
+class Placement:
+    fits: bool
+    request: FitRequest
+    n_gpu_layers: int
+    n_cpu_moe: int
+    n_cpu_ffn: int
+    gpu: str | None                            # the device layers go to (None: CPU only)
+    where: dict[str, str]                      # tensor name -> device name
+    use: dict[str, Use]                        # device name -> what it holds
+    layers: dict[int, str]                     # layer -> device of its attention and KV
+    overrides: tuple[tuple[str, str], ...]     # what to pass llama.cpp, the user's first
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {"fits": self.fits, "n_gpu_layers": self.n_gpu_layers, "n_cpu_moe": self.n_cpu_moe,
+                "n_cpu_ffn": self.n_cpu_ffn, "gpu": self.gpu, "kv_type": self.request.kv_type,
+                "n_ctx": self.request.n_ctx, "n_slots": self.request.n_slots,
+                "overrides": [f"{p}={d}" for p, d in self.overrides], "notes": list(self.notes),
+                "devices": {name: {"weights": u.weights, "kv": u.kv, "compute": u.compute, "total": u.total,
+                                   "budget": u.budget, "headroom": u.headroom} for name, u in self.use.items()}}
+
+
+# -- sizes ----------------------------------------------------------------------------------
+
+def kv_bytes(m: ModelFacts, layer: int, req: FitRequest) -> int:
+    """K and V of one layer for every slot: llama.cpp's pool (a sliding-window layer keeps its
+    window and one micro-batch per sequence)."""
+    positions = req.n_ctx
+    if layer in m.swa_layers:
+        positions = min(req.n_ctx, m.sliding_window + req.n_ubatch)
+    per_pos = m.n_head_kv[layer] * (m.key_length + m.value_length)
+    return req.n_slots * nbytes(req.kv_type.upper(), positions * per_pos)
+
+
+def compute_bytes(m: ModelFacts, req: FitRequest, has_output: bool, has_layers: bool) -> int:
+    """An estimate of llama.cpp's compute buffer on a device: one micro-batch's activations
+    (float32, a few times the model width), its attention scores over the context (without
+    flash attention), and the logits where the output layer is."""
+    if not (has_output or has_layers):
+        return 0
+    n = 4 * req.n_ubatch * (8 * m.n_embd) if has_layers else 0
+    if has_layers:
+        n += 4 * req.n_ubatch * req.n_ctx * m.n_head
+    if has_output:
+        n += 4 * req.n_ubatch * m.n_vocab
+    return n
+
+
+# -- one placement ----------------------------------------------------------------------------
+
+def _layer_device(m: ModelFacts, ngl: int, gpu: str | None) -> dict[int | None, str]:
+    """llama.cpp's rule: the last `ngl` layers on the GPU, the output (key None) when ngl > n_layer."""
+    if gpu is None:
+        ngl = 0
+    out: dict[int | None, str] = {i: gpu if i >= m.n_layer - ngl else "CPU" for i in range(m.n_layer)}
+    out[None] = gpu if ngl > m.n_layer else "CPU"
+    return out
+
+
+def _overrides(m: ModelFacts, n_cpu_moe: int, n_cpu_ffn: int, user: tuple[tuple[str, str], ...]):
+    out = list(user)
+    if n_cpu_moe:
+        out.append((_layers_regex(n_cpu_moe, m.n_layer) + r"\.ffn_(up|down|gate|gate_up)_exps", "CPU"))
+    if n_cpu_ffn:
+        out.append((_layers_regex(n_cpu_ffn, m.n_layer) + r"\.ffn_(up|down|gate)(_shexp)?\.", "CPU"))
+    return tuple(out)
+
+
+def _layers_regex(k: int, n_layer: int) -> str:
+    if k >= n_layer:
+        return r"blk\.\d+"
+    return r"blk\.(" + "|".join(str(i) for i in range(k)) + ")"
+
+
+def place(m: ModelFacts, req: FitRequest, devices: list[Device], ngl: int, n_cpu_moe: int,
+          n_cpu_ffn: int) -> Placement:
+    """One placement, exactly as llama.cpp would make it from these settings, and its sizes."""
+    gpu = next((d.name for d in devices if d.kind == "gpu"), None)
+    by_layer = _layer_device(m, ngl, gpu)
+    overrides = _overrides(m, n_cpu_moe, n_cpu_ffn, req.overrides)
+    compiled = [(re.compile(p), d) for p, d in overrides]
+    where = {}
+    for t in m.tensors:
+        dev = "CPU" if t.role == "embed" else by_layer[t.layer]
+        for rx, d in compiled:
+            if rx.search(t.name):
+                dev = d
+                break
+        where[t.name] = dev
+    use = _sizes(m, req, devices, where, by_layer)
+    fits, notes = _check(use, devices)
+    return Placement(fits, req, ngl if gpu else 0, n_cpu_moe, n_cpu_ffn, gpu, where, use,
+                     {i: by_layer[i] for i in range(m.n_layer)}, overrides, tuple(notes))
+
+
+def _sizes(m: ModelFacts, req: FitRequest, devices: list[Device], where: dict[str, str],
+           by_layer: dict[int | None, str]) -> dict[str, Use]:
+    use = {}
+    for d in devices:
+        weights = {r: 0 for r in ("embed", "output", "attn", "ffn", "expert")}
+        for t in m.tensors:
+            if where[t.name] == d.name and not (t.name == TIED_OUTPUT and d.kind == "cpu"):
+                weights[t.role] += t.nbytes  # a tied output in host memory is the embedding's mmap
+        kv = sum(kv_bytes(m, i, req) for i in range(m.n_layer) if by_layer[i] == d.name)
+        has_layers = any(by_layer[i] == d.name for i in range(m.n_layer))
+        has_output = by_layer[None] == d.name
+        use[d.name] = Use(weights, kv, compute_bytes(m, req, has_output, has_layers), d.budget)
+    return use
+
+
+def _check(use: dict[str, Use], devices: list[Device]) -> tuple[bool, list[str]]:
+    notes, fits = [], True
+    for d in devices:
+        u = use[d.name]
+        if u.headroom < 0:
+            fits = False
+            notes.append(f"{d.name} needs {u.total / GIB:.2f} GiB, {-u.headroom / GIB:.2f} GiB more than "
+                         f"its {d.budget / GIB:.2f} GiB ({d.how})")
+    cpu = next(d for d in devices if d.kind == "cpu")
+    for d in devices:
+        if d.unified:
+            from_host = use[cpu.name].total + max(0, use[d.name].total - d.carve_out)
+            if from_host > cpu.budget:
+                fits = False
+                notes.append(f"{d.name} maps host memory: host and GPU together need {from_host / GIB:.2f} GiB "
+                             f"of the host's {cpu.budget / GIB:.2f} GiB")
+    return fits, notes
+
+
+# -- the walk ---------------------------------------------------------------------------------
+
+def candidates(m: ModelFacts, req: FitRequest, has_gpu: bool):
+    """(n_gpu_layers, n_cpu_moe, n_cpu_ffn) from most on the GPU to least, the user's fixed."""
+    all_layers = m.n_layer + 1
+    if not has_gpu:
+        yield 0, 0, 0
+        return
+    moe_steps = [req.n_cpu_moe] if req.n_cpu_moe is not None else \
+        (list(range(m.n_layer + 1)) if m.is_moe else [0])
+    last_moe = moe_steps[-1]
+    ngl_fixed = req.n_gpu_layers
+    top = all_layers if ngl_fixed is None else min(ngl_fixed, all_layers)
+    for k in moe_steps:
+        yield top, k, 0
+    has_dense = any(t.role == "ffn" for t in m.tensors)
+    for f in range(1, m.n_layer + 1) if has_dense else ():
+        yield top, last_moe, f
+    if ngl_fixed is None:
+        for ngl in range(m.n_layer, -1, -1):
+            yield ngl, last_moe, m.n_layer if has_dense else 0
+
+
+def plan(m: ModelFacts, req: FitRequest, devices: list[Device]) -> Placement:
+    """The placement with the most on the GPU that fits; when none fits, the one with the least
+    on the GPU (its notes say by how much it misses), with `suggest`'s alternatives in its notes."""
+    has_gpu = any(d.kind == "gpu" for d in devices)
+    last = None
+    for ngl, k, f in candidates(m, req, has_gpu):
+        last = place(m, req, devices, ngl, k, f)
+        if last.fits:
+            return replace(last, notes=last.notes + tuple(_apu_notes(m, req, devices, last)))
+    assert last is not None
+    return replace(last, notes=last.notes + tuple(suggest(m, req, devices)))
+
+
+def _apu_notes(m: ModelFacts, req: FitRequest, devices: list[Device], p: Placement) -> list[str]:
+    """On an APU, a model kept partly in host memory by the GTT limit alone: the kernel setting."""
+    gpu = next((d for d in devices if d.name == p.gpu), None)
+    if gpu is None or not gpu.unified or p.n_gpu_layers > m.n_layer and not p.n_cpu_moe and not p.n_cpu_ffn:
+        return []
+    full = place(m, req, devices, m.n_layer + 1, 0, 0)
+    need = full.use[gpu.name].total - gpu.carve_out
+    host = next(d for d in devices if d.kind == "cpu")
+    if full.use[host.name].total + need > host.budget:
+        return []  # the host's memory, not the GTT limit, is what keeps it off
+    pages = -(-(need + GIB) // GIB) * GIB // 4096
+    return [f"{gpu.name} is an APU: the GPU maps host memory, and its GTT limit keeps part of the model "
+            f"off it; the whole model needs {need / GIB:.1f} GiB of GTT. Add ttm.pages_limit={pages} "
+            f"(4 KiB pages) to the kernel command line and reboot (amdgpu.gttsize is deprecated)"]
+
+
+def suggest(m: ModelFacts, req: FitRequest, devices: list[Device]) -> list[str]:
+    """What would fit when the request does not: a smaller KV type, fewer slots, a shorter
+    context (each alone, the first of each kind that fits)."""
+    has_gpu = any(d.kind == "gpu" for d in devices)
+
+    def fits(r: FitRequest) -> bool:
+        return any(place(m, r, devices, *c).fits for c in candidates(m, r, has_gpu))
+    out = []
+    for kv in KV_TYPES[KV_TYPES.index(req.kv_type) + 1:] if req.kv_type in KV_TYPES else ():
+        if fits(replace(req, kv_type=kv)):
+            out.append(f"would fit with --kv-type {kv}")
+            break
+    for flag, values in (("--n-slots", _halvings(req.n_slots, 1)), ("--n-ctx", _halvings(req.n_ctx, 512))):
+        key = "n_slots" if flag == "--n-slots" else "n_ctx"
+        good = next((v for v in values if fits(replace(req, **{key: v}))), None)
+        if good is not None:
+            out.append(f"would fit with {flag} {good}")
+    if not out:
+        out.append(f"does not fit this host at any of those settings: the weights alone are "
+                   f"{m.weight_bytes / GIB:.1f} GiB")
+    return out
+
+
+def _halvings(n: int, floor: int) -> list[int]:
+    """n // 2, n // 4, ... down to `floor`."""
+    out = []
+    while n // 2 >= floor:
+        n //= 2
+        out.append(n)
+    return out

@@ -1,0 +1,216 @@
+"""The fit planner against hostcheck's fixture hosts and the tensor tables of real models built
+from their published shapes. Expected placements are worked out in each test from the table
+itself (bytes per layer and role) and the devices' budgets, not read back from the planner."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from appliance.fit import devices as dev
+from appliance.fit import planner, shapes
+from appliance.fit.devices import GIB
+from appliance.fit.planner import FitRequest, kv_bytes, place, plan
+from hostcheck.snapshot import collect
+from tests.hostcheck import trees
+
+GB = 10**9
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    out = {}
+    for name, tree, run in (("apu", trees.strix_halo(), trees.strix_halo_runner()),
+                            ("desktop", trees.nvidia_desktop(), trees.nvidia_runner()),
+                            ("vm", trees.bare_vm(), trees.FakeRunner())):
+        root = trees.build(tmp_path_factory.mktemp(name) / name, tree)
+        out[name] = collect(root, run, power_interval_s=0, sleep=lambda s: None).to_dict()
+    return out
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: shapes.build(name) for name in shapes.SHAPES}
+
+
+def gpu_of(devices):
+    return next(d for d in devices if d.kind == "gpu")
+
+
+# -- tables and sizes -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, published_gb", [("Llama-3.1-8B-Q4_K_M", 4.92), ("Llama-3.3-70B-Q4_K_M", 42.5),
+                                                ("Qwen3-30B-A3B-Q4_K_M", 18.6)])
+def test_tables_from_published_shapes_weigh_what_the_published_files_do(models, name, published_gb):
+    assert models[name].weight_bytes / GB == pytest.approx(published_gb, rel=0.01)
+
+
+def test_roles_and_the_expert_share(models):
+    oss = models["gpt-oss-120b-MXFP4"]
+    assert oss.is_moe and not models["Llama-3.1-8B-Q4_K_M"].is_moe
+    experts = sum(t.nbytes for t in oss.tensors if t.role == "expert")
+    assert experts / oss.weight_bytes > 0.95           # 128 experts x 3 matrices x 36 layers in MXFP4
+    assert {t.role for t in oss.tensors} == {"embed", "output", "attn", "expert"}
+    assert {t.role for t in models["Llama-3.1-8B-Q4_K_M"].tensors} == {"embed", "output", "attn", "ffn"}
+
+
+def test_kv_bytes_by_hand(models):
+    m = models["Llama-3.1-8B-Q4_K_M"]
+    req = FitRequest(n_ctx=8192, n_slots=4)
+    # 32 layers x 8 KV heads x (128 + 128) x 2 bytes x 32,768 positions = 4 GiB
+    assert sum(kv_bytes(m, i, req) for i in range(32)) == 4 * GIB
+    q8 = FitRequest(n_ctx=8192, n_slots=4, kv_type="q8_0")     # 34 bytes per 32 values
+    assert sum(kv_bytes(m, i, q8) for i in range(32)) == 4 * GIB * 34 // 64
+    oss = models["gpt-oss-120b-MXFP4"]
+    # the even layers keep a 128-position window and one micro-batch per slot
+    assert kv_bytes(oss, 0, req) == 4 * (128 + 512) * 8 * 128 * 2
+    assert kv_bytes(oss, 1, req) == 4 * 8192 * 8 * 128 * 2
+
+
+# -- devices ------------------------------------------------------------------------------------
+
+def test_devices_of_the_fixture_hosts(hosts):
+    apu = dev.from_snapshot(hosts["apu"])
+    assert [d.name for d in apu] == ["CPU", "GPU0"]
+    gpu = gpu_of(apu)
+    # 512 MiB carve-out + GTT capped at 64 GiB (mem_info_gtt_total and ttm.pages_limit agree)
+    assert gpu.unified and gpu.carve_out == GIB // 2 and gpu.budget == GIB // 2 + 64 * GIB
+    desktop = dev.from_snapshot({"snapshot": hosts["desktop"]})   # `hostcheck --json` holds it under "snapshot"
+    vram = hosts["desktop"]["gpu"]["gpus"][0]["vram_bytes"]
+    assert gpu_of(desktop).budget == vram - max(vram // 20, GIB // 2) and not gpu_of(desktop).unified
+    vm = dev.from_snapshot(hosts["vm"])
+    total = hosts["vm"]["memory"]["total_bytes"]
+    assert [d.kind for d in vm] == ["cpu"] and vm[0].budget == total - dev.host_reserve(total)
+    with pytest.raises(ValueError, match="total_bytes"):
+        dev.from_snapshot({"memory": {"total_bytes": {"unavailable": "no /proc"}}})
+
+
+# -- placements ---------------------------------------------------------------------------------
+
+def test_a_model_that_fits_goes_whole_to_the_gpu(hosts, models):
+    devices = dev.from_snapshot(hosts["desktop"])
+    p = plan(models["Llama-3.1-8B-Q4_K_M"], FitRequest(n_ctx=8192, n_slots=4), devices)
+    assert p.fits and p.n_gpu_layers == 33 and not p.overrides and not p.n_cpu_moe
+    assert set(p.layers.values()) == {"GPU0"}
+    assert p.where["output.weight"] == "GPU0" and p.where["token_embd.weight"] == "CPU"
+    assert p.use["GPU0"].kv == 4 * GIB and p.use["CPU"].kv == 0
+
+
+def test_moe_experts_leave_the_24gb_card_first_layer_by_layer(hosts, models):
+    m, devices = models["gpt-oss-120b-MXFP4"], dev.from_snapshot(hosts["desktop"])
+    req = FitRequest(n_ctx=8192, n_slots=4)
+    p = plan(m, req, devices)
+    # by hand: everything but the experts on the GPU, then as many layers' experts as still fit
+    gpu = gpu_of(devices)
+    fixed = place(m, req, devices, m.n_layer + 1, m.n_layer, 0).use["GPU0"].total
+    per_layer = [m.bytes_by(i, "expert") for i in range(m.n_layer)]
+    k = next(k for k in range(m.n_layer + 1) if fixed + sum(per_layer[k:]) <= gpu.budget)
+    assert p.fits and p.n_gpu_layers == m.n_layer + 1 and p.n_cpu_moe == k and 0 < k < m.n_layer
+    assert p.n_cpu_ffn == 0 and set(p.layers.values()) == {"GPU0"}    # attention and KV all on the GPU
+    assert p.where["blk.0.ffn_up_exps.weight"] == "CPU" and p.where[f"blk.{k}.ffn_up_exps.weight"] == "GPU0"
+    assert p.where["blk.0.attn_q.weight"] == "GPU0"
+    assert p.overrides == ((r"blk\.(" + "|".join(map(str, range(k))) + r")\.ffn_(up|down|gate|gate_up)_exps", "CPU"),)
+    assert 0 <= p.use["GPU0"].headroom < per_layer[k - 1]
+
+
+def test_a_dense_model_keeps_attention_and_kv_and_moves_ffns(hosts, models):
+    m, devices = models["Llama-3.3-70B-Q4_K_M"], dev.from_snapshot(hosts["desktop"])
+    req = FitRequest(n_ctx=8192, n_slots=4)
+    p = plan(m, req, devices)
+    fixed = place(m, req, devices, m.n_layer + 1, 0, m.n_layer).use["GPU0"].total
+    per_layer = [m.bytes_by(i, "ffn") for i in range(m.n_layer)]
+    k = next(k for k in range(m.n_layer + 1) if fixed + sum(per_layer[k:]) <= gpu_of(devices).budget)
+    assert p.fits and p.n_gpu_layers == 81 and p.n_cpu_ffn == k and p.n_cpu_moe == 0
+    assert set(p.layers.values()) == {"GPU0"} and p.use["GPU0"].kv == 10 * GIB
+    assert p.use["CPU"].weights["ffn"] == sum(per_layer[:k])
+
+
+def test_whole_layers_leave_when_attention_and_kv_alone_do_not_fit(hosts, models):
+    m, devices = models["Llama-3.3-70B-Q4_K_M"], dev.from_snapshot(hosts["desktop"])
+    req = FitRequest(n_ctx=16384, n_slots=4)           # KV 20 GiB: with attention, more than the card
+    p = plan(m, req, devices)
+    assert p.fits and p.n_cpu_ffn == m.n_layer and p.n_gpu_layers < m.n_layer
+    on_gpu = sorted(i for i, d in p.layers.items() if d == "GPU0")
+    assert on_gpu == list(range(m.n_layer - p.n_gpu_layers, m.n_layer))   # the last layers, as llama.cpp does
+    assert p.where["output.weight"] == "CPU"
+    one_more = place(m, req, devices, p.n_gpu_layers + 1, 0, m.n_layer)
+    assert not one_more.fits
+
+
+def test_the_apu_holds_gpt_oss_120b_whole_in_gtt(hosts, models):
+    p = plan(models["gpt-oss-120b-MXFP4"], FitRequest(n_ctx=8192, n_slots=4), dev.from_snapshot(hosts["apu"]))
+    assert p.fits and p.n_gpu_layers == 37 and not p.overrides and not p.notes
+
+
+def test_a_low_gtt_limit_on_the_apu_says_which_kernel_setting_to_raise(hosts, models):
+    snap = copy.deepcopy(hosts["apu"])
+    snap["gpu"]["gtt_limits"]["ttm_pages_limit"] = 32 * GIB // 4096     # 32 GiB
+    devices = dev.from_snapshot(snap)
+    assert gpu_of(devices).budget == GIB // 2 + 32 * GIB
+    m = models["gpt-oss-120b-MXFP4"]
+    p = plan(m, FitRequest(n_ctx=8192, n_slots=4), devices)
+    assert p.fits and 0 < p.n_cpu_moe < m.n_layer
+    need = place(m, FitRequest(n_ctx=8192, n_slots=4), devices, 37, 0, 0).use["GPU0"].total - GIB // 2
+    pages = math.ceil((need + GIB) / GIB) * GIB // 4096
+    assert any(f"ttm.pages_limit={pages}" in n and "amdgpu.gttsize is deprecated" in n for n in p.notes)
+
+
+def test_on_an_apu_host_and_gpu_share_one_pool(hosts, models):
+    snap = copy.deepcopy(hosts["apu"])
+    snap["memory"]["total_bytes"] = snap["memory"]["available_bytes"] = 64 * GIB   # a 64 GiB APU, GTT 64 GiB
+    devices = dev.from_snapshot(snap)
+    m = models["gpt-oss-120b-MXFP4"]      # 59 GiB of weights: the GTT would hold it, the host cannot
+    p = plan(m, FitRequest(n_ctx=8192, n_slots=4), devices)
+    assert not p.fits
+    assert any("maps host memory" in n for n in p.notes)
+    assert not any("ttm.pages_limit" in n for n in p.notes)   # raising the GTT limit would not help
+
+
+def test_cpu_only_hosts_and_what_would_fit(hosts, models):
+    devices = dev.from_snapshot(hosts["vm"])
+    big = plan(models["Llama-3.3-70B-Q4_K_M"], FitRequest(n_ctx=8192, n_slots=4), devices)
+    assert not big.fits and big.n_gpu_layers == 0
+    assert any("weights alone are 39.6 GiB" in n for n in big.notes)
+    qwen = models["Qwen3-30B-A3B-Q4_K_M"]
+    # KV 6 GiB on top of 17.3 GiB: 24.1 GiB against 21.2; q8_0 saves 2.8 GiB (not enough), q4_0 4.3
+    tight = plan(qwen, FitRequest(n_ctx=8192, n_slots=8), devices)
+    assert not tight.fits and tight.use["CPU"].kv == 6 * GIB
+    assert "would fit with --kv-type q4_0" in tight.notes and "would fit with --n-slots 4" in tight.notes
+    assert "would fit with --n-ctx 4096" in tight.notes
+    assert plan(qwen, FitRequest(n_ctx=8192, n_slots=4, kv_type="q8_0"), devices).fits
+
+
+# -- the user's choices are kept ----------------------------------------------------------------
+
+def test_fixed_gpu_layers_cpu_moe_and_overrides_are_kept(hosts, models):
+    devices = dev.from_snapshot(hosts["desktop"])
+    llama = models["Llama-3.1-8B-Q4_K_M"]
+    p = plan(llama, FitRequest(n_ctx=8192, n_slots=4, n_gpu_layers=10), devices)
+    assert p.fits and sorted(i for i, d in p.layers.items() if d == "GPU0") == list(range(22, 32))
+    assert p.where["output.weight"] == "CPU"
+    qwen = models["Qwen3-30B-A3B-Q4_K_M"]
+    p = plan(qwen, FitRequest(n_ctx=8192, n_slots=4, n_cpu_moe=qwen.n_layer), devices)
+    assert p.fits and p.use["GPU0"].weights["expert"] == 0 and p.overrides[0][0].startswith(r"blk\.\d+")
+    p = plan(llama, FitRequest(n_ctx=8192, n_slots=4, overrides=((r"attn_q\.", "CPU"),)), devices)
+    assert all(d == "CPU" for n, d in p.where.items() if "attn_q." in n)
+    assert p.where["blk.3.attn_k.weight"] == "GPU0" and p.overrides[0] == (r"attn_q\.", "CPU")
+
+
+def test_an_impossible_fixed_placement_is_refused_with_the_numbers(hosts, models):
+    devices = dev.from_snapshot(hosts["desktop"])
+    m = models["Llama-3.3-70B-Q4_K_M"]
+    p = plan(m, FitRequest(n_ctx=32768, n_slots=4, n_gpu_layers=81), devices)   # KV alone is 40 GiB
+    assert not p.fits
+    assert any(n.startswith("GPU0 needs") and "GiB more than its" in n for n in p.notes)
+    assert any(n.startswith("would fit with --n-slots") or n.startswith("would fit with --n-ctx")
+               or n.startswith("would fit with --kv-type") for n in p.notes)
+
+
+def test_the_planner_is_pure(hosts, models):
+    devices = dev.from_snapshot(hosts["desktop"])
+    m = models["gpt-oss-120b-MXFP4"]
+    a = plan(m, FitRequest(n_ctx=8192, n_slots=4), devices)
+    b = plan(m, FitRequest(n_ctx=8192, n_slots=4), devices)
+    assert a == b and a.to_dict() == b.to_dict()
+    assert planner.plan.__module__ == "appliance.fit.planner"
