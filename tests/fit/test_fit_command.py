@@ -10,11 +10,10 @@ from appliance.cli import main
 from appliance.fit.model import TIED_OUTPUT, from_gguf, role_of
 from appliance.models import embedded_model_path
 from tests.engine.gguf_fixtures import write_tiny
-from tests.fit.test_planner import hosts  # noqa: F401  (the module-scoped fixture hosts)
 
 
 @pytest.fixture(scope="module")
-def host_files(hosts, tmp_path_factory):  # noqa: F811
+def host_files(hosts, tmp_path_factory):
     d = tmp_path_factory.mktemp("snapshots")
     out = {}
     for name, snap in hosts.items():

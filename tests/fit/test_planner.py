@@ -12,21 +12,8 @@ from appliance.fit import devices as dev
 from appliance.fit import planner, shapes
 from appliance.fit.devices import GIB
 from appliance.fit.planner import FitRequest, kv_bytes, place, plan
-from hostcheck.snapshot import collect
-from tests.hostcheck import trees
 
 GB = 10**9
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    out = {}
-    for name, tree, run in (("apu", trees.strix_halo(), trees.strix_halo_runner()),
-                            ("desktop", trees.nvidia_desktop(), trees.nvidia_runner()),
-                            ("vm", trees.bare_vm(), trees.FakeRunner())):
-        root = trees.build(tmp_path_factory.mktemp(name) / name, tree)
-        out[name] = collect(root, run, power_interval_s=0, sleep=lambda s: None).to_dict()
-    return out
 
 
 @pytest.fixture(scope="module")
