@@ -46,12 +46,27 @@ def _hostcheck(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     snap = collect()
-    advice = check(snap, model_bytes=model_bytes)
+    advice = check(snap, model_bytes=model_bytes, llama=_llama_build())
     if args.json:
         print(json.dumps(as_json(snap, advice), indent=2))
     else:
         print(render(snap, advice), end="")
     return 0
+
+
+def _llama_build():
+    """What the installed llama.cpp can drive, for hostcheck's advice (None if it cannot load)."""
+    try:
+        import llama_cpp as L
+
+        from hostcheck.advice import LlamaBuild
+
+        from .engine.runners import ggml_devices
+
+        L.llama_backend_init()
+        return LlamaBuild(bool(L.llama_supports_gpu_offload()), tuple(d.name for d in ggml_devices.devices()))
+    except (ImportError, OSError, AttributeError):
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:

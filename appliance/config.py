@@ -69,6 +69,16 @@ class EngineConfig:
                               "never holds other streams for more than one chunk")
     step_token_budget: int = _opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
     flash_attn: bool = _opt(False, "use llama.cpp's flash attention")
+    n_gpu_layers: str = _opt("auto", "llama.cpp: layers on the GPU, N | all | auto (auto: the fit planner "
+                             "puts the most that fits there, experts leaving it first; see `appliance fit`)")
+    cpu_moe: bool = _opt(False, "llama.cpp: keep every routed expert in host memory")
+    n_cpu_moe: int | None = _opt(None, "llama.cpp: keep the routed experts of the first N layers in host memory")
+    override_tensor: str | None = _opt(None, "llama.cpp: REGEX=DEVICE[,REGEX=DEVICE...]: tensors whose name "
+                                       "matches go to DEVICE (CPU, GPU0, or llama.cpp's CUDA0, Vulkan0...); "
+                                       "the first match wins (llama-server's -ot)")
+    kv_type: str = _opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
+                        "flash attention, which llama.cpp needs for them)")
+    main_gpu: int = _opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
     prompt_cache: bool = _opt(True, "keep each slot's prompt KV after a request and reuse its longest "
                               "common prefix (whole --prefill-chunk blocks, so hits are exact)")
     cache_ram_bytes: int = _opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
@@ -105,6 +115,14 @@ class EngineConfig:
         _require(1 <= self.prefill_chunk <= self.n_batch,
                  f"prefill_chunk must be between 1 and n_batch ({self.n_batch})")
         _require(self.step_token_budget >= 1, "step_token_budget must be positive")
+        _require(self.kv_type in ("f16", "q8_0", "q4_0"), "kv_type must be f16, q8_0 or q4_0")
+        _require(self.engine == "llamacpp" or self.kv_type == "f16", "--kv-type applies to the llama.cpp runner only")
+        _require(not (self.cpu_moe and self.n_cpu_moe is not None), "give --cpu-moe or --n-cpu-moe, not both")
+        _require(self.n_cpu_moe is None or self.n_cpu_moe >= 0, "n_cpu_moe must not be negative")
+        _require(self.main_gpu >= 0, "main_gpu must not be negative")
+        _require(self.n_gpu_layers in ("auto", "all") or self.n_gpu_layers.isdigit(),
+                 f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
+        self.tensor_overrides()  # raises for a malformed --override-tensor
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
                  and self.n_threads_batch >= 0, "counts must not be negative")
 
@@ -118,6 +136,23 @@ class EngineConfig:
         if self.plan:
             return Path(self.plan).expanduser(), True
         return default_data_dir() / "plan.json", False
+
+    def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
+        """--override-tensor as (regex, device) pairs, split on commas as llama-server does."""
+        import re
+
+        out = []
+        for item in (self.override_tensor or "").split(","):
+            if not item.strip():
+                continue
+            pattern, sep, device = item.strip().rpartition("=")
+            _require(bool(sep and pattern and device), f"--override-tensor {item!r}: expected REGEX=DEVICE")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"--override-tensor {item!r}: bad regular expression: {e}") from None
+            out.append((pattern, device))
+        return tuple(out)
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil

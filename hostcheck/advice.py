@@ -29,14 +29,53 @@ class Advice:
     fix: str            # what to change, and where
 
 
-def check(snap: HostSnapshot, model_bytes: int | None = None) -> list[Advice]:
+@dataclass(frozen=True)
+class LlamaBuild:
+    """What the installed llama.cpp can drive, as it says itself (`llama_supports_gpu_offload`
+    and ggml's device registry): the caller reads it, since hostcheck imports no engine."""
+
+    gpu_offload: bool
+    devices: tuple[str, ...]     # "CPU", "CUDA0", "Vulkan0", ...
+
+
+# One line per backend, as the README gives them
+BUILD_LINES = {
+    "vulkan": 'CMAKE_ARGS="-DGGML_VULKAN=on" pip install --force-reinstall --no-cache-dir llama-cpp-python',
+    "hip": 'CMAKE_ARGS="-DGGML_HIP=on -DAMDGPU_TARGETS={arch}" pip install --force-reinstall --no-cache-dir '
+           'llama-cpp-python',
+    "cuda": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir llama-cpp-python',
+}
+
+
+def check(snap: HostSnapshot, model_bytes: int | None = None, llama: LlamaBuild | None = None) -> list[Advice]:
     out: list[Advice] = []
     out += _iommu(snap)
     out += _governor(snap)
     if model_bytes is not None:
         out += _model_fit(snap, model_bytes)
     out += _power_caps(snap)
+    if llama is not None:
+        out += _llama_build(snap, llama)
     return out
+
+
+def _llama_build(snap: HostSnapshot, llama: LlamaBuild) -> list[Advice]:
+    """A GPU on the host that the installed llama.cpp cannot use: the reinstall line for it."""
+    if llama.gpu_offload or not snap.gpu.gpus:
+        return []
+    g = snap.gpu.gpus[0]
+    name = g.name if known(g.name) else f"{g.vendor} GPU"
+    if g.vendor == "NVIDIA":
+        line = BUILD_LINES["cuda"]
+    elif g.vendor == "AMD":
+        arch = g.arch if isinstance(g.arch, str) and g.arch.startswith("gfx") else "gfx1151"
+        line = f"{BUILD_LINES['vulkan']} (Vulkan, the simplest); or ROCm: {BUILD_LINES['hip'].format(arch=arch)}"
+    else:
+        line = BUILD_LINES["vulkan"]
+    return [Advice("warning", "llama.cpp without a GPU backend",
+                   f"{name} is present, but the installed llama.cpp was built for the CPU only "
+                   f"(its devices: {', '.join(llama.devices) or 'none'}): every layer runs on the CPU",
+                   f"reinstall it with a GPU backend: {line}")]
 
 
 def _apus(snap: HostSnapshot) -> list[GpuInfo]:

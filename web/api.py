@@ -239,7 +239,8 @@ def health():
         body.update(status="ok", model=info.model_name, model_fingerprint=info.fingerprint,
                     backend=info.backend,
                     n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
-                    settings=info.settings, engine=engine.stats.as_dict() if engine.stats else {},
+                    settings=info.settings, placement=info.placement,
+                    engine=engine.stats.as_dict() if engine.stats else {},
                     in_flight=engine.in_flight())
         return jsonify(body)
     body["reason"] = st.reason or "the server is shutting down"

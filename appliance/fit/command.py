@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--n-slots", type=int, default=4, help="sequences decoded together (default 4)")
     p.add_argument("--kv-type", choices=KV_TYPES, default="f16", help="K and V cache type (default f16)")
     p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp micro-batch (default 512)")
+    p.add_argument("--flash-attn", action="store_true",
+                   help="llama.cpp's flash attention (no attention scores in the compute buffer; on with a "
+                        "quantised --kv-type)")
     p.add_argument("--n-gpu-layers", default="auto", metavar="N|auto|all",
                    help="layers on the GPU (default auto: the most that fit)")
     p.add_argument("--cpu-moe", action="store_true", help="every routed expert in host memory")
@@ -65,6 +68,7 @@ def _request(args: argparse.Namespace, m: ModelFacts, devices: list[Device]) -> 
     if n_cpu_moe is not None and not 0 <= n_cpu_moe:
         raise BadInput("--n-cpu-moe must not be negative")
     return FitRequest(n_ctx=args.n_ctx, n_slots=args.n_slots, kv_type=args.kv_type, n_ubatch=args.n_ubatch,
+                      flash_attn=args.flash_attn or args.kv_type != "f16",
                       n_gpu_layers=ngl, n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
                       overrides=parse_overrides(args.override_tensor, devices))
 

@@ -73,3 +73,18 @@ def from_snapshot(snap: dict) -> list[Device]:
             devices.append(Device(f"GPU{i}", "gpu", vram - gpu_reserve(vram),
                                   how=f"{vram / GIB:.1f} GiB VRAM less {gpu_reserve(vram) / GIB:.1f} GiB reserve"))
     return devices
+
+
+def from_measured(host_total: int, host_available: int,
+                  gpus: list[tuple[str, bool, int, int]]) -> list[Device]:
+    """Devices from what the running host reports: its memory (/proc/meminfo) and each GPU's
+    (planner name, unified, free, total) from llama.cpp's device registry. A GPU's free memory
+    already leaves out what the driver and other processes hold; a small margin stays free."""
+    budget = min(host_total - host_reserve(host_total), host_available)
+    out = [Device("CPU", "cpu", budget, how=f"{host_available / GIB:.1f} GiB available of "
+                                             f"{host_total / GIB:.1f} GiB, less the OS's share")]
+    for name, unified, free, total in gpus:
+        margin = max(total // 50, GIB // 4)
+        out.append(Device(name, "gpu", max(free - margin, 0), unified=unified,
+                          how=f"{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, less {margin / GIB:.2f} GiB"))
+    return out

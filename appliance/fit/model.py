@@ -61,6 +61,7 @@ class ModelFacts:
     n_vocab: int
     n_ctx_train: int
     n_head: int
+    n_ff: int                     # a dense FFN's width, or one expert's
     n_head_kv: tuple[int, ...]
     key_length: int
     value_length: int
@@ -119,11 +120,17 @@ def from_gguf(path: str | Path) -> ModelFacts:
         tensors.append(Tensor(TIED_OUTPUT, embd.ggml_type, embd.nbytes, None, "output"))
     return ModelFacts(
         name=Path(path).name, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
-        n_ctx_train=int(get(f"{arch}.context_length", 0)), n_head=n_head0, n_head_kv=head_kv,
+        n_ctx_train=int(get(f"{arch}.context_length", 0)), n_head=n_head0, n_head_kv=head_kv, n_ff=_n_ff(get, arch),
         key_length=k_len, value_length=v_len, tensors=tuple(tensors),
         n_expert=int(get(f"{arch}.expert_count", 0) or 0),
         n_expert_used=int(get(f"{arch}.expert_used_count", 0) or 0),
         sliding_window=window, swa_layers=_swa_layers(arch, n_layer, window))
+
+
+def _n_ff(get, arch: str) -> int:
+    """A dense FFN's width, or for a MoE one expert's (what one token's FFN activations take)."""
+    value = get(f"{arch}.expert_feed_forward_length", None) or get(f"{arch}.feed_forward_length", 0)
+    return int(max(value) if isinstance(value, list) else value or 0)
 
 
 def _swa_layers(arch: str, n_layer: int, window: int) -> frozenset[int]:

@@ -37,6 +37,7 @@ class FitRequest:
     n_slots: int = 1
     kv_type: str = "f16"
     n_ubatch: int = 512
+    flash_attn: bool = False                   # llama.cpp's flash attention (on for a quantised KV)
     n_gpu_layers: int | None = None            # None: choose; n_layer + 1 or more: all
     n_cpu_moe: int | None = None               # None: choose; the experts of layers < K in host memory
     overrides: tuple[tuple[str, str], ...] = ()  # (regex, device name), first match wins
@@ -96,17 +97,18 @@ def kv_bytes(m: ModelFacts, layer: int, req: FitRequest) -> int:
 
 
 def compute_bytes(m: ModelFacts, req: FitRequest, has_output: bool, has_layers: bool) -> int:
-    """An estimate of llama.cpp's compute buffer on a device: one micro-batch's activations
-    (float32, a few times the model width), its attention scores over the context (without
-    flash attention), and the logits where the output layer is."""
+    """llama.cpp's compute buffer on a device, estimated from what dominates it: its allocator
+    reuses memory across the graph, so the peak is the larger of the logits of one micro-batch
+    (where the output layer is) and, without flash attention, one layer's attention scores
+    over a slot's context (float32, n_kv x n_ubatch x n_head), plus the micro-batch's
+    activations. Checked against llama.cpp's own report by scripts/placement_check.py."""
     if not (has_output or has_layers):
         return 0
-    n = 4 * req.n_ubatch * (8 * m.n_embd) if has_layers else 0
-    if has_layers:
-        n += 4 * req.n_ubatch * req.n_ctx * m.n_head
-    if has_output:
-        n += 4 * req.n_ubatch * m.n_vocab
-    return n
+    f32, ub = 4, min(req.n_ubatch, req.n_ctx * req.n_slots)   # llama.cpp clamps the batch to the context
+    logits = f32 * ub * m.n_vocab if has_output else 0
+    scores = f32 * ub * req.n_ctx * m.n_head if has_layers and not req.flash_attn else 0
+    acts = f32 * ub * (8 * m.n_embd + 2 * m.n_ff) if has_layers else 0
+    return max(logits, scores) + acts
 
 
 # -- one placement ----------------------------------------------------------------------------
@@ -196,7 +198,7 @@ def candidates(m: ModelFacts, req: FitRequest, has_gpu: bool):
     """(n_gpu_layers, n_cpu_moe, n_cpu_ffn) from most on the GPU to least, the user's fixed."""
     all_layers = m.n_layer + 1
     if not has_gpu:
-        yield 0, 0, 0
+        yield 0, req.n_cpu_moe or 0, 0   # the user's --n-cpu-moe is still passed on, as llama-server does
         return
     moe_steps = [req.n_cpu_moe] if req.n_cpu_moe is not None else \
         (list(range(m.n_layer + 1)) if m.is_moe else [0])
@@ -251,7 +253,7 @@ def suggest(m: ModelFacts, req: FitRequest, devices: list[Device]) -> list[str]:
         return any(place(m, r, devices, *c).fits for c in candidates(m, r, has_gpu))
     out = []
     for kv in KV_TYPES[KV_TYPES.index(req.kv_type) + 1:] if req.kv_type in KV_TYPES else ():
-        if fits(replace(req, kv_type=kv)):
+        if fits(replace(req, kv_type=kv, flash_attn=True)):   # llama.cpp needs it for a quantised V
             out.append(f"would fit with --kv-type {kv}")
             break
     for flag, values in (("--n-slots", _halvings(req.n_slots, 1)), ("--n-ctx", _halvings(req.n_ctx, 512))):

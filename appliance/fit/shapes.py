@@ -92,7 +92,7 @@ def build(shape: Shape | str) -> ModelFacts:
         tensors.append(Tensor(name + ".weight", kind, nbytes(kind, n), layer, role))
     return ModelFacts(
         name=s.name, arch=s.arch, n_layer=s.n_layer, n_embd=s.n_embd, n_vocab=s.n_vocab,
-        n_ctx_train=s.n_ctx_train, n_head=s.n_head, n_head_kv=(s.n_head_kv,) * s.n_layer, key_length=s.head_dim,
+        n_ctx_train=s.n_ctx_train, n_head=s.n_head, n_ff=s.n_ff_exp or s.n_ff, n_head_kv=(s.n_head_kv,) * s.n_layer, key_length=s.head_dim,
         value_length=s.head_dim, tensors=tuple(tensors), n_expert=s.n_expert, n_expert_used=s.n_expert_used,
         sliding_window=s.sliding_window,
         swa_layers=frozenset(range(0, s.n_layer, 2)) if s.sliding_window else frozenset())

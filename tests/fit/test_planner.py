@@ -160,10 +160,13 @@ def test_cpu_only_hosts_and_what_would_fit(hosts, models):
     assert not big.fits and big.n_gpu_layers == 0
     assert any("weights alone are 39.6 GiB" in n for n in big.notes)
     qwen = models["Qwen3-30B-A3B-Q4_K_M"]
-    # KV 6 GiB on top of 17.3 GiB: 24.1 GiB against 21.2; q8_0 saves 2.8 GiB (not enough), q4_0 4.3
+    # KV 6 GiB on top of 17.3 GiB of weights, against 21.2 GiB; q8_0 (with flash attention) saves
+    # 2.8 GiB of KV and the attention scores of the compute buffer
     tight = plan(qwen, FitRequest(n_ctx=8192, n_slots=8), devices)
     assert not tight.fits and tight.use["CPU"].kv == 6 * GIB
-    assert "would fit with --kv-type q4_0" in tight.notes and "would fit with --n-slots 4" in tight.notes
+    q8 = place(qwen, FitRequest(n_ctx=8192, n_slots=8, kv_type="q8_0", flash_attn=True), devices, 0, 0, 0)
+    assert q8.fits and q8.use["CPU"].kv == 6 * GIB * 34 // 64
+    assert "would fit with --kv-type q8_0" in tight.notes and "would fit with --n-slots 4" in tight.notes
     assert "would fit with --n-ctx 4096" in tight.notes
     assert plan(qwen, FitRequest(n_ctx=8192, n_slots=4, kv_type="q8_0"), devices).fits
 

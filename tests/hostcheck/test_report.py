@@ -153,3 +153,20 @@ def test_hostcheck_imports_nothing_from_appliance():
 
 def _flat(text: str) -> str:
     return " ".join(text.split())
+
+
+def test_a_gpu_that_the_installed_llama_cpp_cannot_use(apu, desktop, vm):
+    from hostcheck.advice import LlamaBuild
+
+    cpu_only = LlamaBuild(gpu_offload=False, devices=("CPU",))
+    (a,) = [x for x in check(snap_of(desktop, nvidia_runner()), llama=cpu_only)
+            if x.setting == "llama.cpp without a GPU backend"]
+    assert "NVIDIA GeForce RTX 4090 is present" in a.message and "devices: CPU" in a.message
+    assert 'CMAKE_ARGS="-DGGML_CUDA=on"' in a.fix
+    (a,) = [x for x in check(snap_of(apu, strix_halo_runner()), llama=cpu_only)
+            if x.setting == "llama.cpp without a GPU backend"]
+    assert "-DGGML_VULKAN=on" in a.fix and "-DAMDGPU_TARGETS=gfx1151" in a.fix
+    with_gpu = LlamaBuild(gpu_offload=True, devices=("CPU", "CUDA0"))
+    assert not [x for x in check(snap_of(desktop, nvidia_runner()), llama=with_gpu)
+                if x.setting == "llama.cpp without a GPU backend"]
+    assert check(snap_of(vm, FakeRunner()), llama=cpu_only) == []       # no GPU: nothing to say

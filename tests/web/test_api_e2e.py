@@ -72,6 +72,10 @@ def test_health_reports_the_engine(server):
     assert h["settings"]["n_batch"] == 512 and h["backend"] in ("llama.cpp", "torch")
     size, digest = h["model_fingerprint"].split(":")
     assert int(size) > 0 and len(digest) == 16
+    if h["backend"] == "llama.cpp":  # where the fit planner put the model, as `appliance fit` prints it
+        p = h["placement"]
+        assert p["fits"] and p["kv_type"] == "f16" and p["n_slots"] == 4 and p["n_ctx"] == N_CTX
+        assert p["devices"]["CPU"]["kv"] == h["kv_bytes"] and p["llama_devices"][0]["name"] == "CPU"
 
 
 def test_chat_non_streamed(client, model):

@@ -31,6 +31,7 @@ class RunnerInfo:
     kv_bytes: int                # the whole pool, n_slots x n_ctx positions
     settings: dict[str, Any] = field(default_factory=dict)   # threads, batch sizes, flash attn
     fingerprint: str = ""
+    placement: dict[str, Any] = field(default_factory=dict)  # devices, layers, overrides, bytes (llama.cpp)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ request's tokens are computed in the same shapes whatever else is running.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -23,21 +25,32 @@ import llama_cpp as L
 
 from ...config import EngineConfig
 from ...errors import EngineFailure, ModelLoadError
+from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from .base import RunnerInfo, Span
-from .vocab import TextMethods, Vocab, load_model, meta
+from .placement import GGML_KV_TYPES, place_model
+from .vocab import TextMethods, Vocab, init_backend, load_model, meta
 
-KV_TYPE = "f16"     # llama.cpp's default K and V cache type, which the runner keeps
+log = logging.getLogger("appliance.llamacpp")
+
 
 
 class LlamaCppRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
-        self.model = load_model(model_path)
+        init_backend()
+        s = cfg.llamacpp()
+        self.kv_type = cfg.kv_type
+        if self.kv_type != "f16" and not s.flash_attn:
+            log.info("--kv-type %s: turning on flash attention, which llama.cpp needs for a quantised V cache",
+                     self.kv_type)
+            s = dataclasses.replace(s, flash_attn=True)
+        self.llamacpp = s
+        self.placed = place_model(cfg, model_path, s.flash_attn)   # refuses an impossible placement first
+        self.model = load_model(model_path, params=self.placed.model_params(cfg.main_gpu))
         self.text = Vocab(self.model)
         self.n_vocab = self.text.n_vocab
         n_ctx_train = L.llama_model_n_ctx_train(self.model)
         n_ctx = cfg.n_ctx or n_ctx_train
-        self.llamacpp = s = cfg.llamacpp()
 
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx * cfg.n_slots
@@ -47,6 +60,7 @@ class LlamaCppRunner(TextMethods):
         cp.n_threads, cp.n_threads_batch = s.n_threads, s.n_threads_batch
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cp.type_k = cp.type_v = GGML_KV_TYPES[self.kv_type]
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -63,8 +77,9 @@ class LlamaCppRunner(TextMethods):
             n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
             **self.text.facts(),
             kv_bytes=self._kv_bytes(n_ctx_seq * cfg.n_slots),
-            settings={**s.as_dict(), "kv_type": KV_TYPE, "llama_cpp_python": L.__version__},
+            settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__},
             fingerprint=file_fingerprint(model_path),
+            placement=self.placed.summary(),
         )
 
     def kv_fingerprint(self) -> str:
@@ -72,22 +87,22 @@ class LlamaCppRunner(TextMethods):
         llama.cpp's build, and the batch shapes, kernels and threads that change the computed KV
         (a state saved under other settings would not restore bit for bit)."""
         s = self.llamacpp
-        return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={KV_TYPE}",
+        return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={self.kv_type}",
                          f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
                          f"n_threads_batch={s.n_threads_batch}"])
 
     # -- model facts ---------------------------------------------------------------------
     def _kv_bytes(self, positions: int) -> int:
-        """f16 K and V for every layer and position: what llama.cpp allocates for the pool (a head
-        may be wider than n_embd / n_head: qwen3 says so in attention.key_length)."""
+        """K and V of the KV type for every layer and position: what llama.cpp allocates for the
+        pool (a head may be wider than n_embd / n_head: qwen3 says so in attention.key_length)."""
         n_layer = L.llama_model_n_layer(self.model)
         n_head = L.llama_model_n_head(self.model)
         n_head_kv = L.llama_model_n_head_kv(self.model)
         arch = meta(self.model, "general.architecture")
         k_dim = int(meta(self.model, f"{arch}.attention.key_length") or L.llama_model_n_embd(self.model) // n_head)
         v_dim = int(meta(self.model, f"{arch}.attention.value_length") or k_dim)
-        return positions * n_layer * n_head_kv * (k_dim + v_dim) * 2
+        return nbytes(self.kv_type.upper(), positions * n_layer * n_head_kv * (k_dim + v_dim))
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:

@@ -16,6 +16,7 @@ import llama_cpp as L
 from ...errors import ModelLoadError
 
 log = logging.getLogger("appliance.llamacpp")
+log.setLevel(logging.WARNING)  # llama.cpp's info and debug lines only when asked for (tests, --log-level is not enough)
 
 # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -24,7 +25,7 @@ _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERR
 @L.llama_log_callback
 def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     lvl = _LEVELS.get(level, logging.DEBUG)
-    if lvl >= logging.WARNING and log.isEnabledFor(lvl):
+    if log.isEnabledFor(lvl):
         log.log(lvl, "%s", text.decode(errors="replace").rstrip())
 
 
@@ -33,10 +34,13 @@ def init_backend() -> None:
     L.llama_backend_init()
 
 
-def load_model(path: Path, vocab_only: bool = False) -> L.llama_model_p:
+def load_model(path: Path, vocab_only: bool = False,
+               params: L.llama_model_params | None = None) -> L.llama_model_p:
+    """Load a GGUF: with `params` (the runner's placement), else everything in host memory."""
     init_backend()
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 0
+    mp = params if params is not None else L.llama_model_default_params()
+    if params is None:
+        mp.n_gpu_layers = 0
     mp.vocab_only = vocab_only
     model = L.llama_model_load_from_file(str(path).encode(), mp)
     if not model:

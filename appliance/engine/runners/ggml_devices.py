@@ -1,0 +1,104 @@
+"""llama.cpp's devices, from ggml's backend registry in the shared libraries llama-cpp-python
+ships (llama-cpp-python binds none of these): each device's name, kind, free and total memory
+and buffer type, and the NULL-terminated `llama_model_tensor_buft_override` array that places
+tensors by pattern (llama-cpp-python declares `tensor_buft_overrides` as a plain pointer).
+
+A CPU build lists one device, "CPU"; a CUDA build adds "CUDA0", ...; Vulkan "Vulkan0"; ROCm
+"ROCm0". The planner calls GPUs GPU0, GPU1, ... in the registry's order; `buffer_type(name)`
+takes either spelling.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+
+_LIB_DIR = Path(L.__file__).parent / "lib"
+KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+
+
+class _Override(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """libggml (the registry) and libggml-base (devices, buffer types), as llama-cpp-python
+    loaded them (RTLD_GLOBAL: the same handles)."""
+    reg = ctypes.CDLL(str(_LIB_DIR / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
+    base = ctypes.CDLL(str(_LIB_DIR / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    reg.ggml_backend_dev_count.restype = ctypes.c_size_t
+    reg.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    reg.ggml_backend_dev_get.restype = ctypes.c_void_p
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(base, fn).argtypes = [ctypes.c_void_p]
+        getattr(base, fn).restype = ctypes.c_char_p
+    base.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_dev_type.restype = ctypes.c_int
+    base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                             ctypes.POINTER(ctypes.c_size_t)]
+    base.ggml_backend_dev_memory.restype = None
+    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_buft_name.restype = ctypes.c_char_p
+    return reg, base
+
+
+@dataclass(frozen=True)
+class GgmlDevice:
+    index: int                  # in the registry
+    name: str                   # "CPU", "CUDA0", "Vulkan0"
+    description: str
+    kind: str                   # cpu | gpu | igpu | accel | meta
+    free: int
+    total: int
+    buft: int                   # ggml_backend_buffer_type_t
+    planner_name: str           # "CPU", "GPU0", ... (accelerators: their own name)
+
+
+def devices() -> list[GgmlDevice]:
+    """Every device the loaded llama.cpp build offers, the CPU first."""
+    reg, base = _libs()
+    out, n_gpu = [], 0
+    for i in range(reg.ggml_backend_dev_count()):
+        dev = reg.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = KINDS.get(base.ggml_backend_dev_type(dev), "other")
+        if kind in ("gpu", "igpu"):
+            planner, n_gpu = f"GPU{n_gpu}", n_gpu + 1
+        else:
+            planner = "CPU" if kind == "cpu" else base.ggml_backend_dev_name(dev).decode()
+        out.append(GgmlDevice(i, base.ggml_backend_dev_name(dev).decode(),
+                              (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                              kind, free.value, total.value, base.ggml_backend_dev_buffer_type(dev), planner))
+    return sorted(out, key=lambda d: d.kind != "cpu")
+
+
+def find(name: str, devs: list[GgmlDevice]) -> GgmlDevice | None:
+    """A device by the planner's name (CPU, GPU0) or llama.cpp's (CUDA0, Vulkan0), any case."""
+    low = name.lower()
+    return next((d for d in devs if low in (d.name.lower(), d.planner_name.lower())), None)
+
+
+class OverrideArray:
+    """The NULL-terminated override array for `llama_model_params.tensor_buft_overrides`. Keep
+    it alive as long as the model: llama.cpp keeps the pattern pointers."""
+
+    def __init__(self, pairs: list[tuple[str, int]]) -> None:
+        limit = L.llama_max_tensor_buft_overrides()
+        if len(pairs) >= limit:
+            raise ValueError(f"{len(pairs)} tensor overrides; llama.cpp takes at most {limit - 1}")
+        self._patterns = [ctypes.create_string_buffer(p.encode()) for p, _ in pairs]
+        self.array = (_Override * (len(pairs) + 1))()
+        for i, ((_, buft), pattern) in enumerate(zip(pairs, self._patterns)):
+            self.array[i].pattern = ctypes.cast(pattern, ctypes.c_char_p)
+            self.array[i].buft = buft
+        self.array[len(pairs)].pattern = None
+        self.array[len(pairs)].buft = None
+
+    @property
+    def pointer(self) -> int:
+        return ctypes.cast(self.array, ctypes.c_void_p).value

@@ -1,0 +1,113 @@
+"""Where the llama.cpp runner puts the model: the fit planner's placement (`appliance.fit`) for
+the devices this llama.cpp build offers, turned into `llama_model_params`.
+
+One GPU holds the layers (`split_mode` none, `main_gpu`): the planner sizes one device, and
+llama.cpp's default split across several GPUs would place what it did not plan. A placement
+that does not fit is refused before llama.cpp allocates anything, with the numbers, unless no
+GPU is involved (host memory only: llama.cpp memory-maps the weights and pages them in, slowly,
+which is what it did before the planner).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+import psutil
+
+from ...config import EngineConfig
+from ...errors import ModelLoadError
+from ...fit.devices import from_measured
+from ...fit.model import ModelFacts, from_gguf
+from ...fit.planner import FitRequest, Placement, plan
+from ...fit.render import render
+from . import ggml_devices
+
+log = logging.getLogger("appliance.placement")
+
+GPU_BUILD_HINT = ("reinstall llama-cpp-python with a GPU backend, e.g. CMAKE_ARGS=\"-DGGML_VULKAN=on\" "
+                  "(or -DGGML_HIP=on, -DGGML_CUDA=on) pip install --force-reinstall --no-cache-dir "
+                  "llama-cpp-python (the README has each line)")
+GGML_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+
+
+@dataclass
+class RunnerPlacement:
+    placement: Placement
+    facts: ModelFacts
+    devices: list[ggml_devices.GgmlDevice]
+    overrides: ggml_devices.OverrideArray | None   # kept alive as long as the model
+
+    def summary(self) -> dict:
+        """The placement for /health: devices, layers, overrides and bytes."""
+        p = self.placement.to_dict()
+        p["llama_devices"] = [{"name": d.name, "description": d.description, "kind": d.kind,
+                               "free": d.free, "total": d.total} for d in self.devices]
+        return p
+
+    def model_params(self, main_gpu: int) -> L.llama_model_params:
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = self.placement.n_gpu_layers
+        mp.split_mode = L.LLAMA_SPLIT_MODE_NONE
+        mp.main_gpu = main_gpu
+        if self.overrides is not None:
+            mp.tensor_buft_overrides = self.overrides.pointer
+        return mp
+
+
+def _request(cfg: EngineConfig, facts: ModelFacts, devs: list[ggml_devices.GgmlDevice],
+             gpu: ggml_devices.GgmlDevice | None, flash_attn: bool) -> FitRequest:
+    overrides = []
+    for pattern, name in cfg.tensor_overrides():
+        dev = ggml_devices.find(name, devs)
+        if dev is None:
+            raise ModelLoadError(f"--override-tensor {pattern}={name}: this llama.cpp build has no device "
+                                 f"{name!r} (it has {', '.join(d.name for d in devs)})")
+        if dev.kind != "cpu" and dev != gpu:
+            raise ModelLoadError(f"--override-tensor {pattern}={name}: only the main GPU ({gpu.name if gpu else 'none'}) "
+                                 "holds tensors; choose it with --main-gpu")
+        overrides.append((pattern, "CPU" if dev.kind == "cpu" else "GPU0"))
+    ngl = {"auto": None, "all": facts.n_layer + 1}.get(cfg.n_gpu_layers)
+    if ngl is None and cfg.n_gpu_layers != "auto":
+        ngl = int(cfg.n_gpu_layers)
+    n_cpu_moe = facts.n_layer if cfg.cpu_moe else cfg.n_cpu_moe
+    return FitRequest(n_ctx=cfg.n_ctx or facts.n_ctx_train, n_slots=cfg.n_slots, kv_type=cfg.kv_type,
+                      n_ubatch=min(cfg.n_ubatch, cfg.n_batch), flash_attn=flash_attn, n_gpu_layers=ngl,
+                      n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, facts.n_layer),
+                      overrides=tuple(overrides))
+
+
+def _main_gpu(cfg: EngineConfig, devs: list[ggml_devices.GgmlDevice]) -> ggml_devices.GgmlDevice | None:
+    gpus = [d for d in devs if d.kind in ("gpu", "igpu")]
+    if not gpus:
+        return None
+    if cfg.main_gpu >= len(gpus):
+        raise ModelLoadError(f"--main-gpu {cfg.main_gpu}: this llama.cpp build sees {len(gpus)} GPU(s) "
+                             f"({', '.join(d.name for d in gpus)})")
+    return gpus[cfg.main_gpu]
+
+
+def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> RunnerPlacement:
+    """Plan the placement for this build's devices; raises ModelLoadError for an impossible one."""
+    try:
+        facts = from_gguf(model_path)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{model_path}: cannot read the GGUF header: {e}") from None
+    devs = ggml_devices.devices()
+    gpu = _main_gpu(cfg, devs)
+    if gpu is None and cfg.n_gpu_layers not in ("auto", "0"):
+        raise ModelLoadError(f"--n-gpu-layers {cfg.n_gpu_layers}: this llama.cpp build has no GPU backend "
+                             f"(llama_supports_gpu_offload is false); {GPU_BUILD_HINT}")
+    req = _request(cfg, facts, devs, gpu, flash_attn)
+    mem = psutil.virtual_memory()
+    fit_devices = from_measured(mem.total, mem.available,
+                                [("GPU0", gpu.kind == "igpu", gpu.free, gpu.total)] if gpu else [])
+    placement = plan(facts, req, fit_devices)
+    text = render(facts, placement)
+    if not placement.fits and (gpu or req.overrides or req.n_cpu_moe is not None):
+        raise ModelLoadError("the model does not fit as asked:\n" + text)
+    (log.info if placement.fits else log.warning)("placement:\n%s", text.rstrip())
+    cpu = next(d for d in devs if d.kind == "cpu")
+    pairs = [(pattern, (cpu if name == "CPU" else gpu).buft) for pattern, name in placement.overrides]
+    return RunnerPlacement(placement, facts, devs, ggml_devices.OverrideArray(pairs) if pairs else None)
