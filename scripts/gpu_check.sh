@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every GPU check and timing of the project, in one command, for a session lent a GPU. Each
+# feature that needs a GPU adds its section here; a section whose needs are missing prints SKIP
+# and why, and the script goes on. What a section prints is what it measured there.
+#
+# On the device machine (the device tool's `run`), from the repository root:
+#   bash scripts/gpu_check.sh
+# Wheels the device lacks travel in .whl (see the device notes: `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 ... -d .whl gguf==0.19.0`; the planner needs gguf),
+# named in `carry`; they are installed under /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+section() { printf '\n== %s\n' "$*"; }
+
+section "device"
+nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv || echo "SKIP: no nvidia-smi"
+
+section "issue 16: the fit planner against this host's reported memory"
+if python3 -c "import gguf" 2>/dev/null; then
+  python3 -m appliance hostcheck --json > "$OUT/host.json" && echo "host snapshot: $OUT/host.json"
+  for shape in Llama-3.1-8B-Q4_K_M Qwen3-30B-A3B-Q4_K_M Llama-3.3-70B-Q4_K_M gpt-oss-120b-MXFP4; do
+    python3 -m appliance fit --shape "$shape" --host "$OUT/host.json" --n-ctx 32768 --n-slots 4
+    echo "(exit $?)"
+  done
+else
+  echo "SKIP: the gguf package is not installed (carry its wheel in .whl)"
+fi
+
+section "issue 16: llama.cpp with the planned placement, planned bytes against llama.cpp's buffers"
+if python3 -c "import llama_cpp, sys; llama_cpp.llama_backend_init(); sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)" 2>/dev/null; then
+  model=${APPLIANCE_GPU_CHECK_MODEL:-}
+  python3 scripts/placement_check.py ${model:+--model "$model"} --n-ctx 8192 --n-slots 4
+  python3 scripts/placement_check.py ${model:+--model "$model"} --n-ctx 8192 --n-slots 4 --kv-type q8_0
+else
+  echo "SKIP: no llama-cpp-python with a GPU backend here (build one: CMAKE_ARGS=\"-DGGML_CUDA=on\", see the README)"
+fi
