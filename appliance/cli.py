@@ -46,11 +46,12 @@ def _hostcheck(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     snap = collect()
-    advice = check(snap, model_bytes=model_bytes, llama=_llama_build())
+    llama = _llama_build()
+    advice = check(snap, model_bytes=model_bytes, llama=llama)
     if args.json:
-        print(json.dumps(as_json(snap, advice), indent=2))
+        print(json.dumps(as_json(snap, advice, llama), indent=2))
     else:
-        print(render(snap, advice), end="")
+        print(render(snap, advice, llama), end="")
     return 0
 
 
@@ -59,12 +60,13 @@ def _llama_build():
     try:
         import llama_cpp as L
 
-        from hostcheck.advice import LlamaBuild
+        from hostcheck.advice import LlamaBuild, LlamaDevice
 
         from .engine.runners import ggml_devices
 
         L.llama_backend_init()
-        return LlamaBuild(bool(L.llama_supports_gpu_offload()), tuple(d.name for d in ggml_devices.devices()))
+        return LlamaBuild(L.__version__, bool(L.llama_supports_gpu_offload()),
+                          tuple(LlamaDevice(d.name, d.description, d.free, d.total) for d in ggml_devices.devices()))
     except (ImportError, OSError, AttributeError):
         return None
 

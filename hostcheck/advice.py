@@ -30,12 +30,21 @@ class Advice:
 
 
 @dataclass(frozen=True)
+class LlamaDevice:
+    name: str                    # "CPU", "CUDA0", "Vulkan0", ...
+    description: str
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
 class LlamaBuild:
     """What the installed llama.cpp can drive, as it says itself (`llama_supports_gpu_offload`
     and ggml's device registry): the caller reads it, since hostcheck imports no engine."""
 
+    version: str
     gpu_offload: bool
-    devices: tuple[str, ...]     # "CPU", "CUDA0", "Vulkan0", ...
+    devices: tuple[LlamaDevice, ...]
 
 
 # One line per backend, as the README gives them
@@ -74,7 +83,7 @@ def _llama_build(snap: HostSnapshot, llama: LlamaBuild) -> list[Advice]:
         line = BUILD_LINES["vulkan"]
     return [Advice("warning", "llama.cpp without a GPU backend",
                    f"{name} is present, but the installed llama.cpp was built for the CPU only "
-                   f"(its devices: {', '.join(llama.devices) or 'none'}): every layer runs on the CPU",
+                   f"(its devices: {', '.join(d.name for d in llama.devices) or 'none'}): every layer runs on the CPU",
                    f"reinstall it with a GPU backend: {line}")]
 
 

@@ -5,7 +5,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from .advice import Advice
+from .advice import Advice, LlamaBuild
 from .facts import Unavailable, to_jsonable
 from .gpu_types import GpuInfo, GttLimits
 from .snapshot import HostSnapshot
@@ -14,18 +14,23 @@ GIB = 2**30
 WIDTH = 100
 
 
-def as_json(snap: HostSnapshot, advice: list[Advice]) -> dict[str, Any]:
-    return {"snapshot": snap.to_dict(), "advice": to_jsonable(advice),
-            "unavailable": dict(snap.unavailable())}
+def as_json(snap: HostSnapshot, advice: list[Advice], llama: LlamaBuild | None = None) -> dict[str, Any]:
+    out = {"snapshot": snap.to_dict(), "advice": to_jsonable(advice),
+           "unavailable": dict(snap.unavailable())}
+    if llama is not None:
+        out["llama_cpp"] = to_jsonable(llama)
+    return out
 
 
-def render(snap: HostSnapshot, advice: list[Advice]) -> str:
+def render(snap: HostSnapshot, advice: list[Advice], llama: LlamaBuild | None = None) -> str:
     lines = [f"Host conditions (hostcheck, {snap.taken_at})", ""]
     for title, section in (("CPU", _cpu), ("Memory", _memory), ("Kernel", _kernel),
                            ("IOMMU", _iommu), ("GPU", _gpu), ("Power", _power)):
         rows = section(snap)
         lines.append(f"{title:<8} {rows[0]}")
         lines += [f"{'':<8} {r}" for r in rows[1:]]
+    if llama is not None:
+        lines += _llama(llama)
     lines.append("")
     lines += _advice(advice)
     n = len(snap.unavailable())
@@ -33,6 +38,14 @@ def render(snap: HostSnapshot, advice: list[Advice]) -> str:
         lines += ["", f"{n} facts unavailable on this host; --json lists each with its reason "
                       "under \"unavailable\"."]
     return "\n".join(_wrap(line) for line in lines) + "\n"
+
+
+def _llama(llama: LlamaBuild) -> list[str]:
+    """The installed llama.cpp's devices, as its registry reports them."""
+    head = f"llama.cpp {llama.version}, {'GPU offload' if llama.gpu_offload else 'no GPU backend (CPU only)'}"
+    rows = [f"{d.name} ({d.description}): {d.free_bytes / GIB:.1f} GiB free of {d.total_bytes / GIB:.1f} GiB"
+            for d in llama.devices]
+    return [f"{'llama':<8} {head}"] + [f"{'':<8} {r}" for r in rows]
 
 
 def fmt(value: Any, show: Callable[[Any], str] = str) -> str:

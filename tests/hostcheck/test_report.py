@@ -156,9 +156,10 @@ def _flat(text: str) -> str:
 
 
 def test_a_gpu_that_the_installed_llama_cpp_cannot_use(apu, desktop, vm):
-    from hostcheck.advice import LlamaBuild
+    from hostcheck.advice import LlamaBuild, LlamaDevice
 
-    cpu_only = LlamaBuild(gpu_offload=False, devices=("CPU",))
+    cpu = LlamaDevice("CPU", "AMD EPYC", 20 * GIB, 24 * GIB)
+    cpu_only = LlamaBuild("0.3.36", gpu_offload=False, devices=(cpu,))
     (a,) = [x for x in check(snap_of(desktop, nvidia_runner()), llama=cpu_only)
             if x.setting == "llama.cpp without a GPU backend"]
     assert "NVIDIA GeForce RTX 4090 is present" in a.message and "devices: CPU" in a.message
@@ -166,7 +167,12 @@ def test_a_gpu_that_the_installed_llama_cpp_cannot_use(apu, desktop, vm):
     (a,) = [x for x in check(snap_of(apu, strix_halo_runner()), llama=cpu_only)
             if x.setting == "llama.cpp without a GPU backend"]
     assert "-DGGML_VULKAN=on" in a.fix and "-DAMDGPU_TARGETS=gfx1151" in a.fix
-    with_gpu = LlamaBuild(gpu_offload=True, devices=("CPU", "CUDA0"))
+    with_gpu = LlamaBuild("0.3.36", gpu_offload=True,
+                          devices=(cpu, LlamaDevice("CUDA0", "NVIDIA GeForce RTX 4090", 23 * GIB, 24 * GIB)))
     assert not [x for x in check(snap_of(desktop, nvidia_runner()), llama=with_gpu)
                 if x.setting == "llama.cpp without a GPU backend"]
     assert check(snap_of(vm, FakeRunner()), llama=cpu_only) == []       # no GPU: nothing to say
+    snap = snap_of(desktop, nvidia_runner())
+    text = render(snap, check(snap, llama=with_gpu), with_gpu)
+    assert "llama.cpp 0.3.36, GPU offload" in text and "CUDA0 (NVIDIA GeForce RTX 4090): 23.0 GiB free of 24.0 GiB" in text
+    assert as_json(snap, [], with_gpu)["llama_cpp"]["devices"][1]["name"] == "CUDA0"
