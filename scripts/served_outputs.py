@@ -135,6 +135,7 @@ def reply_record(content: str | None, reasoning: str | None, tool_calls: list[di
     return {
         "tokens": [list(e.get("bytes") or []) for e in logprobs],
         "text_tokens": [e.get("token") for e in logprobs],
+        "logprobs": [e.get("logprob") for e in logprobs],  # kept for reference (compare reads tokens)
         "content": content,
         "reasoning_content": reasoning,
         "tool_calls": [{"name": c.get("function", {}).get("name"), "arguments": c.get("function", {}).get("arguments"),

@@ -93,7 +93,9 @@ def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> Runner
     try:
         facts = from_gguf(model_path)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{model_path}: cannot read the GGUF header: {e}") from None
+        # the words load_model uses for a file llama.cpp refuses: the header is read first now
+        raise ModelLoadError(f"{model_path}: llama.cpp could not load this file as a GGUF model "
+                             f"(its header: {e})") from None
     devs = ggml_devices.devices()
     gpu = _main_gpu(cfg, devs)
     if gpu is None and cfg.n_gpu_layers not in ("auto", "0"):
