@@ -139,20 +139,9 @@ class EngineConfig:
 
     def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
         """--override-tensor as (regex, device) pairs, split on commas as llama-server does."""
-        import re
+        from .fit.overrides import parse_overrides
 
-        out = []
-        for item in (self.override_tensor or "").split(","):
-            if not item.strip():
-                continue
-            pattern, sep, device = item.strip().rpartition("=")
-            _require(bool(sep and pattern and device), f"--override-tensor {item!r}: expected REGEX=DEVICE")
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"--override-tensor {item!r}: bad regular expression: {e}") from None
-            out.append((pattern, device))
-        return tuple(out)
+        return parse_overrides((self.override_tensor or "").split(","))
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil

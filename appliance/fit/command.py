@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
+from . import overrides
 from .devices import Device, from_snapshot
 from .model import ModelFacts, from_gguf
 from .planner import KV_TYPES, FitRequest, plan
@@ -75,21 +75,16 @@ def _request(args: argparse.Namespace, m: ModelFacts, devices: list[Device]) -> 
 
 def parse_overrides(items: list[str], devices: list[Device]) -> tuple[tuple[str, str], ...]:
     """REGEX=DEVICE pairs, checked: the pattern compiles and the device exists on the host."""
+    try:
+        pairs = overrides.parse_overrides(items)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     names = {d.name for d in devices}
-    out = []
-    for item in items:
-        pattern, sep, device = item.rpartition("=")
-        if not sep or not pattern or not device:
-            raise BadInput(f"--override-tensor {item!r}: expected REGEX=DEVICE")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise BadInput(f"--override-tensor {item!r}: bad regular expression: {e}") from None
+    for pattern, device in pairs:
         if device not in names:
-            raise BadInput(f"--override-tensor {item!r}: no device {device!r} on this host "
+            raise BadInput(f"--override-tensor '{pattern}={device}': no device {device!r} on this host "
                            f"(it has {', '.join(sorted(names))})")
-        out.append((pattern, device))
-    return tuple(out)
+    return pairs
 
 
 def _host(path: str | None) -> list[Device]:
