@@ -97,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     host.set_defaults(func=_hostcheck)
     from .bench.commands import add_parsers  # argparse only; the measuring code loads when run
     from .fit.command import add_parser as add_fit
+    from .library.command import add_parsers as add_library
     from .tune import add_parser as add_tune
 
     add_parsers(sub)
     add_tune(sub)
     add_fit(sub)
+    add_library(sub)
     return parser
 
 

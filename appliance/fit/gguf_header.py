@@ -13,6 +13,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -34,11 +35,17 @@ class TensorInfo:
     nbytes: int
 
 
+class PastEnd(ValueError):
+    """The header runs past the end of the bytes given: a truncated file, or a prefix of one."""
+
+
 class _Cursor:
     def __init__(self, buf) -> None:
         self.buf, self.pos = buf, 0
 
     def take(self, fmt: str):
+        if self.pos + struct.calcsize(fmt) > len(self.buf):
+            raise PastEnd("the header runs past the end of the file")
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += struct.calcsize(fmt)
         return value
@@ -46,7 +53,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.take("<Q")
         if n > len(self.buf) - self.pos:
-            raise ValueError("a string runs past the end of the file")
+            raise PastEnd("a string runs past the end of the file")
         s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
@@ -61,11 +68,16 @@ class _Cursor:
         itype, count = self.take("<I"), self.take("<Q")
         if itype == _STRING:
             for _ in range(count):
-                self.pos += 8 + struct.unpack_from("<Q", self.buf, self.pos)[0]
+                n = self.take("<Q")     # (not `pos += take()`: that reads pos before take moves it)
+                self.pos += n
+            if self.pos > len(self.buf):
+                raise PastEnd("a string array runs past the end of the file")
             return StringArray(count)
         if itype not in _SCALARS:
             raise ValueError(f"unsupported GGUF array of type {itype}")
         size = struct.calcsize(_SCALARS[itype])
+        if self.pos + size * count > len(self.buf):
+            raise PastEnd("an array runs past the end of the file")
         if count > MAX_KEPT_ARRAY:
             self.pos += size * count
             return StringArray(count)
@@ -88,11 +100,35 @@ def read_header(path: str | Path) -> tuple[dict[str, object], list[TensorInfo]]:
         except ValueError:
             raise ValueError("the file is empty") from None
     try:
+        return parse(buf)
+    finally:
+        buf.close()
+
+
+def parse(buf) -> tuple[dict[str, object], list[TensorInfo]]:
+    """(metadata, tensor infos) of the GGUF whose first bytes are `buf`. Raises PastEnd when the
+    header goes on past `buf`, ValueError when it is not a GGUF header it can read."""
+    try:
         return _parse(buf)
     except (struct.error, KeyError, OverflowError) as e:
         raise ValueError(f"a truncated or malformed GGUF header ({e})") from None
-    finally:
-        buf.close()
+    except PastEnd as e:
+        raise PastEnd(f"a truncated GGUF header ({e})") from None
+
+
+def read_header_ranged(read: Callable[[int, int], bytes], size: int, first: int = 1 << 21,
+                       limit: int = 1 << 28) -> tuple[dict[str, object], list[TensorInfo]]:
+    """A header read through `read(offset, length)` (a remote file's byte ranges): the first
+    `first` bytes, then twice as many at a time until the header ends within them (a 150,000-
+    token vocabulary takes a few MiB). `size` is the file's; past `limit` it gives up."""
+    buf = read(0, min(first, size))
+    while True:
+        try:
+            return parse(buf)
+        except PastEnd:
+            if len(buf) >= size or len(buf) >= limit:
+                raise
+            buf += read(len(buf), min(len(buf), size - len(buf)))
 
 
 def _parse(buf) -> tuple[dict[str, object], list[TensorInfo]]:

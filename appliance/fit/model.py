@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gguf_header import StringArray, read_header
+from .gguf_header import StringArray, TensorInfo, read_header
 
 ROLES = ("embed", "output", "attn", "ffn", "expert")
 TIED_OUTPUT = "token_embd.weight (as output)"
@@ -84,11 +84,31 @@ class ModelFacts:
         return sum(t.nbytes for t in self.tensors if t.layer == layer and t.role == role)
 
 
+SPLIT = re.compile(r"^(?P<base>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def split_parts(path: str | Path) -> list[Path]:
+    """A split GGUF's parts (`NAME-00001-of-00003.gguf`, llama.cpp's gguf-split naming) beside
+    the first; any other file is its own only part."""
+    path = Path(path)
+    m = SPLIT.match(path.name)
+    if m is None:
+        return [path]
+    count = int(m["count"])
+    return [path.with_name(f"{m['base']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
 def from_gguf(path: str | Path) -> ModelFacts:
     """Read a GGUF's tensor table and KV hyperparameters from its header (no tensor data).
-    Raises OSError or ValueError when it is not a GGUF it can read. A split GGUF is read from
-    its first part only."""
-    meta, infos = read_header(path)
+    Raises OSError or ValueError when it is not a GGUF it can read. A split GGUF named by its
+    first part is read whole: metadata from the first part, tensors from every part."""
+    parts = split_parts(path)
+    headers = [read_header(p) for p in (parts if len(parts) > 1 and all(p.is_file() for p in parts) else [path])]
+    return from_header(Path(path).name, headers[0][0], [t for _, infos in headers for t in infos])
+
+
+def from_header(name: str, meta: dict[str, object], infos: list[TensorInfo]) -> ModelFacts:
+    """ModelFacts from a header's metadata and the tensor infos of all its parts."""
 
     def get(key: str, default=None):
         value = meta.get(key, default)
@@ -119,7 +139,7 @@ def from_gguf(path: str | Path) -> ModelFacts:
         # output's device (TENSOR_DUPLICATED)
         tensors.append(Tensor(TIED_OUTPUT, embd.ggml_type, embd.nbytes, None, "output"))
     return ModelFacts(
-        name=Path(path).name, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
+        name=name, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
         n_ctx_train=int(get(f"{arch}.context_length", 0)), n_head=n_head0, n_head_kv=head_kv, n_ff=_n_ff(get, arch),
         key_length=k_len, value_length=v_len, tensors=tuple(tensors),
         n_expert=int(get(f"{arch}.expert_count", 0) or 0),

@@ -236,15 +236,17 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
                n_expert: int = 4, n_expert_used: int = 2, head_dim: int | None = None,
                seed: int = 0, weight_std: float | None = None, embd_std: float = EMBD_STD,
                out_std: float | None = None, norm_std: float = NORM_STD,
-               chat_template: str | None = None, name: str | None = None) -> Path:
+               chat_template: str | None = None, name: str | None = None,
+               split_max_tensors: int = 0) -> Path:
     """Write a random-weight F32 GGUF of `arch` (one of TINY_ARCHS) with SmolLM2's tokenizer
     that llama.cpp loads; returns the path. The weights are `tiny_tensors` (same arguments).
-    "mixtral" is written as general.architecture "llama" with experts."""
+    "mixtral" is written as general.architecture "llama" with experts. With
+    `split_max_tensors`, gguf-split's parts (`STEM-00001-of-0000N.gguf`); returns the first."""
     d = tiny_dims(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                   n_ff=n_ff, n_ctx=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
                   head_dim=head_dim)
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), d.file_arch)
+    w = gguf.GGUFWriter(str(path), d.file_arch, split_max_tensors=split_max_tensors)
     _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template)
     for tname, data in tiny_tensors(d, seed=seed, weight_std=weight_std, embd_std=embd_std,
                                     out_std=out_std, norm_std=norm_std):
@@ -253,6 +255,8 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return w.format_shard_names(path)[0]
     return path
 
 

@@ -204,3 +204,26 @@ def test_the_planner_is_pure(hosts, models):
     b = plan(m, FitRequest(n_ctx=8192, n_slots=4), devices)
     assert a == b and a.to_dict() == b.to_dict()
     assert planner.plan.__module__ == "appliance.fit.planner"
+
+
+def test_a_header_read_by_ranges_is_the_header_read_from_disk():
+    """`appliance pull` reads a Hub file's header by byte ranges before downloading it: a small
+    first read, then doubling, until the header ends inside what was read."""
+    from appliance.fit.gguf_header import PastEnd, read_header, read_header_ranged
+    from appliance.models import embedded_model_path
+
+    path = embedded_model_path()
+    data = path.read_bytes()
+    calls = []
+
+    def read(offset: int, length: int) -> bytes:
+        calls.append((offset, length))
+        return data[offset:offset + length]
+
+    meta, infos = read_header_ranged(read, len(data), first=4096)
+    want_meta, want_infos = read_header(path)
+    assert infos == want_infos and meta == want_meta
+    assert calls[0] == (0, 4096) and all(o == sum(n for _, n in calls[:i]) for i, (o, _) in enumerate(calls))
+    assert sum(n for _, n in calls) < 4 * 2 ** 20 < len(data)        # a few MiB of a 98 MB file
+    with pytest.raises(PastEnd):
+        read_header_ranged(read, len(data), first=4096, limit=65536)

@@ -1,0 +1,235 @@
+"""`appliance pull`, `appliance models`, `appliance rm`: the model library from the shell."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from .card import human_bytes, human_params
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _library_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--library", metavar="DIR",
+                   help="the library's directory (default: $APPLIANCE_MODELS_DIR, else "
+                        "$XDG_DATA_HOME/appliance/models)")
+
+
+def add_parsers(sub) -> None:
+    pull = sub.add_parser(
+        "pull", help="download a GGUF model from the Hugging Face Hub into the library",
+        description="Download a GGUF model from the Hugging Face Hub (HF_ENDPOINT and HF_TOKEN are "
+                    "honoured) into the library: first its header (a few MiB) to say whether it fits "
+                    "this machine, then the files, resumable (an interrupted pull keeps FILE.part and "
+                    "the next one continues it) and checked against the sha256 the Hub lists. ORG/REPO "
+                    "takes the repository's only model, else its Q4_K_M; ORG/REPO:QUANT the model of "
+                    "that quant; ORG/REPO FILE.gguf that file. Split GGUFs come whole.")
+    pull.add_argument("ref", metavar="ORG/REPO[:QUANT]")
+    pull.add_argument("file", nargs="?", metavar="FILE.gguf", help="the file to pull (its path in the repository)")
+    pull.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
+    pull.add_argument("--name", help="the model's name in the library (default: the file's name)")
+    pull.add_argument("--yes", "-y", action="store_true", help="download without asking, even when it does not fit")
+    pull.add_argument("--n-ctx", type=int, default=8192,
+                      help="positions per slot for the fit check (default 8192, at most the model's own)")
+    pull.add_argument("--n-slots", type=int, default=4, help="slots for the fit check (default 4)")
+    pull.add_argument("--host", metavar="SNAPSHOT.json",
+                      help="check the fit on the host of this `appliance hostcheck --json` (default: this host)")
+    _library_flags(pull)
+    pull.set_defaults(func=pull_cmd)
+
+    ls = sub.add_parser("models", help="list the models the appliance can serve",
+                        description="List the embedded model, the library's models, and GGUF models "
+                                    "found in the Hugging Face cache and in --models-dir directories.")
+    ls.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                    help="also list the GGUF models under DIR (repeatable)")
+    ls.add_argument("--no-hf-cache", action="store_true", help="do not look in the Hugging Face cache")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    _library_flags(ls)
+    ls.set_defaults(func=models_cmd)
+
+    rm = sub.add_parser("rm", help="remove a pulled model from the library (its files too)",
+                        description="Delete a model the library holds: its files, any partial "
+                                    "download, and its record.")
+    rm.add_argument("names", nargs="+", metavar="NAME")
+    _library_flags(rm)
+    rm.set_defaults(func=rm_cmd)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+# -- pull -------------------------------------------------------------------------------------
+
+def _fit_check(args: argparse.Namespace, name: str, meta: dict, infos: list) -> bool:
+    """Print whether the model fits the host (the fit planner on its header); True if it does."""
+    from ..fit.command import BadInput, _host
+    from ..fit.model import from_header
+    from ..fit.planner import FitRequest, plan, suggest
+    from ..fit.render import render
+
+    m = from_header(name, meta, infos)
+    try:
+        devices = _host(args.host)
+    except BadInput as e:
+        _say(f"appliance pull: {e}")
+        return True
+    n_ctx = min(args.n_ctx, m.n_ctx_train) if m.n_ctx_train else args.n_ctx
+    req = FitRequest(n_ctx=n_ctx, n_slots=args.n_slots)
+    p = plan(m, req, devices)
+    _say(render(m, p).rstrip())
+    if not p.fits:
+        for s in suggest(m, req, devices):
+            _say(f"  would fit: {s}")
+    return p.fits
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return True                         # a script asked for this pull: ask nothing
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def pull_cmd(args: argparse.Namespace) -> int:
+    from . import hub
+    from .index import Library
+    from .refs import RefError, choose, parse_ref
+
+    try:
+        ref = parse_ref(args.ref, args.file, args.revision)
+    except RefError as e:
+        _say(f"appliance pull: {e}")
+        return EXIT_USAGE
+    lib = Library(args.library)
+    try:
+        listing = hub.list_files(ref.repo, ref.revision)
+        parts = [listing[p] for p in choose(ref, list(listing))]
+        name = args.name or lib.name_for(parts[0].path, ref.repo)
+        have = lib.get(name)
+        if have is not None and have.origin.get("repo") != ref.repo:
+            _say(f"appliance pull: the library already has a model named {name} (from {have.source}); "
+                 "give another with --name")
+            return EXIT_USAGE
+        dests = [lib.root / ref.repo / f.path for f in parts]
+        if have is not None and have.error is None and have.files == tuple(dests) and \
+                have.origin.get("sha256") == {f.path: f.sha256 for f in parts}:
+            _say(f"{name} is already in the library ({have.path})")
+            return EXIT_OK
+        total = sum(f.size for f in parts)
+        _say(f"{ref.repo}: {', '.join(f.path for f in parts)} ({human_bytes(total)})")
+        meta, infos = hub.remote_model(ref.repo, parts, ref.revision)
+    except RefError as e:
+        _say(f"appliance pull: {e}")
+        return EXIT_FAILED
+    except hub.HubError as e:
+        _say(f"appliance pull: {e}")
+        return EXIT_FAILED
+    except ValueError as e:
+        _say(f"appliance pull: {ref.repo}/{parts[0].path} is not a GGUF it can read: {e}")
+        return EXIT_FAILED
+    if not _fit_check(args, name, meta, infos) and not args.yes:
+        if not _confirm("It does not fit this machine as planned. Download anyway?"):
+            _say("not downloaded")
+            return EXIT_FAILED
+    lib.root.mkdir(parents=True, exist_ok=True)
+    kept = sum(Path(f"{d}.part").stat().st_size for d in dests if Path(f"{d}.part").is_file())
+    done = sum(d.stat().st_size for d in dests if d.is_file())
+    free = shutil.disk_usage(lib.root).free
+    if total - kept - done > free:
+        _say(f"appliance pull: {human_bytes(total - kept - done)} to download, {human_bytes(free)} free "
+             f"under {lib.root}")
+        return EXIT_FAILED
+    try:
+        for f, dest in zip(parts, dests):
+            hub.download(ref.repo, f, dest, ref.revision)
+    except hub.HubError as e:
+        _say(f"appliance pull: {e}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _say("\ninterrupted: what was received is kept beside the final name as .part; "
+             "the same pull resumes it")
+        return EXIT_INTERRUPTED
+    origin = {"repo": ref.repo, "revision": ref.revision, "commit": hub.commit_of(ref.repo, ref.revision),
+              "sha256": {f.path: f.sha256 for f in parts}}
+    try:
+        entry = lib.add(name, dests, f"hf:{ref.repo}", origin)
+    except ValueError as e:
+        _say(f"appliance pull: {e}")
+        return EXIT_FAILED
+    _say(f"pulled {entry.name}: {human_bytes(entry.size)}, {entry.card.quant}, {entry.card.arch}, "
+         f"context {entry.card.n_ctx_train:,}" + ("" if entry.card.chat_template else ", no chat template"))
+    print(entry.path)
+    return EXIT_OK
+
+
+# -- models, rm -------------------------------------------------------------------------------
+
+def _embedded():
+    from ..models import EMBEDDED_ALIAS, embedded_model_path
+    from ..errors import ApplianceError
+    from .index import Entry, read_card
+
+    try:
+        path = embedded_model_path()
+    except ApplianceError:
+        return []
+    card, size, files, error = read_card(path)
+    return [Entry(EMBEDDED_ALIAS, path, files, size, card, "embedded", error=error)]
+
+
+def all_models(library: str | None, dirs: list[str], hf_cache: bool = True):
+    from .index import Library
+
+    lib = Library(library)
+    return [*_embedded(), *lib.entries(), *lib.found([Path(d) for d in dirs], hf_cache=hf_cache)]
+
+
+def models_cmd(args: argparse.Namespace) -> int:
+    try:
+        models = all_models(args.library, args.models_dir, not args.no_hf_cache)
+    except OSError as e:
+        _say(f"appliance models: {e}")
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps([m.to_dict() for m in models], indent=2))
+        return EXIT_OK
+    rows = [("NAME", "SIZE", "QUANT", "ARCH", "PARAMS", "CONTEXT", "TEMPLATE", "SOURCE")]
+    for m in models:
+        c = m.card
+        rows.append((m.name, human_bytes(m.size), c.quant if c else "-", c.arch if c else "-",
+                     human_params(c.n_params) if c else "-", f"{c.n_ctx_train:,}" if c else "-",
+                     ("yes" if c.chat_template else "no") if c else "-",
+                     m.source + (f"  ({m.error})" if m.error else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return EXIT_OK
+
+
+def rm_cmd(args: argparse.Namespace) -> int:
+    from .index import Library
+
+    lib = Library(args.library)
+    status = EXIT_OK
+    for name in args.names:
+        try:
+            entry = lib.remove(name)
+        except KeyError:
+            names = [e.name for e in lib.entries()]
+            _say(f"appliance rm: {name} is not in the library "
+                 f"({'it has ' + ', '.join(names) if names else 'it is empty'}); models found in the "
+                 "Hugging Face cache or another directory are not the library's to remove")
+            status = EXIT_FAILED
+            continue
+        except OSError as e:
+            _say(f"appliance rm: {name}: {e}")
+            status = EXIT_FAILED
+            continue
+        _say(f"removed {entry.name} ({human_bytes(entry.size)})")
+    return status

@@ -1,0 +1,99 @@
+"""Which files of a Hub repository a pull means.
+
+`ORG/REPO` takes the repository's only model, else its Q4_K_M (the quant llama-server's `-hf`
+and Ollama default to); `ORG/REPO:QUANT` the model whose file name carries that quant tag;
+`ORG/REPO FILE.gguf` that file. A split GGUF (`NAME-00001-of-00003.gguf`) is one model of all
+its parts. Multimodal projectors (`mmproj*.gguf`) are not models on their own.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..fit.model import SPLIT
+
+DEFAULT_QUANT = "Q4_K_M"
+_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class RefError(ValueError):
+    """A reference that names nothing pullable; the message says what there is."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    repo: str
+    quant: str | None = None
+    file: str | None = None
+    revision: str = "main"
+
+
+def parse_ref(text: str, file: str | None = None, revision: str = "main") -> Ref:
+    """`ORG/REPO[:QUANT]` (a `hf.co/` or `https://huggingface.co/` prefix is dropped)."""
+    text = re.sub(r"^(https?://)?(hf\.co|huggingface\.co)/", "", text.strip()).rstrip("/")
+    repo, _, quant = text.partition(":")
+    if not _REPO.match(repo):
+        raise RefError(f"'{text}' is not a Hugging Face repository: write ORG/REPO, ORG/REPO:QUANT "
+                       "or ORG/REPO FILE.gguf")
+    if quant and file:
+        raise RefError("give a quant (ORG/REPO:QUANT) or a file, not both")
+    if file is not None and not file.lower().endswith(".gguf"):
+        raise RefError(f"'{file}' is not a .gguf file")
+    return Ref(repo, quant or None, file, revision)
+
+
+def model_name(path: str) -> str:
+    """A model's name from its file: the file name without the split suffix and `.gguf`."""
+    base = path.rsplit("/", 1)[-1]
+    m = SPLIT.match(base)
+    return m["base"] if m else base[: -len(".gguf")] if base.lower().endswith(".gguf") else base
+
+
+def groups(paths: list[str]) -> dict[str, list[str]]:
+    """The repository's models: key = the first file's path, value = every part in order.
+    A split whose parts are not all present is left out."""
+    out: dict[str, list[str]] = {}
+    splits: dict[tuple[str, int], dict[int, str]] = {}
+    for p in sorted(paths):
+        name = p.rsplit("/", 1)[-1]
+        if not name.lower().endswith(".gguf") or name.lower().startswith("mmproj"):
+            continue
+        m = SPLIT.match(p)
+        if m is None:
+            out[p] = [p]
+        else:
+            splits.setdefault((m["base"], int(m["count"])), {})[int(m["no"])] = p
+    for (_, count), parts in splits.items():
+        if sorted(parts) == list(range(1, count + 1)):
+            out[parts[1]] = [parts[i] for i in range(1, count + 1)]
+    return dict(sorted(out.items()))
+
+
+def has_quant(path: str, quant: str) -> bool:
+    """The quant tag appears in the path as a word: `Q4_K` is not in `...-Q4_K_M.gguf`."""
+    stem = path[: -len(".gguf")] if path.lower().endswith(".gguf") else path
+    return re.search(rf"(^|[-_./]){re.escape(quant)}($|[-./])", stem, re.IGNORECASE) is not None
+
+
+def choose(ref: Ref, paths: list[str]) -> list[str]:
+    """The parts of the model `ref` means, among the repository's `paths`; RefError naming the
+    choices when it means none, or several."""
+    models = groups(paths)
+    if not models:
+        raise RefError(f"{ref.repo} has no GGUF model files")
+    if ref.file is not None:
+        for parts in models.values():
+            if ref.file in parts:
+                return parts
+        raise RefError(f"{ref.repo} has no file '{ref.file}'; its GGUF models: {', '.join(models)}")
+    if ref.quant is None and len(models) == 1:
+        return next(iter(models.values()))
+    quant = ref.quant or DEFAULT_QUANT
+    hits = [parts for first, parts in models.items() if has_quant(first, quant)]
+    if len(hits) == 1:
+        return hits[0]
+    what = "several models" if hits else "no model"
+    hint = "" if ref.quant else " (no quant given, so Q4_K_M was looked for)"
+    listed = ", ".join([h[0] for h in hits] if hits else list(models))
+    raise RefError(f"{ref.repo} has {what} for {quant}{hint}: {listed}; name one with "
+                   f"ORG/REPO:QUANT or ORG/REPO FILE.gguf")
