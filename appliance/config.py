@@ -175,7 +175,17 @@ class ServerConfig:
     engine_start_timeout: float = _opt(300.0, "seconds to wait for the engine to load at start")
     shutdown_grace: float = _opt(30.0, "seconds SIGTERM waits for in-flight requests")
     keepalive_s: float = _opt(5.0, "seconds between SSE comment lines while a streamed request "
-                              "waits for its first token (queued or prefilling); 0 = off")
+                              "waits for its first token (queued, prefilling, or its model loading); 0 = off")
+    library: str | None = _opt(None, "the model library's directory, where `appliance pull` puts models "
+                               "(default: $XDG_DATA_HOME/appliance/models)")
+    models_dir: str = _opt("", "comma-separated directories whose GGUF models are served too (without "
+                           "--model)")
+    default_model: str | None = _opt(None, "the model a request without 'model' gets, loaded at start "
+                                     "(default: the embedded model)")
+    max_loaded: int = _opt(0, "most models loaded at once; a request for another unloads the least "
+                           "recently used idle one (0 = as many as fit in memory)")
+    idle_unload: float = _opt(0.0, "seconds a model stays loaded after its last request when the request "
+                              "gave no keep_alive (0 = until it must make room)")
     log_level: str = _opt("info", "logging level: debug, info, warning, error")
 
 
@@ -183,6 +193,8 @@ class ServerConfig:
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
         _require(self.http_threads >= 1, "http_threads must be positive")
         _require(self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024")
+        _require(self.max_loaded >= 0, "max_loaded must not be negative")
+        _require(self.idle_unload >= 0, "idle_unload must not be negative")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  "log_level must be one of debug, info, warning, error")
 
@@ -206,6 +218,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    given: frozenset[str] = frozenset()      # the fields set by a flag or the environment
 
 
 def _require(ok: bool, message: str) -> None:
@@ -267,8 +280,10 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     """Build the config: flags win over APPLIANCE_* environment variables, which win over defaults."""
     flags = flags or {}
     env = os.environ if env is None else env
+    given = frozenset(f.name for cls in (EngineConfig, ServerConfig, StoreConfig) for f in dataclasses.fields(cls)
+                      if flags.get(f.name) is not None or ENV_PREFIX + f.name.upper() in env)
     return Config(engine=_build(EngineConfig, flags, env), server=_build(ServerConfig, flags, env),
-                  store=_build(StoreConfig, flags, env))
+                  store=_build(StoreConfig, flags, env), given=given)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from appliance import __version__
 from appliance.config import Config
+from appliance.engine.pool import ModelPool
 from appliance.engine.process import EngineClient
 from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
                               NotFound, PayloadTooLarge, QueueFull, Unauthorized)
@@ -31,24 +32,32 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 @dataclass
 class AppState:
     config: Config
-    engine: EngineClient
+    pool: ModelPool
     metrics: Metrics
     started: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
 
     @property
-    def fingerprint(self) -> str:
-        info = self.engine.info
+    def engine(self) -> EngineClient | None:
+        """The default model's engine (None while it is not loaded)."""
+        return self.pool.client()
+
+    @staticmethod
+    def fingerprint(engine: EngineClient) -> str:
+        info = engine.info
         return f"appliance-{__version__}-{info.fingerprint if info else ''}"
 
 
-def create_app(config: Config, engine: EngineClient | None = None) -> Flask:
+def create_app(config: Config, pool: ModelPool) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     app.json.sort_keys = False
-    if engine is None:
-        engine = EngineClient(config.engine, config.server.log_level).start()
-    app.extensions["appliance"] = AppState(config, engine, Metrics(lambda: engine.stats, lambda: engine.info))
+
+    def default(attr: str):
+        engine = pool.client()
+        return getattr(engine, attr) if engine is not None else None
+
+    app.extensions["appliance"] = AppState(config, pool, Metrics(lambda: default("stats"), lambda: default("info")))
 
     from .api import bp as api_bp
     from .ui import bp as ui_bp

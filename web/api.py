@@ -1,5 +1,9 @@
-"""The API blueprint: /v1/chat/completions, /v1/completions, /v1/models, /health, and
-llama-server's /tokenize and /detokenize.
+"""The API blueprint: /v1/chat/completions, /v1/completions, /v1/models, /health,
+llama-server's /tokenize and /detokenize, and /api/models/load and /unload.
+
+A request's "model" picks one of the pool's models (engine/pool.py), loaded on request; a
+streamed request for a model that is loading gets its 200 and SSE comment lines until the model
+is ready, and an error after that travels in the stream.
 
 A request is validated (wire.py), submitted to the engine, and answered only after the engine
 has accepted it, so a prompt over the context is a plain HTTP 400 before any stream byte.
@@ -8,14 +12,17 @@ leaves aborts its request, which frees its slot within one scheduler step.
 """
 from __future__ import annotations
 
+import contextlib
+import re
+import threading
 import time
 from typing import Any, Callable, Iterator
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
 
 from appliance.engine.process import EngineClient, RequestStream
 from appliance.engine.types import Delta, Done
-from appliance.errors import ApplianceError, EngineUnavailable
+from appliance.errors import ApplianceError, EngineUnavailable, InvalidRequest
 
 from . import openapi, responses, wire
 
@@ -28,20 +35,56 @@ def _state():
     return current_app.extensions["appliance"]
 
 
-def _engine() -> EngineClient:
-    return _state().engine
+def _pool():
+    return _state().pool
 
 
-def _served() -> set[str]:
-    info = _engine().info
-    return {info.model_name, info.model_name + ".gguf"} if info else set()
+def _served(name: str, engine: EngineClient) -> set[str]:
+    info = engine.info
+    return {name, name + ".gguf"} | ({info.model_name, info.model_name + ".gguf"} if info else set())
 
 
-def _n_ctx() -> int:
-    info = _engine().info
+def _n_ctx(engine: EngineClient) -> int:
+    info = engine.info
     if info is None:
-        raise EngineUnavailable(f"the engine is {_engine().state.status}: {_engine().state.reason}")
+        raise EngineUnavailable(f"the engine is {engine.state.status}: {engine.state.reason}")
     return info.n_ctx
+
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(h|ms|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def keep_alive(body: dict[str, Any]) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or a duration ("5m", "1h30m", "90s"); 0 unloads
+    the model when the request ends, a negative value keeps it loaded. None when absent."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"-?\d+(\.\d+)?", text):
+            return float(text)
+        parts = _DURATION.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    raise InvalidRequest("'keep_alive' must be seconds or a duration such as \"5m\" or \"1h\" "
+                         "(0: unload after this request; negative: keep loaded)", param="keep_alive")
+
+
+@contextlib.contextmanager
+def _model(body: dict[str, Any]) -> Iterator[tuple[str, EngineClient]]:
+    """(name, ready engine) of the model the body names, loaded first if need be; the model stays
+    loaded while the block runs (a request submitted inside it keeps it busy after)."""
+    pool = _pool()
+    name = pool.resolve(body.get("model"))
+    engine = pool.acquire(name, keep_alive(body))
+    try:
+        yield name, engine
+    finally:
+        pool.release(name)
 
 
 def _client_gone() -> Callable[[], bool]:
@@ -100,29 +143,37 @@ def _body() -> dict[str, Any]:
     return wire.parse_json_body(request.get_data(cache=False), request.content_type)
 
 
-def _submit(parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
+def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
     gone = _client_gone()
     if gone():  # it left while its request waited for a worker thread: do no work for it
         raise EngineUnavailable("client disconnected")
-    stream = _engine().submit(parsed.request)
+    stream = engine.submit(parsed.request)
     if _wait(stream, gone) is None:  # Accepted, or raises the engine's error (a 4xx/5xx)
         raise EngineUnavailable("client disconnected")
     return stream, gone
 
 
+def _parse_submit(body: dict[str, Any], chat: bool):
+    """Validate against the model's engine and submit: (parsed, stream, gone, fingerprint)."""
+    parse = wire.parse_chat if chat else wire.parse_completion
+    with _model(body) as (name, engine):
+        parsed = parse(body, engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine), _n_ctx(engine))
+        stream, gone = _submit(engine, parsed)
+    return parsed, stream, gone, _state().fingerprint(engine)
+
+
 def _complete(chat: bool) -> Any:
     body = _body()
-    prefix = "chatcmpl" if chat else "cmpl"
-    parse = wire.parse_chat if chat else wire.parse_completion
-    parsed = parse(body, _engine().new_id(prefix), _served(), _n_ctx())
-    stream, gone = _submit(parsed)
-    fingerprint = _state().fingerprint
+    pool = _pool()
+    name = pool.resolve(body.get("model"))
+    keepalive = _state().config.server.keepalive_s
+    if body.get("stream") is True and pool.state_of(name) != "loaded" and keepalive > 0:
+        return _sse_response(stream_with_context(_load_then_stream(body, chat, name, keepalive)))
+    parsed, stream, gone, fingerprint = _parse_submit(body, chat)
     tally = Tally()
     if parsed.stream:
-        keepalive = _state().config.server.keepalive_s
-        return Response(_sse(stream, gone, responses.ChunkWriter(parsed, chat, fingerprint), tally, keepalive),
-                        mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        writer = responses.ChunkWriter(parsed, chat, fingerprint)
+        return _sse_response(_sse(stream, gone, writer, tally, keepalive))
     deltas: list[Delta] = []
     try:
         while True:
@@ -139,6 +190,43 @@ def _complete(chat: bool) -> Any:
         stream.abort()
     build = responses.chat_response if chat else responses.completion_response
     return jsonify(build(parsed, deltas, ev, fingerprint))
+
+
+def _sse_response(chunks: Iterator[bytes]) -> Response:
+    return Response(chunks, mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _load_then_stream(body: dict[str, Any], chat: bool, name: str, keepalive: float) -> Iterator[bytes]:
+    """A streamed request for a model not loaded: comment lines while it loads (in a thread, so
+    the client hears from the server), then the stream; an error after the 200 goes in it."""
+    loaded: dict[str, Any] = {}
+    pool = _pool()
+
+    def load() -> None:
+        try:
+            pool.load(name)
+        except ApplianceError as e:
+            loaded["error"] = e
+
+    t = threading.Thread(target=load, name=f"load-{name}", daemon=True)
+    t.start()
+    gone = _client_gone()
+    yield b": loading " + name.encode() + b"\n\n"
+    while t.is_alive():
+        t.join(keepalive)
+        if gone():
+            return                       # the load goes on: the next request for it may want it
+        if t.is_alive():
+            yield KEEPALIVE
+    try:
+        if "error" in loaded:
+            raise loaded["error"]
+        parsed, stream, gone, fingerprint = _parse_submit(body, chat)
+    except ApplianceError as e:
+        yield responses.ChunkWriter.error(e.body())
+        return
+    yield from _sse(stream, gone, responses.ChunkWriter(parsed, chat, fingerprint), Tally(), keepalive)
 
 
 def _sse(stream: RequestStream, gone: Callable[[], bool], writer: responses.ChunkWriter, tally: Tally,
@@ -182,43 +270,76 @@ def completions():
 
 @bp.post("/tokenize")
 def tokenize():
-    content, add_special, parse_special, with_pieces = wire.parse_tokenize(_body())
-    ev = _engine().tokenize(content, add_special, parse_special, with_pieces)
+    body = _body()
+    content, add_special, parse_special, with_pieces = wire.parse_tokenize(body)
+    with _model(body) as (_, engine):
+        ev = engine.tokenize(content, add_special, parse_special, with_pieces)
     return jsonify(wire.tokenize_response(ev, with_pieces))
 
 
 @bp.post("/detokenize")
 def detokenize():
-    return jsonify({"content": _engine().detokenize(wire.parse_detokenize(_body())).text})
+    body = _body()
+    ids = wire.parse_detokenize(body)
+    with _model(body) as (_, engine):
+        return jsonify({"content": engine.detokenize(ids).text})
 
 
-def _model_card() -> dict[str, Any]:
-    info = _engine().info
-    return {"id": info.model_name, "object": "model", "created": _state().started, "owned_by": "appliance",
-            "context_length": info.n_ctx,
-            "meta": {"arch": info.arch, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
-                     "n_slots": info.n_slots, "backend": info.backend}}
+def _model_card(name: str) -> dict[str, Any]:
+    pool = _pool()
+    state = pool.state_of(name)
+    card: dict[str, Any] = {"id": name, "object": "model", "created": _state().started, "owned_by": "appliance",
+                            "status": {"value": state}}
+    engine = pool.client(name)
+    info = engine.info if engine is not None and state == "loaded" else None
+    if info is not None:
+        card["context_length"] = info.n_ctx
+        card["meta"] = {"arch": info.arch, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
+                        "n_slots": info.n_slots, "backend": info.backend}
+    return card
 
 
 @bp.get("/v1/models")
 def models():
-    _n_ctx()
-    return jsonify({"object": "list", "data": [_model_card()]})
+    return jsonify({"object": "list", "data": [_model_card(name) for name in _pool().names()]})
 
 
 @bp.get("/v1/models/<path:model_id>")
 def model(model_id: str):
-    _n_ctx()
-    if model_id not in _served():
-        wire.check_model({"model": model_id}, _served())
-    return jsonify(_model_card())
+    return jsonify(_model_card(_pool().resolve(model_id)))
+
+
+@bp.post("/api/models/load")
+def load_model():
+    body = _body()
+    pool = _pool()
+    name = pool.resolve(_required_model(body))
+    t0 = time.perf_counter()
+    engine = pool.load(name)
+    return jsonify({"model": name, "state": pool.state_of(name), "n_ctx": engine.info.n_ctx,
+                    "load_s": round(time.perf_counter() - t0, 3)})
+
+
+@bp.post("/api/models/unload")
+def unload_model():
+    pool = _pool()
+    name = pool.resolve(_required_model(_body()))
+    return jsonify({"model": name, "unloaded": pool.unload(name), "state": pool.state_of(name)})
+
+
+def _required_model(body: dict[str, Any]) -> str:
+    name = body.get("model")
+    if not isinstance(name, str):
+        raise InvalidRequest("'model' (a string) names the model", param="model")
+    return name
 
 
 @bp.get("/openapi.json")
 def openapi_json():
-    info = _engine().info
-    n_ctx = _n_ctx()
-    return jsonify(openapi.build(info.model_name, n_ctx, info.n_vocab))
+    engine = _state().engine
+    if engine is None:
+        raise EngineUnavailable(f"the default model {_pool().default} is not loaded")
+    return jsonify(openapi.build(engine.info.model_name, _n_ctx(engine), engine.info.n_vocab))
 
 
 @bp.get("/metrics")
@@ -229,21 +350,31 @@ def metrics():
 
 @bp.get("/health")
 def health():
-    engine = _engine()
-    st = engine.state
-    body: dict[str, Any] = {"status": st.status if not _state().draining else "draining",
-                            "engine_pid": st.pid, "restarts": st.restarts,
-                            "uptime_s": round(time.time() - _state().started, 1)}
-    if st.status == "ready" and not _state().draining and engine.info is not None:
+    """The default model's engine as before, and every model's state under "models". With
+    several models, a default model that is not loaded is no failure (it loads on request)."""
+    state, pool = _state(), _pool()
+    engine = state.engine
+    body: dict[str, Any] = {"status": "draining" if state.draining else "ok",
+                            "uptime_s": round(time.time() - state.started, 1)}
+    if engine is not None:
+        st = engine.state
+        body.update(engine_pid=st.pid, restarts=st.restarts)
+        if st.status != "ready" and not state.draining:
+            body["status"] = st.status
+    if body["status"] == "ok" and engine is not None and engine.info is not None:
         info = engine.info
-        body.update(status="ok", model=info.model_name, model_fingerprint=info.fingerprint,
-                    backend=info.backend,
+        body.update(model=info.model_name, model_fingerprint=info.fingerprint, backend=info.backend,
                     n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
                     settings=info.settings, placement=info.placement,
-                    engine=engine.stats.as_dict() if engine.stats else {},
-                    in_flight=engine.in_flight())
+                    engine=engine.stats.as_dict() if engine.stats else {}, in_flight=pool.in_flight())
+    elif body["status"] == "ok" and len(pool.names()) == 1:
+        body["status"] = pool.state_of(pool.default)
+    body["models"] = pool.status()
+    if body["status"] == "ok":
         return jsonify(body)
-    body["reason"] = st.reason or "the server is shutting down"
+    body["reason"] = (engine.state.reason if engine is not None and engine.state.reason else
+                      next((m.get("reason") for m in body["models"] if m.get("reason")), None)
+                      or "the server is shutting down")
     resp = jsonify(body)
     resp.status_code = 503
     resp.headers["Retry-After"] = "1"

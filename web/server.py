@@ -22,20 +22,28 @@ log = logging.getLogger("appliance.server")
 
 
 def serve(config: Config) -> int:
-    from appliance.engine.process import EngineClient
+    from appliance.engine.pool import ModelPool
+    from appliance.library.catalog import catalog
 
     srv_cfg = config.server
-    engine = EngineClient(config.engine, srv_cfg.log_level).start()
     try:
-        engine.wait_ready(srv_cfg.engine_start_timeout)
+        specs, default = catalog(config)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    pool = ModelPool(specs, default, config)
+    try:
+        engine = pool.load(default, srv_cfg.engine_start_timeout)
     except Exception as e:
         log.error("%s", getattr(e, "message", e))
-        engine.close()
+        pool.close()
         return 1
     info = engine.info
     log.info("model %s: %d slots x %d tokens of context, KV pool %.1f MiB (%d bytes), %s",
              info.model_name, info.n_slots, info.n_ctx, info.kv_bytes / 2**20, info.kv_bytes, info.settings)
-    app = create_app(config, engine)
+    if len(specs) > 1:
+        log.info("also served, loaded on request: %s", ", ".join(s.name for s in specs if s.name != default))
+    app = create_app(config, pool)
     server = create_server(app, host=srv_cfg.host, port=srv_cfg.port, threads=srv_cfg.http_threads,
                            channel_request_lookahead=4, connection_limit=max(100, 2 * srv_cfg.http_threads),
                            ident="appliance")
@@ -51,8 +59,8 @@ def serve(config: Config) -> int:
             return
         state.draining = True
         log.info("signal %d: refusing new requests, finishing %d in flight (up to %.0f s)",
-                 signum, engine.in_flight(), srv_cfg.shutdown_grace)
-        threading.Thread(target=_finish, args=(engine, srv_cfg.shutdown_grace, stopping), daemon=True).start()
+                 signum, pool.in_flight(), srv_cfg.shutdown_grace)
+        threading.Thread(target=_finish, args=(pool, srv_cfg.shutdown_grace, stopping), daemon=True).start()
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
@@ -65,14 +73,14 @@ def serve(config: Config) -> int:
     finally:
         server.task_dispatcher.shutdown()
         wasyncore.close_all(socket_map)
-        engine.close()
+        pool.close()
     log.info("stopped")
     return 0
 
 
-def _finish(engine, grace: float, stopping: threading.Event) -> None:
+def _finish(pool, grace: float, stopping: threading.Event) -> None:
     deadline = time.monotonic() + grace
-    while engine.in_flight() and time.monotonic() < deadline:
+    while pool.in_flight() and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.3)  # let the last chunks reach their sockets
     stopping.set()

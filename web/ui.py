@@ -10,6 +10,6 @@ bp = Blueprint("ui", __name__, template_folder="templates", static_folder="stati
 @bp.get("/")
 def index():
     engine = current_app.extensions["appliance"].engine
-    info = engine.info
+    info = engine.info if engine is not None else None
     return render_template("index.html", model=info.model_name if info else "(loading)",
                            n_ctx=info.n_ctx if info else 0)

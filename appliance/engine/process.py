@@ -130,7 +130,7 @@ class EngineClient:
         while time.monotonic() < deadline:
             if self._ready.wait(0.1):
                 return
-            if self._state.status == "failed":
+            if self._state.status in ("failed", "stopped"):
                 raise EngineUnavailable(self._state.reason)
         raise EngineUnavailable(f"the engine did not load within {timeout:.0f} s")
 

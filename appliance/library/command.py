@@ -14,7 +14,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def _library_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--library", metavar="DIR",
-                   help="the library's directory (default: $APPLIANCE_MODELS_DIR, else "
+                   help="the library's directory (default: $APPLIANCE_LIBRARY, else "
                         "$XDG_DATA_HOME/appliance/models)")
 
 
@@ -44,7 +44,7 @@ def add_parsers(sub) -> None:
                         description="List the embedded model, the library's models, and GGUF models "
                                     "found in the Hugging Face cache and in --models-dir directories.")
     ls.add_argument("--models-dir", action="append", default=[], metavar="DIR",
-                    help="also list the GGUF models under DIR (repeatable)")
+                    help="also list the GGUF models under DIR (repeatable; APPLIANCE_MODELS_DIR's too)")
     ls.add_argument("--no-hf-cache", action="store_true", help="do not look in the Hugging Face cache")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     _library_flags(ls)
@@ -186,8 +186,12 @@ def _embedded():
 def all_models(library: str | None, dirs: list[str], hf_cache: bool = True):
     from .index import Library
 
+    import os
+
     lib = Library(library)
-    return [*_embedded(), *lib.entries(), *lib.found([Path(d) for d in dirs], hf_cache=hf_cache)]
+    # the directories `serve --models-dir` (APPLIANCE_MODELS_DIR) serves, as well as those given
+    dirs = [*dirs, *(d for d in os.environ.get("APPLIANCE_MODELS_DIR", "").split(",") if d.strip())]
+    return [*_embedded(), *lib.entries(), *lib.found([Path(d.strip()) for d in dirs], hf_cache=hf_cache)]
 
 
 def models_cmd(args: argparse.Namespace) -> int:

@@ -25,11 +25,11 @@ from .card import Card, card_of
 from .refs import groups, model_name
 
 INDEX = "library.json"
-ENV_DIR = "APPLIANCE_MODELS_DIR"
+ENV_DIR = "APPLIANCE_LIBRARY"          # as `serve --library` reads it (config.ServerConfig)
 
 
 def default_root(env: dict[str, str] | None = None) -> Path:
-    """$APPLIANCE_MODELS_DIR, else `models` in the appliance's data directory."""
+    """$APPLIANCE_LIBRARY, else `models` in the appliance's data directory."""
     from ..config import default_data_dir
 
     env = dict(os.environ) if env is None else env

@@ -37,5 +37,5 @@ def hub(monkeypatch, tmp_path):
 @pytest.fixture
 def library(tmp_path, monkeypatch):
     root = tmp_path / "library"
-    monkeypatch.setenv("APPLIANCE_MODELS_DIR", str(root))
+    monkeypatch.setenv("APPLIANCE_LIBRARY", str(root))
     return root

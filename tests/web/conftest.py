@@ -40,6 +40,7 @@ def running_server(tmp_path, *args: str, timeout: float = 180.0, health_headers:
     # the prompt cache's disk tier writes under the test's own directory, never the user's
     # and no tuned plan from the developer's data directory changes the settings under test
     env = {"APPLIANCE_CACHE_DIR": str(tmp_path / f"prompt-cache-{port}"), "APPLIANCE_PLAN": "off",
+           "APPLIANCE_LIBRARY": str(tmp_path / f"library-{port}"),
            **os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", str(port), *args],

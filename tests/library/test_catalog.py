@@ -1,0 +1,62 @@
+"""What `serve` serves without --model, and each model's settings (no server started)."""
+from __future__ import annotations
+
+import pytest
+
+from appliance import config
+from appliance.library.catalog import catalog, load_settings
+from appliance.library.index import Library
+from appliance.models import EMBEDDED_ALIAS
+from tests.engine.gguf_fixtures import write_garbage, write_tiny_llama
+
+
+@pytest.fixture
+def lib(tmp_path):
+    root = tmp_path / "lib"
+    (root / "x").mkdir(parents=True)
+    Library(root).add("tiny", [write_tiny_llama(root / "x" / "tiny.gguf")], "hf:x/y", {"repo": "x/y"})
+    (root / "settings.toml").write_text('["tiny"]\nn_ctx = 4096\nkv_type = "q8_0"\n')
+    return root
+
+
+def test_embedded_library_and_dirs_with_their_settings(lib, tmp_path):
+    more = tmp_path / "more"
+    more.mkdir()
+    write_tiny_llama(more / "other.gguf", seed=5)
+    write_garbage(more / "junk.gguf")                      # listed by `models`, never served
+    cfg = config.load({"library": str(lib), "models_dir": str(more)}, env={})
+    specs, default = catalog(cfg)
+    assert [s.name for s in specs] == [EMBEDDED_ALIAS, "tiny", "other"] and default == EMBEDDED_ALIAS
+    tiny = specs[1].engine_config(cfg, cache_subdir=True)
+    assert (tiny.n_ctx, tiny.kv_type, tiny.model_alias) == (4096, "q8_0", "tiny")
+    assert tiny.cache_dir.endswith("prompt-cache/models/tiny")
+    assert specs[0].engine_config(cfg, cache_subdir=False).cache_dir is None
+
+
+def test_a_flag_or_variable_given_to_serve_wins_over_the_file(lib):
+    for cfg in (config.load({"library": str(lib), "n_ctx": "1024"}, env={}),
+                config.load({"library": str(lib)}, env={"APPLIANCE_N_CTX": "1024"})):
+        specs, _ = catalog(cfg)
+        tiny = next(s for s in specs if s.name == "tiny").engine_config(cfg, False)
+        assert (tiny.n_ctx, tiny.kv_type) == (1024, "q8_0")
+
+
+def test_model_serves_that_file_alone(lib):
+    path = lib / "x" / "tiny.gguf"
+    specs, default = catalog(config.load({"model": str(path), "library": str(lib)}, env={}))
+    assert [(s.name, s.path) for s in specs] == [("tiny", path)] and default == "tiny"
+
+
+def test_settings_mistakes_name_the_file_model_and_key(lib):
+    (lib / "settings.toml").write_text('["tiny"]\nn_ctxx = 4096\n')
+    with pytest.raises(ValueError, match=r"settings.toml: \[tiny\] n_ctxx: not a model setting"):
+        load_settings(lib)
+    (lib / "settings.toml").write_text('["tiny"]\nkv_type = "q3"\n')
+    with pytest.raises(ValueError, match=r"\[tiny\]: kv_type must be"):
+        catalog(config.load({"library": str(lib)}, env={}))
+    (lib / "settings.toml").write_text('["tiny"\n')
+    with pytest.raises(ValueError, match="settings.toml"):
+        load_settings(lib)
+    with pytest.raises(ValueError, match="--default-model nope: no such model"):
+        (lib / "settings.toml").unlink()
+        catalog(config.load({"library": str(lib), "default_model": "nope"}, env={}))
