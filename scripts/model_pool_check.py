@@ -40,16 +40,21 @@ PROMPT = [{"role": "user", "content": "Name three rivers in Europe."}]
 
 
 def ttft(url: str, model: str) -> float:
+    """Seconds to the first content chunk; the stream is read to its end, so the request is
+    over (and its model idle) when this returns."""
     t0 = time.perf_counter()
+    first = None
     body = {"model": model, "messages": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if line.startswith(b"data: {"):
+            if first is None and line.startswith(b"data: {"):
                 chunk = json.loads(line[6:])
                 if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                    return time.perf_counter() - t0
-    raise RuntimeError(f"{model}: no content")
+                    first = time.perf_counter() - t0
+    if first is None:
+        raise RuntimeError(f"{model}: no content")
+    return first
 
 
 def decode_rate(url: str, model: str, n: int = 200) -> float:
@@ -99,7 +104,8 @@ def main() -> int:
         one = rss(url, proc.pid)
         warm, cold = [], []
         for i in range(args.rounds):
-            requests.post(url + "/api/models/unload", json={"model": "second"}, timeout=120)
+            r = requests.post(url + "/api/models/unload", json={"model": "second"}, timeout=120)
+            assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
             order = [("warm", EMBEDDED_ALIAS), ("cold", "second")][:: 1 if i % 2 == 0 else -1]
             for kind, model in order:
                 (warm if kind == "warm" else cold).append(ttft(url, model))
