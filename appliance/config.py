@@ -186,6 +186,10 @@ class ServerConfig:
                            "recently used idle one (0 = as many as fit in memory)")
     idle_unload: float = _opt(0.0, "seconds a model stays loaded after its last request when the request "
                               "gave no keep_alive (0 = until it must make room)")
+    conversations_db: str | None = _opt(None, "SQLite file for the chat page's conversations "
+                                        "(default: conversations.db in the data directory)")
+    host_report: str | None = _opt(None, "show this saved 'appliance hostcheck --json' output on the "
+                                   "host page instead of checking this host")
     log_level: str = _opt("info", "logging level: debug, info, warning, error")
 
 
@@ -197,6 +201,12 @@ class ServerConfig:
         _require(self.idle_unload >= 0, "idle_unload must not be negative")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  "log_level must be one of debug, info, warning, error")
+
+    def resolved_conversations_db(self) -> Path:
+        """The configured file, or conversations.db in the appliance's XDG data directory."""
+        if self.conversations_db:
+            return Path(self.conversations_db).expanduser()
+        return default_data_dir() / "conversations.db"
 
 
 @dataclass(frozen=True)

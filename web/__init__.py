@@ -60,10 +60,13 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     app.extensions["appliance"] = AppState(config, pool, Metrics(lambda: default("stats"), lambda: default("info")))
 
     from .api import bp as api_bp
+    from .benchruns import bp as bench_bp
+    from .conversations import bp as conversations_bp
+    from .hostreport import bp as host_bp
     from .ui import bp as ui_bp
 
-    app.register_blueprint(api_bp)
-    app.register_blueprint(ui_bp)
+    for bp in (api_bp, conversations_bp, host_bp, bench_bp, ui_bp):
+        app.register_blueprint(bp)
     app.before_request(_start_clock)
     app.before_request(_guard)
     app.after_request(_cors)
@@ -95,7 +98,9 @@ def _guard() -> Response | None:
         # DNS rebinding: a page on another origin resolving its name to 127.0.0.1
         if _host_name(request.host or "").lower() not in LOCAL_HOSTS:
             raise Forbidden(f"Host '{request.host}' is not allowed on a server bound to {cfg.host}")
-    if cfg.api_key:
+    endpoint = request.endpoint or ""
+    if cfg.api_key and not (endpoint == "static" or endpoint.startswith("ui.")):
+        # the pages and their static files carry no data: the page asks for the key itself
         auth = request.headers.get("Authorization", "")
         given = auth[7:] if auth.lower().startswith("bearer ") else request.cookies.get("appliance_key", "")
         if not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
@@ -121,7 +126,7 @@ def _cors(resp: Response) -> Response:
         resp.headers["Access-Control-Allow-Origin"] = origin
         resp.headers["Vary"] = "Origin"
         resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-        resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+        resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
     return resp
 
 

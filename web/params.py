@@ -142,7 +142,12 @@ CHAT = _table(*SAMPLING, *COMMON,
               _flag("logprobs", False, "Report the log-probability of each generated token"),
               Param("top_logprobs", "integer", "With logprobs, also this many most likely alternatives",
                     lo=0, hi=MAX_TOP_LOGPROBS, default=0),
-              _flag("parallel_tool_calls", True, "Allow several tool calls in one answer"))
+              _flag("parallel_tool_calls", True, "Allow several tool calls in one answer"),
+              Param("continue_final_message", "boolean", "Continue the last message's text instead of "
+                    "starting a new turn (vLLM's option; default: true when the last message is the "
+                    "assistant's, which is then a prefill, as llama-server does)"),
+              Param("add_generation_prompt", "boolean", "End the prompt with the template's opening of "
+                    "an assistant turn (default: unless the final message is continued)"))
 
 COMPLETION = _table(
     *SAMPLING, *COMMON,

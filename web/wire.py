@@ -281,6 +281,23 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
+def _continuation(body: dict, messages: tuple[ChatMessage, ...]) -> bool:
+    """Whether the final message is continued (an assistant prefill) rather than answered."""
+    cont, gen = CHAT["continue_final_message"].read(body), CHAT["add_generation_prompt"].read(body)
+    last_is_assistant = messages[-1].role == "assistant"
+    if cont is None:
+        cont = last_is_assistant and gen is not True
+    if cont and gen:
+        raise InvalidRequest("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                             param="continue_final_message")
+    if cont and not last_is_assistant:
+        raise InvalidRequest("'continue_final_message' needs the last message to be the assistant's",
+                             param="continue_final_message")
+    if cont and messages[-1].tool_calls:
+        raise InvalidRequest("a final message with tool calls cannot be continued", param="continue_final_message")
+    return cont
+
+
 def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
     t = CHAT
     model = check_model(body, served)
@@ -301,7 +318,9 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     if constraint is not None and choice not in ("auto", "none"):
         raise InvalidRequest("'response_format' and a forced 'tool_choice' cannot both constrain the output",
                              param="tool_choice")
-    req = Request(id=request_id, params=params, messages=messages,
+    cont = _continuation(body, messages)
+    req = Request(id=request_id, params=params, messages=messages, add_generation_prompt=not cont,
+                  continue_final=cont,
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),

@@ -10,14 +10,14 @@ import logging
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import InvalidToken
+from ..errors import InvalidRequest, InvalidToken
 from . import tools
 from .chat import ChatTemplate
 from .output.constraints import Constraints, Matcher
 from .output.parser import OutputParser
 from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
 from .runners.base import ModelRunner, RunnerInfo
-from .types import Constraint, Request
+from .types import ChatMessage, Constraint, Request
 
 log = logging.getLogger("appliance.engine")
 
@@ -67,6 +67,8 @@ class PromptBuilder:
                 else:
                     kwargs["tools"] = tools.tool_dicts(req.tools)
             text = self.template.render(messages, req.add_generation_prompt, **kwargs)
+            if req.continue_final:
+                text = continued(text, messages[-1].content or "", self.template, messages, kwargs)
         else:
             text = req.prompt or ""
         ids = self.runner.tokenize(text, add_special=True, parse_special=True)
@@ -80,3 +82,18 @@ class PromptBuilder:
         if bad:
             raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
                                f"[0, {self.info.n_vocab})", param=param)
+
+
+def continued(text: str, content: str, template: ChatTemplate, messages: Sequence[ChatMessage],
+              kwargs: dict) -> str:
+    """The rendered prompt cut after the final message's text, so that the model goes on with it
+    (vLLM's continue_final_message: the template closes the message; its end is dropped)."""
+    if not content.strip():
+        # nothing to continue: the same as a new assistant turn
+        return template.render(messages[:-1], True, **kwargs)
+    for probe in (content, content.rstrip(), content.strip()):
+        at = text.rfind(probe)
+        if at >= 0:
+            return text[:at + len(probe)]
+    raise InvalidRequest("the chat template does not reproduce the final message's text, so it "
+                         "cannot be continued; send continue_final_message: false", param="messages")

@@ -81,6 +81,7 @@ class Request:
     prompt: str | None = None
     prompt_ids: tuple[int, ...] | None = None
     add_generation_prompt: bool = True
+    continue_final: bool = False    # the last (assistant) message is continued: a prefill
     template_kwargs: tuple[tuple[str, Any], ...] = ()
     constraint: Constraint | None = None
     tools: tuple[ToolSpec, ...] = ()

@@ -239,9 +239,20 @@ def test_foreign_host_header_is_refused(server):
 
 def test_chat_page_is_served(server):
     page = requests.get(server.url + "/")
-    assert page.status_code == 200 and "SmolLM2-135M-Instruct-Q4_1" in page.text
-    js = requests.get(server.url + "/static/chat.js")
+    assert page.status_code == 200 and "chat.js" in page.text
+    js = requests.get(server.url + "/static/app/chat.js")
     assert js.status_code == 200 and "/v1/chat/completions" in js.text and "timings" in js.text
+
+
+def test_a_final_assistant_message_is_continued(client, model):
+    # greedy: the reply continued from its own first words is the rest of the same reply
+    q = "What is the capital of France?"
+    whole = chat(client, model, q, max_tokens=24).choices[0].message.content
+    head = " ".join(whole.split(" ")[:4])
+    assert len(head) < len(whole)
+    rest = client.chat.completions.create(model=model, temperature=0, max_tokens=24 - 6, messages=[
+        {"role": "user", "content": q}, {"role": "assistant", "content": head}]).choices[0].message.content
+    assert whole.startswith(head + rest[:10]) and rest[:10].strip()
 
 
 def test_logprobs_chat_and_completion(client, model):

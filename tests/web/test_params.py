@@ -47,7 +47,9 @@ PLACES: list[tuple[str, dict[str, Param], dict[str, Any], Callable[[dict], Any],
     ("tokenize", params.TOKENIZE, _body("/tokenize"), _tokenize, {"content"}),  # required, not a knob
 ]
 # what a parameter needs beside it for its values to be accepted
-COMPANIONS = {"top_logprobs": {"logprobs": True}}
+COMPANIONS = {"top_logprobs": {"logprobs": True},
+              "continue_final_message": {"messages": [{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "Hello"}]}}
 
 
 @pytest.mark.parametrize("where,table,props,parse,hand", PLACES, ids=[p[0] for p in PLACES])

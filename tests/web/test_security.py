@@ -19,11 +19,20 @@ def server(tmp_path_factory):
         yield srv
 
 
-@pytest.mark.parametrize("path", ["/", "/health", "/metrics", "/v1/models", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", "/openapi.json", "/api/conversations",
+                                  "/api/host", "/api/bench/runs"])
 def test_every_route_needs_the_key(server, path):
     assert requests.get(server.url + path).status_code == 401
     assert requests.get(server.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert requests.get(server.url + path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/", "/host", "/bench", "/static/app/common.js"])
+def test_pages_are_served_without_the_key_and_carry_no_data(server, path):
+    # the page asks for the key itself and sends it on each API call
+    r = requests.get(server.url + path)
+    assert r.status_code == 200
+    assert "SmolLM2" not in r.text and "n_ctx" not in r.text
 
 
 @pytest.mark.parametrize("path,body", [("/tokenize", {"content": "hi"}), ("/detokenize", {"tokens": [1]})])

@@ -1,58 +1,209 @@
-"""The chat page in a real browser (headless Chromium driven by Playwright): two turns, each
-reply streamed, the conversation kept, and the engine's timings shown under each reply."""
+"""The chat page in a real browser (headless Chromium driven by Playwright) against a real server
+on the embedded model: conversations kept by the server across a reload, markdown and code with
+a copy button, a model's HTML inert, stop / regenerate / edit / continue, the reasoning block,
+the context meter, a phone-width screen and the API-key prompt."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
+import requests
 
+from ..engine.gguf_fixtures import write_tiny_llama
+from .browser import browser_page, needs_browser
 from .conftest import running_server
+from .test_reasoning_e2e import THINKING_TEMPLATE
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine")
+pytestmark = needs_browser
 
 
-def test_chat_page_streams_two_turns_and_shows_timings(tmp_path):
-    with running_server(tmp_path, "--n-ctx", "1024", "--n-slots", "1") as srv, \
-            playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run", "--disable-sync"])
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(90_000)
-            console: list[str] = []
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-            page.goto(srv.url + "/")
-            try:
-                # greedy and short: a long sampled first reply could leave no room for the second
-                # turn's max_tokens in a 1,024-token context (the page then shows the 400)
-                page.fill("#temperature", "0")
-                page.fill("#max_tokens", "64")
-                page.fill("#input", "What is the capital of France?")
-                page.keyboard.press("Enter")
-                page.wait_for_selector(".stats")
-                page.wait_for_selector("#send:not([disabled])")  # the first reply has finished
-                page.fill("#input", "And of Italy?")
-                page.click("#send")
-                page.wait_for_function("document.querySelectorAll('.stats').length == 2")
-            except playwright.Error as e:
-                raise AssertionError(f"{e}\npage: {page.inner_text('body')!r}\nconsole: {console}\n"
-                                     f"server log:\n{srv.log()[-3000:]}") from None
-            msgs = [e.inner_text() for e in page.query_selector_all(".msg")]
-            stats = page.query_selector_all(".stats")
-            assert len(msgs) == 4 and msgs[0] == "What is the capital of France?"
-            assert msgs[1].strip() and msgs[3].strip()
-            assert not page.query_selector_all(".msg.error")
-            for el in stats:
-                text = el.inner_text()
-                assert "TTFT" in text and "prefill" in text and "decode" in text and "context" in text
-            # the second turn was sent with the first one in its context
-            first, second = (json.loads(el.get_attribute("data-timings")) for el in stats)
-            assert second["prompt_n"] > first["depth"]
-            page.click("#clear")
-            assert page.query_selector_all(".msg") == []
-        finally:
-            browser.close()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("ui"), "--n-ctx", "2048", "--n-slots", "2") as srv:
+        yield srv
+
+
+def conversations(server, headers=None) -> list[dict]:
+    return requests.get(server.url + "/api/conversations", headers=headers, timeout=10).json()["data"]
+
+
+def settle(page) -> None:
+    """Wait until no reply is streaming (Send enabled again)."""
+    page.wait_for_selector("#send:not([disabled])")
+
+
+def ask(page, text: str) -> None:
+    n = page.locator(".stats, .turn.assistant .note").count()
+    page.fill("#input", text)
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"document.querySelectorAll('.stats, .turn.assistant .note').length > {n}")
+    settle(page)
+
+
+def greedy(page, max_tokens: int = 24) -> None:
+    page.click("#settings summary")
+    page.fill("#temperature", "0")
+    page.fill("#max_tokens", str(max_tokens))
+    page.locator("#max_tokens").dispatch_event("change")
+    page.locator("#temperature").dispatch_event("change")
+    page.click("#settings summary")
+
+
+def test_three_turns_survive_a_reload_and_conversations_are_listed_renamed_and_deleted(server):
+    with browser_page(server, "chat-three-turns") as page:
+        page.goto(server.url + "/")
+        greedy(page)
+        for q in ("What is the capital of France?", "And of Italy?", "And of Spain?"):
+            ask(page, q)
+        assert page.locator(".turn").count() == 6 and not page.locator(".msg.error").count()
+        stats = [json.loads(s.get_attribute("data-timings")) for s in page.locator(".stats").all()]
+        assert all("TTFT" in s for s in page.locator(".stats").all_inner_texts())
+        assert stats[2]["prompt_n"] + stats[2].get("cache_n", 0) > stats[0]["depth"]  # the history was sent
+        page.reload()
+        page.wait_for_selector(".turn.assistant .stats")
+        assert page.locator(".msg.user").all_inner_texts() == ["What is the capital of France?", "And of Italy?",
+                                                               "And of Spain?"]
+        assert page.locator(".stats").count() == 3    # the timings were stored with the replies
+        assert page.locator("#settings-summary").inner_text().startswith("temperature 0 ")
+        # a second conversation; both listed, newest first
+        page.click("#new")
+        ask(page, "Name a colour.")
+        page.wait_for_function("document.querySelectorAll('#convs .conv').length == 2")
+        assert page.locator("#convs .conv .ctitle").first.inner_text() == "Name a colour."
+        # rename, search, delete
+        page.click("#rename")
+        page.fill("#title-edit", "Colours")
+        page.keyboard.press("Enter")
+        page.wait_for_function("document.querySelector('#convs .conv .ctitle')?.textContent == 'Colours'")
+        page.fill("#search", "Italy")
+        page.wait_for_function("document.querySelectorAll('#convs .conv').length == 1")
+        assert page.locator("#convs .conv .ctitle").inner_text().startswith("What is the capital")
+        page.fill("#search", "")
+        page.wait_for_function("document.querySelectorAll('#convs .conv').length == 2")
+        page.once("dialog", lambda d: d.accept())
+        page.click("#delete")
+        page.wait_for_function("document.querySelectorAll('#convs .conv').length == 1")
+        assert [c["title"] for c in conversations(server)] == ["What is the capital of France?"]
+        assert not page.console, page.console
+
+
+MARKDOWN = ("Here is a table and some code.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+            "```python\ndef add(x, y):\n    return x + y\n```\n\n"
+            "<script>window.__pwned = 1</script> and <img src=x onerror=\"window.__pwned = 2\"> inline.")
+
+
+def test_markdown_renders_code_copies_and_html_from_the_model_is_inert(server):
+    made = requests.post(server.url + "/api/conversations", json={"title": "markdown", "messages": [
+        {"role": "user", "content": "show me"}, {"role": "assistant", "content": MARKDOWN}]}, timeout=10).json()
+    with browser_page(server, "chat-markdown") as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        page.goto(server.url + "/#" + made["id"])
+        page.wait_for_selector(".msg.assistant table")
+        assert page.locator(".msg.assistant td").all_inner_texts() == ["1", "2"]
+        code = page.locator(".msg.assistant pre code")
+        assert "hljs" in code.get_attribute("class") and code.locator("span").count() > 0   # highlighted
+        page.click(".msg.assistant pre .copy")
+        page.wait_for_function("document.querySelector('.msg.assistant pre .copy')?.textContent == 'Copied'")
+        assert page.evaluate("navigator.clipboard.readText()") == "def add(x, y):\n    return x + y"
+        # the model's HTML is shown as text and nothing in it ran
+        text = page.locator(".msg.assistant .content").inner_text()
+        assert "<script>window.__pwned = 1</script>" in text and 'onerror="window.__pwned = 2"' in text
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator(".msg.assistant script, .msg.assistant img").count() == 0
+        assert not page.console, page.console
+
+
+def test_stop_regenerate_continue_and_edit(server):
+    with browser_page(server, "chat-stop-regenerate-edit") as page:
+        page.goto(server.url + "/")
+        page.click("#settings summary")
+        page.fill("#max_tokens", "600")
+        page.locator("#max_tokens").dispatch_event("change")
+        page.fill("#input", "Write a long story about a lighthouse keeper.")
+        page.keyboard.press("Enter")
+        page.wait_for_function("(document.querySelector('.msg.assistant .content')?.textContent || '').length > 20")
+        page.keyboard.press("Escape")                      # Esc stops
+        settle(page)
+        assert page.locator(".turn.assistant .note").inner_text() == "stopped"
+        stopped = page.locator(".msg.assistant .content").inner_text()
+        conv_id = page.evaluate("location.hash.slice(1)")
+        stored = requests.get(f"{server.url}/api/conversations/{conv_id}", timeout=10).json()["messages"]
+        assert stored[1]["finish_reason"] == "cancelled" and stored[1]["content"].strip()
+        # continue the stopped reply: it grows from where it was
+        page.fill("#max_tokens", "8")
+        page.locator("#max_tokens").dispatch_event("change")
+        page.click(".turn.assistant .continue")
+        page.wait_for_selector(".turn.assistant .stats")
+        settle(page)
+        grown = page.locator(".msg.assistant .content").inner_text()
+        assert len(grown) > len(stopped) and grown.startswith(stopped.strip()[:20])
+        # regenerate replaces the reply
+        page.click(".turn.assistant .regenerate")
+        page.wait_for_selector(".turn.assistant .stats")
+        settle(page)
+        assert page.locator(".turn.assistant").count() == 1
+        # edit the question and send again: the old reply is gone, the new question answered
+        page.click(".turn.user .edit")
+        page.fill(".editbox", "Name three fruits.")
+        page.click(".turn.user .save")
+        page.wait_for_selector(".turn.assistant .stats")
+        settle(page)
+        assert page.locator(".msg.user").all_inner_texts() == ["Name three fruits."]
+        stored = requests.get(f"{server.url}/api/conversations/{conv_id}", timeout=10).json()["messages"]
+        assert [m["role"] for m in stored] == ["user", "assistant"] and stored[0]["content"] == "Name three fruits."
+        assert not page.console, page.console
+
+
+def test_context_meter_warns_and_phone_width_hides_the_list(server):
+    with browser_page(server, "chat-meter-phone", viewport={"width": 390, "height": 800}) as page:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('meter').textContent.includes('/ 2,048')")
+        assert not page.locator("#sidebar").is_visible()
+        page.click("#menu")
+        assert page.locator("#sidebar").is_visible()
+        page.mouse.click(380, 400)                           # a tap beside the list closes it
+        assert not page.locator("#sidebar").is_visible()
+        page.click("#settings summary")
+        page.fill("#max_tokens", "2040")
+        page.locator("#max_tokens").dispatch_event("change")
+        page.fill("#input", "A question that will not fit with that many tokens to generate.")
+        page.wait_for_selector("#meter.over")
+        assert "may be refused" in page.locator("#meter").get_attribute("title")
+        assert not page.console, page.console
+
+
+def test_reasoning_is_folded_in_its_own_block(tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny-thinker.gguf", chat_template=THINKING_TEMPLATE)
+    with running_server(tmp_path, "--model", str(model), "--n-ctx", "256", "--n-slots", "1") as srv, \
+            browser_page(srv, "chat-reasoning") as page:
+        page.goto(srv.url + "/")
+        greedy(page, max_tokens=12)
+        ask(page, "Why is the sky blue?")
+        block = page.locator(".msg.assistant details.reasoning")
+        assert block.count() == 1 and block.get_attribute("open") is None       # folded
+        assert block.locator("summary").inner_text().startswith("Reasoning · ")
+        block.locator("summary").click()
+        assert block.locator(".rtext").inner_text().strip()
+        assert not page.console, page.console
+
+
+def test_the_page_asks_for_the_api_key_once(tmp_path):
+    key = "page-key-123"
+    with running_server(tmp_path, "--n-ctx", "256", "--n-slots", "1", "--api-key", key,
+                        health_headers={"Authorization": f"Bearer {key}"}) as srv, \
+            browser_page(srv, "chat-api-key") as page:
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#keydialog[open]")
+        page.fill("#apikey", "wrong")
+        page.click("#keysave")
+        page.wait_for_selector("#keyerror:not([hidden])")     # refused: asked again
+        page.fill("#apikey", key)
+        page.click("#keysave")
+        page.wait_for_function("!document.getElementById('keydialog').open")
+        greedy(page, max_tokens=8)
+        ask(page, "Hello")
+        assert page.locator(".stats").count() == 1
+        page.reload()                                          # kept: not asked again
+        page.wait_for_selector("#convs .conv")
+        assert not page.locator("#keydialog[open]").count()
+        assert [m for m in page.console if "401" not in m] == []

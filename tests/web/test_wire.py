@@ -488,3 +488,32 @@ def test_speculate_takes_the_modes_and_refuses_others(mode):
     assert completion(speculate=mode).request.speculate == mode
     err = chat_error(speculate="medusa")
     assert err.param == "speculate" and "off, lookup, draft" in err.message
+
+
+# -- continuing the final message (assistant prefill) --------------------------------------------
+PREFILL = USER + [{"role": "assistant", "content": "Hello, I am"}]
+
+
+def test_a_final_assistant_message_is_continued_by_default():
+    req = chat(messages=PREFILL).request
+    assert req.continue_final and not req.add_generation_prompt
+    req = chat().request
+    assert not req.continue_final and req.add_generation_prompt
+
+
+def test_continuation_can_be_turned_off_or_asked_for_explicitly():
+    req = chat(messages=PREFILL, continue_final_message=False).request
+    assert not req.continue_final and req.add_generation_prompt
+    req = chat(messages=PREFILL, add_generation_prompt=True).request
+    assert not req.continue_final and req.add_generation_prompt
+    assert chat(messages=PREFILL, continue_final_message=True, add_generation_prompt=False).request.continue_final
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(continue_final_message=True), "continue_final_message"),                     # last is the user's
+    (dict(messages=PREFILL, continue_final_message=True, add_generation_prompt=True), "continue_final_message"),
+    (dict(continue_final_message="yes"), "continue_final_message"),
+    (dict(add_generation_prompt=1), "add_generation_prompt"),
+])
+def test_bad_continuation_is_refused_by_name(body, param):
+    assert chat_error(**body).param == param
