@@ -1,6 +1,7 @@
 """Headless Chromium through Playwright for the page tests: Debian's chromium (no browser
 download), a page that records console messages and page errors, and on failure a screenshot
-saved under test-artifacts/ (or $APPLIANCE_TEST_ARTIFACTS) with the page text, the console
+saved under test-artifacts/ (or $APPLIANCE_TEST_ARTIFACTS; with APPLIANCE_TEST_SCREENSHOTS=1, of
+every page) with the page text, the console
 and the server's log in the assertion message."""
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def browser_page(server, name: str, timeout_ms: int = 90_000, **context_args):
             page.on("pageerror", lambda e: page.console.append(f"pageerror: {e}"))
             try:
                 yield page
+                if os.environ.get("APPLIANCE_TEST_SCREENSHOTS"):   # every page, not only a failing one
+                    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=str(ARTIFACTS / (re.sub(r"[^\w.-]+", "_", name) + ".png")), full_page=True)
             except (AssertionError, playwright.Error) as e:
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 shot = ARTIFACTS / (re.sub(r"[^\w.-]+", "_", name) + ".png")

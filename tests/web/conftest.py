@@ -42,6 +42,7 @@ def running_server(tmp_path, *args: str, timeout: float = 180.0, health_headers:
     env = {"APPLIANCE_CACHE_DIR": str(tmp_path / f"prompt-cache-{port}"), "APPLIANCE_PLAN": "off",
            "APPLIANCE_LIBRARY": str(tmp_path / f"library-{port}"),
            "APPLIANCE_CONVERSATIONS_DB": str(tmp_path / f"conversations-{port}.db"),
+           "APPLIANCE_DB_PATH": str(tmp_path / f"results-{port}.db"),
            **os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", str(port), *args],

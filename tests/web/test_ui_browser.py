@@ -172,6 +172,18 @@ def test_context_meter_warns_and_phone_width_hides_the_list(server):
         assert not page.console, page.console
 
 
+@pytest.mark.parametrize("path", ["/", "/host", "/bench"])
+def test_every_page_loads_only_from_the_appliance(server, path):
+    """Offline: no CDN, no font or script from anywhere else; and no request fails."""
+    with browser_page(server, "offline" + path.replace("/", "-")) as page:
+        seen, failed = [], []
+        page.on("request", lambda r: seen.append(r.url))
+        page.on("requestfailed", lambda r: failed.append(r.url))
+        page.goto(server.url + path, wait_until="networkidle")
+        assert seen and all(u.startswith(server.url + "/") or u.startswith("data:") for u in seen), seen
+        assert not failed and not page.console, (failed, page.console)
+
+
 def test_reasoning_is_folded_in_its_own_block(tmp_path):
     model = write_tiny_llama(tmp_path / "tiny-thinker.gguf", chat_template=THINKING_TEMPLATE)
     with running_server(tmp_path, "--model", str(model), "--n-ctx", "256", "--n-slots", "1") as srv, \

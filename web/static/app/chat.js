@@ -114,10 +114,19 @@
   // ---- rendering -----------------------------------------------------------------------------
   function renderAll() {
     log.replaceChildren(...conv.messages.map((m, i) => messageNode(m, i)));
+    if (!conv.messages.length) log.append(emptyNode());
     const last = [...conv.messages].reverse().find((m) => m.timings);
     lastDepth = last ? last.timings.depth || 0 : 0;
     updateMeter();
     log.scrollTop = log.scrollHeight;
+  }
+
+  function emptyNode() {
+    const h = App.health() || {};
+    const model = conv.settings.model || h.model;
+    return el("div", { class: "empty muted" },
+      el("p", { text: model ? `Talking to ${model}` + (h.n_ctx ? `, ${fmt.int(h.n_ctx)} tokens of context.` : ".") : "Start a conversation." }),
+      el("p", { text: "Replies are stored on this appliance with their timings; Settings sets the system prompt and sampling for this conversation." }));
   }
 
   function messageNode(m, i) {
@@ -393,6 +402,7 @@
     e.preventDefault();
     const text = input.value.trim();
     if (!text || busy()) return;
+    clearTimeout(tokenizeTimer);
     input.value = ""; inputTokens = 0;
     send(text);
   });
@@ -411,7 +421,9 @@
   $("search").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => refreshList().catch(showError), 200); });
   for (const id of SETTING_INPUTS) $(id).addEventListener("change", settingsChanged);
   $("system").addEventListener("input", settingsChanged);
-  App.onHealth((h) => { if (h.n_ctx && h.n_ctx !== nCtx) { nCtx = h.n_ctx; updateMeter(); } });
+  App.onHealth((h) => {
+    if (h.n_ctx && h.n_ctx !== nCtx) { nCtx = h.n_ctx; updateMeter(); if (!conv.messages.length) renderAll(); }
+  });
 
   (async () => {
     await loadModels();
