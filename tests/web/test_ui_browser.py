@@ -113,6 +113,24 @@ def test_markdown_renders_code_copies_and_html_from_the_model_is_inert(server):
         assert not page.console, page.console
 
 
+def test_tool_calls_and_results_have_their_own_blocks(server):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    made = requests.post(server.url + "/api/conversations", json={"title": "tools", "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": '{"temp_c": 21}', "tool_call_id": "call_1"},
+        {"role": "assistant", "content": "It is **21 °C** in Paris."}]}, timeout=10).json()
+    with browser_page(server, "chat-tools") as page:
+        page.goto(server.url + "/#" + made["id"])
+        page.wait_for_selector(".toolcall")
+        assert page.locator(".toolcall .label").inner_text() == "tool call · get_weather · call_1"
+        assert '"city": "Paris"' in page.locator(".toolcall pre").inner_text()
+        assert page.locator(".msg.tool .label").inner_text() == "tool result · call_1"
+        assert page.locator(".msg.tool pre").inner_text() == '{"temp_c": 21}'
+        assert page.locator(".msg.assistant strong").last.inner_text() == "21 °C"
+        assert not page.console, page.console
+
+
 def test_stop_regenerate_continue_and_edit(server):
     with browser_page(server, "chat-stop-regenerate-edit") as page:
         page.goto(server.url + "/")
