@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
 
+from appliance.engine.reasoning import has_thinking_switch
 from appliance.engine.process import EngineClient, RequestStream
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, EngineUnavailable, InvalidRequest
@@ -366,6 +367,8 @@ def health():
         body.update(model=info.model_name, model_fingerprint=info.fingerprint, backend=info.backend,
                     n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
                     settings=info.settings, placement=info.placement,
+                    chat_template={"from_model": info.chat_template is not None,
+                                   "thinking_switch": has_thinking_switch(info.chat_template)},
                     engine=engine.stats.as_dict() if engine.stats else {}, in_flight=pool.in_flight())
     elif body["status"] == "ok" and len(pool.names()) == 1:
         body["status"] = pool.state_of(pool.default)

@@ -28,6 +28,12 @@ class Split:
     content: str = ""
 
 
+def has_thinking_switch(template: str | None) -> bool:
+    """Whether the chat template turns thinking on and off by `enable_thinking` (Qwen3's switch,
+    which chat_template_kwargs sets)."""
+    return "enable_thinking" in (template or "")
+
+
 def prompt_opens_thinking(prompt_text: str, open_marker: str = OPEN) -> bool:
     return prompt_text.rstrip().endswith(open_marker)
 

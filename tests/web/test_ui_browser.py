@@ -176,6 +176,7 @@ def test_context_meter_warns_and_phone_width_hides_the_list(server):
     with browser_page(server, "chat-meter-phone", viewport={"width": 390, "height": 800}) as page:
         page.goto(server.url + "/")
         page.wait_for_function("document.getElementById('meter').textContent.includes('/ 2,048')")
+        assert page.locator("#thinking").is_disabled()          # SmolLM2's template has no switch
         assert not page.locator("#sidebar").is_visible()
         page.click("#menu")
         assert page.locator("#sidebar").is_visible()
@@ -208,6 +209,8 @@ def test_reasoning_is_folded_in_its_own_block(tmp_path):
             browser_page(srv, "chat-reasoning") as page:
         page.goto(srv.url + "/")
         greedy(page, max_tokens=12)
+        page.wait_for_function("document.getElementById('meter').textContent.includes('/ 256')")  # /health read
+        assert page.locator("#thinking").is_enabled()          # its template has enable_thinking
         ask(page, "Why is the sky blue?")
         block = page.locator(".msg.assistant details.reasoning")
         assert block.count() == 1 and block.get_attribute("open") is None       # folded

@@ -241,7 +241,7 @@
     const model = s.model || (App.health() && App.health().model);
     if (model) body.model = model;
     if (s.seed !== null) body.seed = s.seed;
-    if (s.thinking !== null) body.chat_template_kwargs = { enable_thinking: s.thinking };
+    if (s.thinking !== null && !$("thinking").disabled) body.chat_template_kwargs = { enable_thinking: s.thinking };
     if (continuing) body.continue_final_message = true;
     return body;
   }
@@ -422,6 +422,11 @@
   for (const id of SETTING_INPUTS) $(id).addEventListener("change", settingsChanged);
   $("system").addEventListener("input", settingsChanged);
   App.onHealth((h) => {
+    const sw = !!(h.chat_template && h.chat_template.thinking_switch), sel = $("thinking");
+    if (sel.disabled === sw) {
+      sel.disabled = !sw;
+      sel.title = sw ? "turn the model's thinking on or off (its template's enable_thinking)" : "this model's chat template has no thinking switch";
+    }
     if (h.n_ctx && h.n_ctx !== nCtx) { nCtx = h.n_ctx; updateMeter(); if (!conv.messages.length) renderAll(); }
   });
 
