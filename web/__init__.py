@@ -59,13 +59,15 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
 
     app.extensions["appliance"] = AppState(config, pool, Metrics(lambda: default("stats"), lambda: default("info")))
 
+    from .anthropic import bp as anthropic_bp
     from .api import bp as api_bp
     from .benchruns import bp as bench_bp
     from .conversations import bp as conversations_bp
     from .hostreport import bp as host_bp
+    from .ollama import bp as ollama_bp
     from .ui import bp as ui_bp
 
-    for bp in (api_bp, conversations_bp, host_bp, bench_bp, ui_bp):
+    for bp in (api_bp, anthropic_bp, ollama_bp, conversations_bp, host_bp, bench_bp, ui_bp):
         app.register_blueprint(bp)
     app.before_request(_start_clock)
     app.before_request(_guard)
@@ -102,9 +104,10 @@ def _guard() -> Response | None:
     if cfg.api_key and not (endpoint == "static" or endpoint.startswith("ui.")):
         # the pages and their static files carry no data: the page asks for the key itself
         auth = request.headers.get("Authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else request.cookies.get("appliance_key", "")
+        given = (auth[7:] if auth.lower().startswith("bearer ") else
+                 request.headers.get("x-api-key") or request.cookies.get("appliance_key", ""))
         if not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
-            raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY'")
+            raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')")
     return None
 
 
@@ -125,7 +128,7 @@ def _cors(resp: Response) -> Response:
     if origin and (origin in allowed or "*" in allowed):
         resp.headers["Access-Control-Allow-Origin"] = origin
         resp.headers["Vary"] = "Origin"
-        resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+        resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key, anthropic-version"
         resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
     return resp
 

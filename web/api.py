@@ -16,13 +16,14 @@ import contextlib
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
 
 from appliance.engine.reasoning import has_thinking_switch
 from appliance.engine.process import EngineClient, RequestStream
-from appliance.engine.types import Delta, Done
+from appliance.engine.types import Accepted, Delta, Done
 from appliance.errors import ApplianceError, EngineUnavailable, InvalidRequest
 
 from . import openapi, responses, wire
@@ -144,23 +145,57 @@ def _body() -> dict[str, Any]:
     return wire.parse_json_body(request.get_data(cache=False), request.content_type)
 
 
-def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> tuple[RequestStream, Callable[[], bool]]:
+@dataclass
+class Submitted:
+    """A request the engine accepted: its events come on `stream`."""
+
+    parsed: wire.ParsedRequest
+    stream: RequestStream
+    gone: Callable[[], bool]       # whether the client hung up
+    fingerprint: str
+    accepted: Accepted
+
+
+def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> Submitted:
     gone = _client_gone()
     if gone():  # it left while its request waited for a worker thread: do no work for it
         raise EngineUnavailable("client disconnected")
     stream = engine.submit(parsed.request)
-    if _wait(stream, gone) is None:  # Accepted, or raises the engine's error (a 4xx/5xx)
+    accepted = _wait(stream, gone)  # Accepted, or raises the engine's error (a 4xx/5xx)
+    if accepted is None:
         raise EngineUnavailable("client disconnected")
-    return stream, gone
+    return Submitted(parsed, stream, gone, _state().fingerprint(engine), accepted)
 
 
-def _parse_submit(body: dict[str, Any], chat: bool):
-    """Validate against the model's engine and submit: (parsed, stream, gone, fingerprint)."""
+def parse_submit(body: dict[str, Any], chat: bool) -> Submitted:
+    """Validate an OpenAI body against the model's engine and submit it (every API's way in:
+    the others translate their bodies to this one)."""
     parse = wire.parse_chat if chat else wire.parse_completion
     with _model(body) as (name, engine):
         parsed = parse(body, engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine), _n_ctx(engine))
-        stream, gone = _submit(engine, parsed)
-    return parsed, stream, gone, _state().fingerprint(engine)
+        return _submit(engine, parsed)
+
+
+def collect(sub: Submitted) -> tuple[list[Delta], Done] | None:
+    """All of a submitted request's events: its deltas and its Done (None: the client left)."""
+    deltas: list[Delta] = []
+    try:
+        while True:
+            ev = _wait(sub.stream, sub.gone)
+            if ev is None:
+                return None
+            if isinstance(ev, Delta):
+                deltas.append(ev)
+            elif isinstance(ev, Done):
+                return deltas, ev
+    finally:
+        sub.stream.abort()
+
+
+def _parse_submit(body: dict[str, Any], chat: bool):
+    """(parsed, stream, gone, fingerprint) of `parse_submit`."""
+    sub = parse_submit(body, chat)
+    return sub.parsed, sub.stream, sub.gone, sub.fingerprint
 
 
 def _complete(chat: bool) -> Any:

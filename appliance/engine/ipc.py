@@ -1,6 +1,6 @@
 """The messages that cross the pipes between the server process and the engine process.
 
-    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, Stop
+    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, RenderPrompt, Stop
     engine -> server (event pipe)    Ready or LoadFailed once; then StepEvents, one per step
 
 Every message is a frozen dataclass (it pickles across the boundary and cannot change on the
@@ -51,7 +51,17 @@ class Stop:
     """Write idle slots' prompt states to disk, release the model, exit."""
 
 
-Command = Submit | Abort | Tokenize | Detokenize | Stop
+@dataclass(frozen=True)
+class RenderPrompt:
+    """The prompt a request would be given (its chat template rendered, tools included, and
+    tokenized), answered between steps with one `Tokenized` event (ids and text); nothing is
+    generated. For token counting (Anthropic's count_tokens) and llama-server's /apply-template."""
+
+    request_id: str
+    request: Request
+
+
+Command = Submit | Abort | Tokenize | Detokenize | RenderPrompt | Stop
 
 
 # -- replies: engine -> server --------------------------------------------------------------

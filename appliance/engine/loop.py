@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure
-from .ipc import Abort, Command, Detokenize, StepEvents, Stop, Submit, Tokenize
+from .ipc import Abort, Command, Detokenize, RenderPrompt, StepEvents, Stop, Submit, Tokenize
 from .startup import start
 from .stats import EngineStats
 from .types import Error, Event, Request, Tokenized
@@ -43,8 +43,8 @@ class EngineLoop:
         except Exception as e:
             self.outbox.append(self._failed(req.id, e))
 
-    def tokens(self, msg: Tokenize | Detokenize) -> Event:
-        """The one event answering a Tokenize or Detokenize command."""
+    def tokens(self, msg: Tokenize | Detokenize | RenderPrompt) -> Event:
+        """The one event answering a Tokenize, Detokenize or RenderPrompt command."""
         runner = self.runner
         try:
             match msg:
@@ -55,6 +55,9 @@ class EngineLoop:
                 case Detokenize(rid, ids):
                     self.prompts.check_ids(ids, "tokens")
                     return Tokenized(rid, tuple(ids), text=runner.detokenize(ids).decode(errors="replace"))
+                case RenderPrompt(rid, req):
+                    ids, text = self.prompts.prompt_ids(req)
+                    return Tokenized(rid, tuple(ids), text=text)
         except Exception as e:
             return self._failed(msg.request_id, e)
 
@@ -72,7 +75,7 @@ class EngineLoop:
                 self.submit(req)
             case Abort(rid):
                 self.scheduler.abort(rid)
-            case Tokenize() | Detokenize():
+            case Tokenize() | Detokenize() | RenderPrompt():
                 self.outbox.append(self.tokens(msg))
                 return self._send(evt, None)  # answered now, not after the next step
             case Stop():

@@ -16,6 +16,7 @@ every in-flight request with `EngineCrashed`, and starts a new engine; `state` s
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
@@ -29,7 +30,7 @@ from typing import Any
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
-from .ipc import Abort, Command, Detokenize, LoadFailed, Ready, StepEvents, Stop, Submit, Tokenize
+from .ipc import Abort, Command, Detokenize, LoadFailed, Ready, RenderPrompt, StepEvents, Stop, Submit, Tokenize
 from .runners.base import RunnerInfo
 from .stats import EngineStats
 from .types import Done, Error, Event, Request, Tokenized
@@ -167,6 +168,11 @@ class EngineClient:
     def detokenize(self, ids: tuple[int, ...], timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
         rid = self.new_id("detok")
         return self._ask(rid, Detokenize(rid, ids), timeout)
+
+    def render_prompt(self, req: Request, timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
+        """The prompt `req` would be given: its ids and text (nothing is generated)."""
+        rid = self.new_id("render")
+        return self._ask(rid, RenderPrompt(rid, dataclasses.replace(req, id=rid)), timeout)
 
     def _ask(self, request_id: str, msg: Command, timeout: float) -> Tokenized:
         """Send a command the engine answers with one event, and wait for it (an Error raises)."""

@@ -187,6 +187,7 @@ class Done:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    stop_string: str | None = None  # the stop string that ended the reply, when one did
 
 
 @dataclass(frozen=True)

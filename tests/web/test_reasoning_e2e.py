@@ -49,3 +49,19 @@ def test_thinking_turned_off_through_the_template(server):
     body = {**BODY, "chat_template_kwargs": {"enable_thinking": False}}
     msg = requests.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
     assert "reasoning_content" not in msg and msg["content"]
+
+
+def test_anthropic_thinking_blocks(server):
+    """Anthropic's `thinking` is the template's switch; the reasoning comes back as a thinking
+    block before the text, streamed as thinking_delta events."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    ask = dict(model="tiny-thinker", max_tokens=12, messages=BODY["messages"], extra_body={"temperature": 0})
+    on = client.messages.create(thinking={"type": "enabled", "budget_tokens": 1024}, **ask)
+    assert on.content[0].type == "thinking" and on.content[0].thinking
+    with client.messages.stream(thinking={"type": "enabled", "budget_tokens": 1024}, **ask) as stream:
+        kinds = {e.delta.type for e in stream if e.type == "content_block_delta"}
+        final = stream.get_final_message()
+    assert "thinking_delta" in kinds and final.content[0].thinking == on.content[0].thinking
+    off = client.messages.create(thinking={"type": "disabled"}, **ask)
+    assert all(b.type == "text" for b in off.content)

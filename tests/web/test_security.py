@@ -60,3 +60,11 @@ def test_cors_only_for_listed_origins(server):
     pre = requests.options(server.url + "/v1/chat/completions", headers={
         "Origin": "http://allowed.example", "Access-Control-Request-Method": "POST"})
     assert pre.status_code == 204 and pre.headers.get("Access-Control-Allow-Origin") == "http://allowed.example"
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(server):
+    body = {"model": "any", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    r = requests.post(server.url + "/v1/messages", json=body, headers={"x-api-key": "wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = requests.post(server.url + "/v1/messages", json=body, headers={"x-api-key": KEY})
+    assert r.status_code == 200 and r.json()["type"] == "message"

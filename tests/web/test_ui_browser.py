@@ -185,7 +185,12 @@ def test_context_meter_warns_and_phone_width_hides_the_list(server):
         page.click("#settings summary")
         page.fill("#max_tokens", "2040")
         page.locator("#max_tokens").dispatch_event("change")
-        page.fill("#input", "A question that will not fit with that many tokens to generate.")
+        page.fill("#input", "A question that will not fit")
+        page.focus("#input")
+        page.keyboard.press("Shift+Enter")                     # a new line, not a send
+        page.keyboard.type("with that many tokens to generate.")
+        assert page.input_value("#input") == "A question that will not fit\nwith that many tokens to generate."
+        assert page.locator(".turn").count() == 0
         page.wait_for_selector("#meter.over")
         assert "may be refused" in page.locator("#meter").get_attribute("title")
         assert not page.console, page.console
@@ -201,6 +206,15 @@ def test_every_page_loads_only_from_the_appliance(server, path):
         page.goto(server.url + path, wait_until="networkidle")
         assert seen and all(u.startswith(server.url + "/") or u.startswith("data:") for u in seen), seen
         assert not failed and not page.console, (failed, page.console)
+
+
+def test_light_and_dark_follow_the_system(server):
+    with browser_page(server, "chat-dark", color_scheme="dark") as page:
+        page.goto(server.url + "/")
+        dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        page.emulate_media(color_scheme="light")
+        light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert dark == "rgb(17, 19, 23)" and light == "rgb(247, 247, 248)"
 
 
 def test_reasoning_is_folded_in_its_own_block(tmp_path):

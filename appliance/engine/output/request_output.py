@@ -34,6 +34,7 @@ class RequestOutput:
         self.matcher, self.parser = matcher, parser
         self.tokens: list[int] = []
         self.stopped = False          # a stop string ended the output
+        self.stop_string: str | None = None   # which one
 
     def sample(self, row: np.ndarray) -> int:
         """The next token from this row, under the grammar's mask when there is one."""
@@ -52,6 +53,8 @@ class RequestOutput:
         lps = (self._logprobs(row, tok, piece),) if self.params.logprobs else ()
         got = self.parser.feed(res.text) if self.parser is not None else Piece(res.text)
         self.stopped = res.stopped
+        if res.stopped:
+            self.stop_string = res.which
         if got or lps:
             return Delta(self.id, got.content, (tok,), lps, got.calls, got.reasoning)
         return None

@@ -142,6 +142,7 @@ class Sampler:
 class StopResult:
     text: str        # text safe to emit now
     stopped: bool    # a stop string was found; text ends just before it
+    which: str = ""  # that stop string
 
 
 class StopMatcher:
@@ -157,9 +158,9 @@ class StopMatcher:
         buf = self.pending + text
         hits = [(buf.find(s), s) for s in self.stops if s in buf]
         if hits:
-            at = min(i for i, _ in hits)
+            at, which = min(hits)
             self.pending = ""
-            return StopResult(buf[:at], True)
+            return StopResult(buf[:at], True, which)
         hold = 0
         for s in self.stops:
             for n in range(min(len(s) - 1, len(buf)), 0, -1):

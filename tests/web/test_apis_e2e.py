@@ -1,0 +1,150 @@
+"""The other APIs end to end, each with its official client against one real server on the
+embedded model: Anthropic's Messages (`anthropic` SDK: messages, streaming, stop sequences,
+tools, count_tokens, errors) and Ollama's (`ollama` client: chat streamed and not, generate,
+tags, show, ps, version, format, errors)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from .conftest import running_server
+
+anthropic = pytest.importorskip("anthropic")
+ollama = pytest.importorskip("ollama")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("anthropic"), "--n-ctx", "1024", "--n-slots", "2") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"temperature": 0}   # the API takes it; this SDK no longer has the argument
+
+
+def test_anthropic_create_answers_with_the_served_model_whatever_name_the_client_sends(client):
+    msg = client.messages.create(model="claude-sonnet-4-5", max_tokens=24, extra_body=GREEDY, messages=ASK)
+    assert msg.type == "message" and msg.role == "assistant" and msg.model == "SmolLM2-135M-Instruct-Q4_1"
+    assert msg.content[0].type == "text" and msg.content[0].text.strip()
+    assert msg.stop_reason in ("end_turn", "max_tokens") and msg.usage.output_tokens <= 24
+    assert msg.usage.input_tokens > 5
+
+
+def test_anthropic_stream_gives_the_same_message_as_create(client):
+    whole = client.messages.create(model="any", max_tokens=24, extra_body=GREEDY, messages=ASK)
+    with client.messages.stream(model="any", max_tokens=24, extra_body=GREEDY, messages=ASK) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_anthropic_a_stop_sequence_is_reported_as_such(client):
+    whole = client.messages.create(model="any", max_tokens=24, extra_body=GREEDY, messages=ASK).content[0].text
+    word = whole.split()[2]
+    msg = client.messages.create(model="any", max_tokens=24, extra_body=GREEDY, messages=ASK, stop_sequences=[word, "zzzz"])
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == word
+    assert word not in msg.content[0].text and whole.startswith(msg.content[0].text)
+
+
+def test_anthropic_count_tokens_is_what_create_is_charged(client):
+    body = dict(system="Answer briefly.", messages=ASK,
+                tools=[{"name": "weather", "description": "weather for a city",
+                        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}])
+    counted = client.messages.count_tokens(model="any", **body).input_tokens
+    used = client.messages.create(model="any", max_tokens=4, extra_body=GREEDY, **body).usage.input_tokens
+    assert counted == used > 20
+
+
+def test_anthropic_forced_tool_use_and_its_result(client):
+    # a bounded argument, as the OpenAI tests have it: the tiny model's strings can run long
+    tools = [{"name": "weather", "description": "Get the weather for a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                               "required": ["city"], "additionalProperties": False}}]
+    msg = client.messages.create(model="any", max_tokens=120, extra_body=GREEDY, tools=tools,
+                                 tool_choice={"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
+                                 messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    use = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and len(use) >= 1
+    assert use[0].name == "weather" and isinstance(use[0].input.get("city"), str)
+    reply = client.messages.create(model="any", max_tokens=24, extra_body=GREEDY, tools=tools, messages=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": msg.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "21 C and sunny"}]}])
+    assert reply.content and reply.content[0].type == "text"
+
+
+def test_anthropic_errors_come_in_anthropics_shape(client, server):
+    with pytest.raises(anthropic.BadRequestError) as ei:
+        client.messages.create(model="any", max_tokens=24, messages=[{"role": "user", "content": "x " * 2000}])
+    assert ei.value.body["type"] == "error" and ei.value.body["error"]["type"] == "invalid_request_error"
+    r = requests.post(server.url + "/v1/messages", json={"model": "any", "messages": ASK}, timeout=10)
+    assert r.status_code == 400 and r.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "'max_tokens' is required: a positive integer"}}
+    r = requests.post(server.url + "/v1/messages", data=b"{not json", headers={"Content-Type": "application/json"},
+                      timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    # a prompt over the context is refused before any stream byte
+    r = requests.post(server.url + "/v1/messages", json={"model": "any", "max_tokens": 8, "stream": True,
+                                                         "messages": [{"role": "user", "content": "x " * 2000}]},
+                      timeout=30)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+# -- Ollama's API, with the ollama client ------------------------------------------------------
+@pytest.fixture(scope="module")
+def ol(server):
+    return ollama.Client(host=server.url, timeout=120)
+
+
+def test_ollama_tags_show_ps_and_version(ol, server):
+    tags = ol.list()
+    assert [m.model for m in tags.models] == ["SmolLM2-135M-Instruct-Q4_1"]
+    m = tags.models[0]
+    assert m.size > 50_000_000 and m.details.format == "gguf" and m.details.family == "llama"
+    assert m.details.quantization_level == "Q4_1"
+    shown = ol.show("SmolLM2-135M-Instruct-Q4_1")
+    assert "completion" in shown.capabilities and shown.modelinfo["general.architecture"] == "llama"
+    assert [p.model for p in ol.ps().models] == ["SmolLM2-135M-Instruct-Q4_1"]
+    assert requests.get(server.url + "/api/version", timeout=5).json()["version"]
+
+
+def test_ollama_chat_streamed_equals_not_streamed(ol):
+    ask = dict(model="SmolLM2-135M-Instruct-Q4_1:latest", messages=ASK, options={"temperature": 0, "num_predict": 24})
+    whole = ol.chat(**ask)
+    parts = list(ol.chat(stream=True, **ask))
+    assert "".join(p.message.content for p in parts) == whole.message.content and whole.message.content.strip()
+    last = parts[-1]
+    assert last.done and last.done_reason == whole.done_reason and last.eval_count == whole.eval_count <= 24
+    assert whole.prompt_eval_count > 5 and whole.eval_duration > 0 and whole.total_duration >= whole.eval_duration
+
+
+def test_ollama_generate_and_a_json_format(ol):
+    r = ol.generate(model="SmolLM2-135M-Instruct-Q4_1", prompt="Name a colour.", options={"temperature": 0, "num_predict": 16})
+    assert r.response.strip() and r.done
+    raw = ol.generate(model="SmolLM2-135M-Instruct-Q4_1", prompt="Once upon a time", raw=True,
+                      options={"temperature": 0, "num_predict": 8})
+    assert raw.response and raw.eval_count <= 8
+    js = ol.chat(model="SmolLM2-135M-Instruct-Q4_1", format={"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}},
+                                                             "required": ["colour"], "additionalProperties": False},
+                 messages=[{"role": "user", "content": "Name a colour as JSON."}], options={"temperature": 0, "num_predict": 60})
+    assert isinstance(json.loads(js.message.content)["colour"], str)
+
+
+def test_ollama_errors_and_the_load_request(ol, server):
+    with pytest.raises(ollama.ResponseError) as ei:
+        ol.chat(model="no-such-model", messages=ASK)
+    assert ei.value.status_code == 404 and "no-such-model" in ei.value.error
+    with pytest.raises(ollama.ResponseError) as ei:
+        ol.chat(model="SmolLM2-135M-Instruct-Q4_1", messages=ASK, options={"warp": 9})
+    assert ei.value.status_code == 400 and "warp" in ei.value.error
+    r = requests.post(server.url + "/api/generate", json={"model": "SmolLM2-135M-Instruct-Q4_1"}, timeout=30).json()
+    assert r["done"] and r["done_reason"] == "load"

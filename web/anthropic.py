@@ -1,0 +1,393 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`), as Claude
+Code and the `anthropic` SDK speak it, translated to and from the OpenAI chat request that the
+rest of the server serves: one validation (`wire.parse_chat`), one engine, the same prompt
+cache, speculation, timings and limits.
+
+Request: `system` (a string or text blocks), `messages` with content as a string or blocks
+(`text`; `tool_use` and `tool_result` blocks, a result's `is_error` and text blocks; `thinking`
+blocks of earlier turns are accepted and not re-sent: templates drop earlier reasoning),
+`tools` with `input_schema`, `tool_choice` (auto, any, tool, none; `disable_parallel_tool_use`),
+`stop_sequences`, `temperature`, `top_p`, `top_k`, `max_tokens` (required), `thinking`
+(enabled, adaptive or disabled: the template's `enable_thinking`; the budget is not enforced),
+`output_config.format` (a JSON schema: the same structured output), `metadata` (accepted). Reply: content blocks in order (thinking, text, tool_use), `stop_reason`
+(end_turn, max_tokens, stop_sequence, tool_use) with the `stop_sequence` that matched, usage
+(input tokens, output tokens, prompt tokens read from the cache). Streams follow Anthropic's
+event sequence. Errors have Anthropic's shape and status codes.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from flask import Blueprint, Response, jsonify, stream_with_context
+from werkzeug.exceptions import HTTPException
+
+from appliance.engine.types import Delta, Done
+from appliance.errors import ApplianceError, InvalidRequest, ModelNotFound
+
+from . import api, wire
+
+bp = Blueprint("anthropic", __name__)
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               415: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error"}
+# what the API takes; those that say how Anthropic's service runs a request (service tier, region,
+# speed, workspace, caching hints, effort) are accepted and have no effect here
+TOP_LEVEL = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequences", "stream", "temperature",
+             "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config", "service_tier", "container",
+             "mcp_servers", "cache_control", "diagnostics", "inference_geo", "speed", "user_profile_id",
+             "workspace_id"}
+THINKING_ON = ("enabled", "adaptive", "between_tools")
+
+
+def error_body(e: ApplianceError) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
+
+
+@bp.errorhandler(ApplianceError)
+def _anthropic_error(e: ApplianceError):
+    return jsonify(error_body(e)), e.status
+
+
+@bp.errorhandler(HTTPException)
+def _anthropic_http_error(e: HTTPException):
+    status = e.code or 500
+    return jsonify({"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
+                                               "message": e.description or e.name}}), status
+
+
+# -- request: Anthropic -> OpenAI ---------------------------------------------------------------
+def _need(ok: bool, message: str, param: str) -> None:
+    if not ok:
+        raise InvalidRequest(message, param=param)
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """Content as a list of blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    _need(isinstance(content, list) and all(isinstance(b, dict) for b in content),
+          f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+    return content
+
+
+def _text_of(blocks: list[dict[str, Any]], where: str) -> str:
+    parts = []
+    for i, b in enumerate(blocks):
+        _need(b.get("type") == "text" and isinstance(b.get("text"), str),
+              f"{where}[{i}] must be a text block; {b.get('type')!r} blocks are not supported here", f"{where}[{i}]")
+        parts.append(b["text"])
+    return "".join(parts)
+
+
+def _tool_result(b: dict[str, Any], where: str) -> dict[str, Any]:
+    _need(isinstance(b.get("tool_use_id"), str), f"{where}.tool_use_id must be a string", f"{where}.tool_use_id")
+    content = b.get("content", "")
+    text = content if isinstance(content, str) else _text_of(_blocks(content, where), f"{where}.content")
+    if b.get("is_error"):
+        text = "Error: " + text
+    return {"role": "tool", "tool_call_id": b["tool_use_id"], "content": text}
+
+
+def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """A user turn: its tool results first (as OpenAI's tool messages), then its text."""
+    out, text = [], []
+    for i, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind == "tool_result":
+            out.append(_tool_result(b, f"{where}.content[{i}]"))
+        elif kind == "text":
+            _need(isinstance(b.get("text"), str), f"{where}.content[{i}].text must be a string",
+                  f"{where}.content[{i}].text")
+            text.append(b["text"])
+        else:
+            raise InvalidRequest(f"{where}.content[{i}]: {kind!r} blocks are not supported in a user turn "
+                                 "(text and tool_result are)", param=f"{where}.content[{i}].type")
+    if text or not out:
+        out.append({"role": "user", "content": "".join(text)})
+    return out
+
+
+def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    text, calls = [], []
+    for i, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind == "text":
+            text.append(str(b.get("text", "")))
+        elif kind == "tool_use":
+            _need(isinstance(b.get("id"), str) and isinstance(b.get("name"), str) and isinstance(b.get("input", {}), dict),
+                  f"{where}.content[{i}]: a tool_use block needs an id, a name and an input object",
+                  f"{where}.content[{i}]")
+            calls.append({"id": b["id"], "type": "function",
+                          "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))}})
+        elif kind not in ("thinking", "redacted_thinking"):
+            raise InvalidRequest(f"{where}.content[{i}]: {kind!r} blocks are not supported in an assistant turn",
+                                 param=f"{where}.content[{i}].type")
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    msgs = body.get("messages")
+    _need(isinstance(msgs, list) and len(msgs) > 0, "'messages' must be a non-empty list", "messages")
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        text = system if isinstance(system, str) else _text_of(_blocks(system, "system"), "system")
+        out.append({"role": "system", "content": text})
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        _need(isinstance(m, dict) and m.get("role") in ("user", "assistant"),
+              f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+        blocks = _blocks(m.get("content"), where)
+        out += _user(blocks, where) if m["role"] == "user" else [_assistant(blocks, where)]
+    return out
+
+
+def _tools(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None:
+        _need(isinstance(tools, list), "'tools' must be a list", "tools")
+        oai["tools"] = []
+        for i, t in enumerate(tools):
+            _need(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("input_schema"), dict),
+                  f"tools[{i}] needs a name and an input_schema object", f"tools[{i}]")
+            fn = {"name": t["name"], "parameters": t["input_schema"]}
+            if t.get("description") is not None:
+                fn["description"] = t["description"]
+            oai["tools"].append({"type": "function", "function": fn})
+    choice = body.get("tool_choice")
+    if choice is None:
+        return
+    _need(isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"),
+          "'tool_choice' must be an object whose type is auto, any, tool or none", "tool_choice")
+    kind = choice["type"]
+    if kind == "tool":
+        _need(isinstance(choice.get("name"), str), "tool_choice of type 'tool' needs a name", "tool_choice.name")
+        oai["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    else:
+        oai["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
+    if choice.get("disable_parallel_tool_use") is True:
+        oai["parallel_tool_calls"] = False
+
+
+def _thinking(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    thinking = body.get("thinking")
+    if thinking is None:
+        return
+    _need(isinstance(thinking, dict) and thinking.get("type") in (*THINKING_ON, "disabled"),
+          "'thinking' must be an object whose type is enabled, adaptive, between_tools or disabled", "thinking")
+    oai["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
+
+
+def _output_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    """output_config.format (a JSON schema the reply must follow): the same structured output."""
+    config = body.get("output_config")
+    if config is None:
+        return
+    _need(isinstance(config, dict), "'output_config' must be an object", "output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return
+    _need(isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict),
+          "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}", "output_config.format")
+    oai["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
+
+def to_openai(body: dict[str, Any], model: str, count_only: bool = False) -> dict[str, Any]:
+    """The OpenAI chat body that serves this Messages request."""
+    unknown = sorted(set(body) - TOP_LEVEL)
+    _need(not unknown, f"unknown field(s): {', '.join(unknown)}", unknown[0] if unknown else "")
+    oai: dict[str, Any] = {"model": model, "messages": _messages(body)}
+    if not count_only:
+        max_tokens = body.get("max_tokens")
+        _need(isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1,
+              "'max_tokens' is required: a positive integer", "max_tokens")
+        oai["max_tokens"] = max_tokens
+        for name in ("temperature", "top_p", "top_k"):
+            if body.get(name) is not None:
+                oai[name] = body[name]
+        stops = body.get("stop_sequences")
+        if stops is not None:
+            _need(isinstance(stops, list) and all(isinstance(s, str) for s in stops),
+                  "'stop_sequences' must be a list of strings", "stop_sequences")
+            oai["stop"] = stops
+        stream = body.get("stream")
+        _need(stream is None or isinstance(stream, bool), "'stream' must be true or false", "stream")
+        oai["stream"] = bool(stream)
+        if oai["stream"]:
+            oai["stream_options"] = {"include_usage": True}
+    _tools(body, oai)
+    _thinking(body, oai)
+    _output_format(body, oai)
+    metadata = body.get("metadata")
+    _need(metadata is None or isinstance(metadata, dict), "'metadata' must be an object", "metadata")
+    return oai
+
+
+def _resolve_model(body: dict[str, Any]) -> str:
+    """The served model the body names; with one model served, any name is that model (clients
+    such as Claude Code send their own model names), as llama-server does."""
+    model = body.get("model")
+    _need(isinstance(model, str) and model != "", "'model' is required: a string", "model")
+    pool = api._pool()
+    try:
+        return pool.resolve(model)
+    except ModelNotFound:
+        if len(pool.names()) == 1:
+            return pool.default
+        raise
+
+
+# -- response: engine events -> Anthropic -------------------------------------------------------
+def _stop(done: Done) -> tuple[str, str | None]:
+    if done.stop_string is not None and done.finish_reason == "stop":
+        return "stop_sequence", done.stop_string
+    return STOP_REASONS.get(done.finish_reason, "end_turn"), None
+
+
+def _usage(done: Done) -> dict[str, Any]:
+    u = done.usage
+    return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def _message_id(request_id: str) -> str:
+    return "msg_" + request_id.split("-", 1)[-1]
+
+
+def message_response(sub: api.Submitted, model: str, deltas: list[Delta], done: Done) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    reasoning = "".join(d.reasoning for d in deltas)
+    if reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    text = "".join(d.text for d in deltas)
+    if text:
+        content.append({"type": "text", "text": text})
+    for c in (c for d in deltas for c in d.tool_calls):
+        content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)})
+    reason, seq = _stop(done)
+    return {"id": _message_id(sub.parsed.request.id), "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": reason, "stop_sequence": seq, "usage": _usage(done),
+            "timings": done.timings.as_dict()}
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {"_raw": arguments}
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **data}, separators=(",", ":")).encode() + b"\n\n"
+
+
+class EventWriter:
+    """Anthropic's stream for one reply: blocks opened and closed in order, indices counted."""
+
+    def __init__(self, sub: api.Submitted, model: str) -> None:
+        self.sub, self.model = sub, model
+        self.index, self.open = -1, ""     # the current block's index and type ("" none)
+
+    def start(self) -> bytes:
+        acc = self.sub.accepted
+        msg = {"id": _message_id(self.sub.parsed.request.id), "type": "message", "role": "assistant",
+               "model": self.model, "content": [], "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": acc.n_prompt_tokens, "output_tokens": 0,
+                         "cache_read_input_tokens": acc.n_cached, "cache_creation_input_tokens": 0}}
+        return _event("message_start", {"message": msg})
+
+    def _block(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self.close()
+        self.index, self.open = self.index + 1, kind
+        return out + _event("content_block_start", {"index": self.index, "content_block": block})
+
+    def close(self) -> bytes:
+        if not self.open:
+            return b""
+        out = b""
+        if self.open == "thinking":
+            out = _event("content_block_delta", {"index": self.index, "delta": {"type": "signature_delta", "signature": ""}})
+        self.open = ""
+        return out + _event("content_block_stop", {"index": self.index})
+
+    def delta(self, ev: Delta) -> bytes:
+        out = b""
+        if ev.reasoning:
+            if self.open != "thinking":
+                out += self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out += _event("content_block_delta", {"index": self.index, "delta": {"type": "thinking_delta", "thinking": ev.reasoning}})
+        if ev.text:
+            if self.open != "text":
+                out += self._block("text", {"type": "text", "text": ""})
+            out += _event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": ev.text}})
+        for c in ev.tool_calls:
+            out += self._block("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+            out += _event("content_block_delta", {"index": self.index,
+                                                  "delta": {"type": "input_json_delta", "partial_json": c.arguments}})
+        return out
+
+    def end(self, done: Done) -> bytes:
+        reason, seq = _stop(done)
+        usage = _usage(done)
+        return (self.close() + _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                                        "usage": usage, "timings": done.timings.as_dict()})
+                + _event("message_stop", {}))
+
+
+def _stream(sub: api.Submitted, model: str, keepalive: float) -> Iterator[bytes]:
+    writer = EventWriter(sub, model)
+    try:
+        yield writer.start()
+        waiting = True
+        while True:
+            try:
+                ev = api._wait(sub.stream, sub.gone, keepalive if waiting and keepalive > 0 else None)
+            except ApplianceError as e:    # after the status line: the error travels in the stream
+                yield _event("error", {"error": error_body(e)["error"]})
+                return
+            if ev is None:
+                return
+            if ev is api.IDLE:
+                yield _event("ping", {})
+            elif isinstance(ev, Delta):
+                waiting = False
+                yield writer.delta(ev)
+            elif isinstance(ev, Done):
+                yield writer.end(ev)
+                return
+    finally:
+        sub.stream.abort()
+
+
+@bp.post("/v1/messages")
+def messages():
+    body = api._body()
+    model = _resolve_model(body)
+    oai = to_openai(body, model)
+    sub = api.parse_submit(oai, chat=True)
+    if sub.parsed.stream:
+        keepalive = api._state().config.server.keepalive_s
+        return Response(stream_with_context(_stream(sub, model, keepalive)), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    got = api.collect(sub)
+    return Response(status=499) if got is None else jsonify(message_response(sub, model, *got))
+
+
+@bp.post("/v1/messages/count_tokens")
+def count_tokens():
+    """The prompt's tokens as the model's template and tokenizer make them (nothing is run)."""
+    body = api._body()
+    model = _resolve_model(body)
+    oai = to_openai(body, model, count_only=True)
+    with api._model(oai) as (name, engine):
+        parsed = wire.parse_chat(oai, engine.new_id("count"), api._served(name, engine), api._n_ctx(engine))
+        rendered = engine.render_prompt(parsed.request)
+    return jsonify({"input_tokens": len(rendered.ids)})
+
