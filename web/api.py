@@ -176,8 +176,9 @@ def parse_submit(body: dict[str, Any], chat: bool) -> Submitted:
         return _submit(engine, parsed)
 
 
-def collect(sub: Submitted) -> tuple[list[Delta], Done] | None:
+def collect(sub: Submitted, tally: Tally | None = None) -> tuple[list[Delta], Done] | None:
     """All of a submitted request's events: its deltas and its Done (None: the client left)."""
+    tally = tally or Tally()
     deltas: list[Delta] = []
     try:
         while True:
@@ -185,17 +186,13 @@ def collect(sub: Submitted) -> tuple[list[Delta], Done] | None:
             if ev is None:
                 return None
             if isinstance(ev, Delta):
+                tally.delta(ev)
                 deltas.append(ev)
             elif isinstance(ev, Done):
+                tally.done(ev)
                 return deltas, ev
     finally:
         sub.stream.abort()
-
-
-def _parse_submit(body: dict[str, Any], chat: bool):
-    """(parsed, stream, gone, fingerprint) of `parse_submit`."""
-    sub = parse_submit(body, chat)
-    return sub.parsed, sub.stream, sub.gone, sub.fingerprint
 
 
 def _complete(chat: bool) -> Any:
@@ -205,27 +202,16 @@ def _complete(chat: bool) -> Any:
     keepalive = _state().config.server.keepalive_s
     if body.get("stream") is True and pool.state_of(name) != "loaded" and keepalive > 0:
         return _sse_response(stream_with_context(_load_then_stream(body, chat, name, keepalive)))
-    parsed, stream, gone, fingerprint = _parse_submit(body, chat)
+    sub = parse_submit(body, chat)
     tally = Tally()
-    if parsed.stream:
-        writer = responses.ChunkWriter(parsed, chat, fingerprint)
-        return _sse_response(_sse(stream, gone, writer, tally, keepalive))
-    deltas: list[Delta] = []
-    try:
-        while True:
-            ev = _wait(stream, gone)
-            if ev is None:
-                return Response(status=499)  # nobody is listening
-            if isinstance(ev, Delta):
-                tally.delta(ev)
-                deltas.append(ev)
-            elif isinstance(ev, Done):
-                tally.done(ev)
-                break
-    finally:
-        stream.abort()
+    if sub.parsed.stream:
+        writer = responses.ChunkWriter(sub.parsed, chat, sub.fingerprint)
+        return _sse_response(_sse(sub.stream, sub.gone, writer, tally, keepalive))
+    got = collect(sub, tally)
+    if got is None:
+        return Response(status=499)  # nobody is listening
     build = responses.chat_response if chat else responses.completion_response
-    return jsonify(build(parsed, deltas, ev, fingerprint))
+    return jsonify(build(sub.parsed, *got, sub.fingerprint))
 
 
 def _sse_response(chunks: Iterator[bytes]) -> Response:
@@ -258,11 +244,11 @@ def _load_then_stream(body: dict[str, Any], chat: bool, name: str, keepalive: fl
     try:
         if "error" in loaded:
             raise loaded["error"]
-        parsed, stream, gone, fingerprint = _parse_submit(body, chat)
+        sub = parse_submit(body, chat)
     except ApplianceError as e:
         yield responses.ChunkWriter.error(e.body())
         return
-    yield from _sse(stream, gone, responses.ChunkWriter(parsed, chat, fingerprint), Tally(), keepalive)
+    yield from _sse(sub.stream, sub.gone, responses.ChunkWriter(sub.parsed, chat, sub.fingerprint), Tally(), keepalive)
 
 
 def _sse(stream: RequestStream, gone: Callable[[], bool], writer: responses.ChunkWriter, tally: Tally,
