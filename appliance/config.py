@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from .engine.templates import BUILTIN, RENDER_ARGS, load_template
 
 ENV_PREFIX = "APPLIANCE_"
 
@@ -95,12 +99,22 @@ class EngineConfig:
     draft_model: str | None = _opt(None, "a smaller GGUF with the same vocabulary that drafts tokens "
                                    "greedily for the served model to verify ('embedded': the embedded model)")
     draft_engine: str | None = _opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
+    embedding_model: str | None = _opt(None, "an embedding GGUF served beside the chat models for /v1/embeddings "
+                                       "and Ollama's /api/embed, named by its file name (a request naming no "
+                                       "model gets it); 'chat': the chat models answer embeddings themselves, "
+                                       "with the mean of their last hidden states (llama.cpp runner)")
     speculate_inexact: bool = _opt(False, "allow speculation on a runner that is not exact (the output may "
                                    "differ from serial decoding; every response says so in timings)")
     max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     seed: int | None = _opt(None, "sampling seed for requests that give none, so the same request gets "
                             "the same reply (default: a random seed per request)")
+    chat_template: str | None = _opt(None, "chat template in place of the model's own: a built-in name ("
+                                     + ", ".join(BUILTIN) + ") or a Jinja file; serve's is the default "
+                                     "model's (another model's comes from settings.toml)")
+    chat_template_kwargs: str | None = _opt(None, "JSON object of chat template variables every request gets, "
+                                            "e.g. '{\"enable_thinking\": false}'; a request's own "
+                                            "chat_template_kwargs win key by key")
 
     def __post_init__(self) -> None:
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
@@ -123,6 +137,8 @@ class EngineConfig:
         _require(self.n_gpu_layers in ("auto", "all") or self.n_gpu_layers.isdigit(),
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
         self.tensor_overrides()  # raises for a malformed --override-tensor
+        self.template_override()  # raises for an unknown name, an unreadable file, bad Jinja
+        self.template_kwargs()
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
                  and self.n_threads_batch >= 0, "counts must not be negative")
 
@@ -142,6 +158,24 @@ class EngineConfig:
         from .fit.overrides import parse_overrides
 
         return parse_overrides((self.override_tensor or "").split(","))
+
+    def template_override(self) -> tuple[str, str] | None:
+        """--chat-template as (where it comes from: builtin:NAME or file:PATH, its Jinja source)."""
+        return load_template(self.chat_template) if self.chat_template else None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """--chat-template-kwargs as a dict: the variables every request's template gets."""
+        if not self.chat_template_kwargs:
+            return {}
+        try:
+            kwargs = json.loads(self.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"chat_template_kwargs is not JSON: {e}") from None
+        _require(isinstance(kwargs, dict), "chat_template_kwargs must be a JSON object, e.g. "
+                 "'{\"enable_thinking\": false}'")
+        taken = sorted(RENDER_ARGS & set(kwargs))
+        _require(not taken, f"chat_template_kwargs may not set {', '.join(taken)}: the server passes those")
+        return kwargs
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil
@@ -165,10 +199,14 @@ class EngineConfig:
 class ServerConfig:
     """What the HTTP server needs."""
 
-    host: str = _opt("127.0.0.1", "address to bind (0.0.0.0 exposes the server to the network)")
+    host: str = _opt("127.0.0.1", "addresses to bind, comma-separated (127.0.0.1,::1: both loopbacks; "
+                     "0.0.0.0 exposes the server to the network)")
     port: int = _opt(8080, "port to listen on")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route")
-    cors_origins: str = _opt("", "comma-separated origins allowed by CORS (empty = CORS off)")
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but the pages and "
+                               "/health, which without it tells the status only")
+    cors_origins: str = _opt("", "comma-separated origins allowed by CORS besides pages served from this "
+                             "machine (http(s)://localhost, 127.0.0.1 or [::1] on any port, always allowed); "
+                             "'*' allows any")
     http_threads: int = _opt(64, "HTTP worker threads (more than slots + queue, so waiting clients "
                               "never block /health)")
     max_body_bytes: int = _opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
@@ -182,6 +220,9 @@ class ServerConfig:
                            "--model)")
     default_model: str | None = _opt(None, "the model a request without 'model' gets, loaded at start "
                                      "(default: the embedded model)")
+    default_model_fallback: bool = _opt(False, "with several models served, a request for a name no model "
+                                        "has gets the default model instead of a 404 (with one model served, "
+                                        "any name gets it)")
     max_loaded: int = _opt(0, "most models loaded at once; a request for another unloads the least "
                            "recently used idle one (0 = as many as fit in memory)")
     idle_unload: float = _opt(0.0, "seconds a model stays loaded after its last request when the request "
@@ -194,6 +235,7 @@ class ServerConfig:
 
 
     def __post_init__(self) -> None:
+        _require(bool(self.hosts()), "host must name at least one address")
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
         _require(self.http_threads >= 1, "http_threads must be positive")
         _require(self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024")
@@ -201,6 +243,14 @@ class ServerConfig:
         _require(self.idle_unload >= 0, "idle_unload must not be negative")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  "log_level must be one of debug, info, warning, error")
+
+    def hosts(self) -> tuple[str, ...]:
+        """The addresses --host names, without brackets ("[::1]" is "::1")."""
+        return tuple(h.strip().strip("[]") for h in self.host.split(",") if h.strip().strip("[]"))
+
+    def loopback_only(self) -> bool:
+        """Whether every bound address is a loopback one (then Host headers must be local)."""
+        return all(_is_loopback(h) for h in self.hosts())
 
     def resolved_conversations_db(self) -> Path:
         """The configured file, or conversations.db in the appliance's XDG data directory."""
@@ -229,6 +279,13 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     given: frozenset[str] = frozenset()      # the fields set by a flag or the environment
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _require(ok: bool, message: str) -> None:

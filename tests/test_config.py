@@ -165,3 +165,42 @@ def test_llamacpp_settings_round_trip_through_a_dict_and_the_config():
     assert cfg.llamacpp() == s and cfg.n_ctx == 2048 and cfg.n_threads_batch == 4
     with pytest.raises(ValueError):
         LlamaCppSettings(0, 1, 512, 512, False)
+
+
+def test_chat_template_flags_and_variables():
+    cfg = config.load(flags_of(["--chat-template", "llama3", "--chat-template-kwargs", '{"enable_thinking": false}']),
+                      env={})
+    assert cfg.engine.template_override()[0] == "builtin:llama3"
+    assert cfg.engine.template_kwargs() == {"enable_thinking": False}
+    env = config.load({}, env={"APPLIANCE_CHAT_TEMPLATE": "gemma", "APPLIANCE_CHAT_TEMPLATE_KWARGS": '{"x": [1]}'})
+    assert env.engine.template_override()[0] == "builtin:gemma" and env.engine.template_kwargs() == {"x": [1]}
+    assert EngineConfig().template_override() is None and EngineConfig().template_kwargs() == {}
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"chat_template": "no-such-template"}, "neither a built-in one (chatml, gemma, llama2, llama3, mistral, phi3"),
+    ({"chat_template_kwargs": "{nope"}, "chat_template_kwargs is not JSON"),
+    ({"chat_template_kwargs": "[1, 2]"}, "chat_template_kwargs must be a JSON object"),
+    ({"chat_template_kwargs": '{"messages": []}'}, "may not set messages"),
+])
+def test_a_wrong_chat_template_setting_refuses_to_start(flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config.load(flags, env={})
+
+
+@pytest.mark.parametrize("host,hosts,loopback", [
+    ("127.0.0.1", ("127.0.0.1",), True),
+    ("127.0.0.1,::1", ("127.0.0.1", "::1"), True),
+    (" localhost , [::1] ", ("localhost", "::1"), True),
+    ("127.0.0.1,0.0.0.0", ("127.0.0.1", "0.0.0.0"), False),
+    ("::", ("::",), False),
+    ("192.168.1.5", ("192.168.1.5",), False),
+])
+def test_host_takes_several_addresses(host, hosts, loopback):
+    srv = config.load({"host": host}, env={}).server
+    assert srv.hosts() == hosts and srv.loopback_only() is loopback
+
+
+def test_host_must_name_an_address():
+    with pytest.raises(ValueError, match="host must name at least one address"):
+        config.load({"host": " , "}, env={})

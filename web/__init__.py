@@ -6,8 +6,8 @@ here. Nothing in `appliance/` imports this package.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +16,7 @@ from flask import Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from appliance import __version__
-from appliance.config import Config
+from appliance.config import Config, ServerConfig
 from appliance.engine.pool import ModelPool
 from appliance.engine.process import EngineClient
 from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
@@ -27,6 +27,9 @@ from .metrics import Metrics
 log = logging.getLogger("appliance.web")
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
+# a page served from this machine on any port (a front-end's dev server): CORS allows it unlisted
+LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?")
+ALLOW_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version"
 
 
 @dataclass
@@ -63,11 +66,15 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     from .api import bp as api_bp
     from .benchruns import bp as bench_bp
     from .conversations import bp as conversations_bp
+    from .embeddings import bp as embeddings_bp
     from .hostreport import bp as host_bp
+    from .llamaserver import bp as llamaserver_bp
     from .ollama import bp as ollama_bp
+    from .openai_responses import bp as openai_responses_bp
     from .ui import bp as ui_bp
 
-    for bp in (api_bp, anthropic_bp, ollama_bp, conversations_bp, host_bp, bench_bp, ui_bp):
+    for bp in (api_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, conversations_bp,
+               host_bp, bench_bp, ui_bp):
         app.register_blueprint(bp)
     app.before_request(_start_clock)
     app.before_request(_guard)
@@ -79,13 +86,6 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     return app
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def _host_name(host: str) -> str:
     if host.startswith("["):
         return host.split("]")[0] + "]"
@@ -94,19 +94,21 @@ def _host_name(host: str) -> str:
 
 def _guard() -> Response | None:
     cfg = current_app.extensions["appliance"].config.server
-    if request.method == "OPTIONS" and cfg.cors_origins:
-        return Response(status=204)
-    if _is_loopback(cfg.host):
+    if cfg.loopback_only():
         # DNS rebinding: a page on another origin resolving its name to 127.0.0.1
         if _host_name(request.host or "").lower() not in LOCAL_HOSTS:
             raise Forbidden(f"Host '{request.host}' is not allowed on a server bound to {cfg.host}")
+    if request.method == "OPTIONS" and _cors_origin(cfg) is not None:
+        return Response(status=204)    # a preflight: _cors adds the Access-Control-Allow-* headers
     endpoint = request.endpoint or ""
     if cfg.api_key and not (endpoint == "static" or endpoint.startswith("ui.")):
         # the pages and their static files carry no data: the page asks for the key itself
         auth = request.headers.get("Authorization", "")
         given = (auth[7:] if auth.lower().startswith("bearer ") else
                  request.headers.get("x-api-key") or request.cookies.get("appliance_key", ""))
-        if not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
+        g.authorized = hmac.compare_digest(given.encode(), cfg.api_key.encode())
+        # /health answers a monitor without the key, with its status only (api.health)
+        if not g.authorized and endpoint != "api.health":
             raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')")
     return None
 
@@ -121,14 +123,24 @@ def _count(resp: Response) -> Response:
     return resp
 
 
-def _cors(resp: Response) -> Response:
-    cfg = current_app.extensions["appliance"].config.server
+def _cors_origin(cfg: ServerConfig) -> str | None:
+    """The request's Origin when CORS allows it: a page from this machine, or one --cors-origins
+    lists ("*": any)."""
     origin = request.headers.get("Origin")
-    allowed = {o.strip() for o in cfg.cors_origins.split(",") if o.strip()}
-    if origin and (origin in allowed or "*" in allowed):
+    if not origin:
+        return None
+    listed = {o.strip() for o in cfg.cors_origins.split(",") if o.strip()}
+    return origin if LOCAL_ORIGIN.fullmatch(origin) or origin in listed or "*" in listed else None
+
+
+def _cors(resp: Response) -> Response:
+    origin = _cors_origin(current_app.extensions["appliance"].config.server)
+    if origin is not None:
         resp.headers["Access-Control-Allow-Origin"] = origin
         resp.headers["Vary"] = "Origin"
-        resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key, anthropic-version"
+        # an allowed page may send what its SDK sends (x-stainless-*, anthropic-dangerous-...)
+        resp.headers["Access-Control-Allow-Headers"] = request.headers.get("Access-Control-Request-Headers",
+                                                                           ALLOW_HEADERS)
         resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
     return resp
 

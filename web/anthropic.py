@@ -17,15 +17,15 @@ event sequence. Errors have Anthropic's shape and status codes.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
-from flask import Blueprint, Response, jsonify, stream_with_context
+from flask import Blueprint, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
 from appliance.engine.types import Delta, Done
-from appliance.errors import ApplianceError, InvalidRequest, ModelNotFound
+from appliance.errors import ApplianceError, InvalidRequest
 
-from . import api, wire
+from . import api
 
 bp = Blueprint("anthropic", __name__)
 
@@ -230,20 +230,6 @@ def to_openai(body: dict[str, Any], model: str, count_only: bool = False) -> dic
     return oai
 
 
-def _resolve_model(body: dict[str, Any]) -> str:
-    """The served model the body names; with one model served, any name is that model (clients
-    such as Claude Code send their own model names), as llama-server does."""
-    model = body.get("model")
-    _need(isinstance(model, str) and model != "", "'model' is required: a string", "model")
-    pool = api._pool()
-    try:
-        return pool.resolve(model)
-    except ModelNotFound:
-        if len(pool.names()) == 1:
-            return pool.default
-        raise
-
-
 # -- response: engine events -> Anthropic -------------------------------------------------------
 def _stop(done: Done) -> tuple[str, str | None]:
     if done.stop_string is not None and done.finish_reason == "stop":
@@ -340,42 +326,23 @@ class EventWriter:
                                                         "usage": usage, "timings": done.timings.as_dict()})
                 + _event("message_stop", {}))
 
+    @staticmethod
+    def error(e: ApplianceError) -> bytes:
+        return _event("error", {"error": error_body(e)["error"]})
 
-def _stream(sub: api.Submitted, model: str, keepalive: float) -> Iterator[bytes]:
-    writer = EventWriter(sub, model)
-    try:
-        yield writer.start()
-        waiting = True
-        while True:
-            try:
-                ev = api._wait(sub.stream, sub.gone, keepalive if waiting and keepalive > 0 else None)
-            except ApplianceError as e:    # after the status line: the error travels in the stream
-                yield _event("error", {"error": error_body(e)["error"]})
-                return
-            if ev is None:
-                return
-            if ev is api.IDLE:
-                yield _event("ping", {})
-            elif isinstance(ev, Delta):
-                waiting = False
-                yield writer.delta(ev)
-            elif isinstance(ev, Done):
-                yield writer.end(ev)
-                return
-    finally:
-        sub.stream.abort()
+    @staticmethod
+    def idle() -> bytes:
+        return _event("ping", {})
 
 
 @bp.post("/v1/messages")
 def messages():
     body = api._body()
-    model = _resolve_model(body)
+    model = api.resolve_model(body)
     oai = to_openai(body, model)
     sub = api.parse_submit(oai, chat=True)
     if sub.parsed.stream:
-        keepalive = api._state().config.server.keepalive_s
-        return Response(stream_with_context(_stream(sub, model, keepalive)), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return api.stream_response(sub, EventWriter(sub, model))
     got = api.collect(sub)
     return Response(status=499) if got is None else jsonify(message_response(sub, model, *got))
 
@@ -384,10 +351,6 @@ def messages():
 def count_tokens():
     """The prompt's tokens as the model's template and tokenizer make them (nothing is run)."""
     body = api._body()
-    model = _resolve_model(body)
-    oai = to_openai(body, model, count_only=True)
-    with api._model(oai) as (name, engine):
-        parsed = wire.parse_chat(oai, engine.new_id("count"), api._served(name, engine), api._n_ctx(engine))
-        rendered = engine.render_prompt(parsed.request)
-    return jsonify({"input_tokens": len(rendered.ids)})
+    model = api.resolve_model(body)
+    return jsonify({"input_tokens": len(api.render_prompt(to_openai(body, model, count_only=True)).ids)})
 

@@ -13,17 +13,18 @@ leaves aborts its request, which frees its slot within one scheduler step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
 
 from appliance.engine.reasoning import has_thinking_switch
 from appliance.engine.process import EngineClient, RequestStream
-from appliance.engine.types import Accepted, Delta, Done
+from appliance.engine.types import Accepted, Delta, Done, Request, Tokenized
 from appliance.errors import ApplianceError, EngineUnavailable, InvalidRequest
 
 from . import openapi, responses, wire
@@ -76,12 +77,42 @@ def keep_alive(body: dict[str, Any]) -> float | None:
                          "(0: unload after this request; negative: keep loaded)", param="keep_alive")
 
 
+def need(ok: bool, message: str, param: str) -> None:
+    """A translated API's check: a 400 naming the parameter unless `ok`."""
+    if not ok:
+        raise InvalidRequest(message, param=param)
+
+
+def resolve_model(body: dict[str, Any]) -> str:
+    """The served model a translated API's body names (required there); the rule for a name no
+    model has (clients such as Claude Code or Codex send their own) is `pool.resolve`'s."""
+    model = body.get("model")
+    need(isinstance(model, str) and model != "", "'model' is required: a string", "model")
+    return _pool().resolve(model)
+
+
+def _chat_model(name: str) -> str:
+    """`name`, unless it is an embedding model, which answers embeddings only (a 400)."""
+    if _pool().kind(name) == "embedding":
+        raise InvalidRequest(f"the model {name} is an embedding model: it answers /v1/embeddings and /api/embed, "
+                             "not chat, completions or tokenize", param="model")
+    return name
+
+
+def _as_served(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """The body naming the model that answers it (for an alias or a file name: the reply reports
+    the real id); a model that is not a string is left to the validation's 400."""
+    model = body.get("model")
+    return {**body, "model": name} if model is None or isinstance(model, str) else body
+
+
 @contextlib.contextmanager
-def _model(body: dict[str, Any]) -> Iterator[tuple[str, EngineClient]]:
-    """(name, ready engine) of the model the body names, loaded first if need be; the model stays
-    loaded while the block runs (a request submitted inside it keeps it busy after)."""
+def _model(body: dict[str, Any], embeddings: bool = False) -> Iterator[tuple[str, EngineClient]]:
+    """(name, ready engine) of the model the body names (for `embeddings`: the model that embeds,
+    `pool.resolve_embedding`), loaded first if need be; the model stays loaded while the block
+    runs (a request submitted inside it keeps it busy after)."""
     pool = _pool()
-    name = pool.resolve(body.get("model"))
+    name = pool.resolve_embedding(body.get("model")) if embeddings else _chat_model(pool.resolve(body.get("model")))
     engine = pool.acquire(name, keep_alive(body))
     try:
         yield name, engine
@@ -96,7 +127,6 @@ def _client_gone() -> Callable[[], bool]:
 
 
 IDLE = object()  # _wait's answer when `idle` seconds passed without an event
-KEEPALIVE = b": keep-alive\n\n"
 
 
 def _wait(stream: RequestStream, gone: Callable[[], bool], idle: float | None = None):
@@ -167,13 +197,26 @@ def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> Submitted:
     return Submitted(parsed, stream, gone, _state().fingerprint(engine), accepted)
 
 
-def parse_submit(body: dict[str, Any], chat: bool) -> Submitted:
+def parse_submit(body: dict[str, Any], chat: bool,
+                 adjust: Callable[[Request], Request] | None = None) -> Submitted:
     """Validate an OpenAI body against the model's engine and submit it (every API's way in:
-    the others translate their bodies to this one)."""
+    the others translate their bodies to this one). `adjust` sets on the validated request
+    what another API asks that the OpenAI body cannot say (llama-server's n_probs, grammar)."""
     parse = wire.parse_chat if chat else wire.parse_completion
     with _model(body) as (name, engine):
-        parsed = parse(body, engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine), _n_ctx(engine))
+        parsed = parse(_as_served(body, name), engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine),
+                       _n_ctx(engine))
+        if adjust is not None:
+            parsed = dataclasses.replace(parsed, request=adjust(parsed.request))
         return _submit(engine, parsed)
+
+
+def render_prompt(body: dict[str, Any]) -> Tokenized:
+    """The prompt an OpenAI chat body would be given, rendered and tokenized by the model's
+    engine (its ids and text); nothing is generated."""
+    with _model(body) as (name, engine):
+        parsed = wire.parse_chat(_as_served(body, name), engine.new_id("render"), _served(name, engine), _n_ctx(engine))
+        return engine.render_prompt(parsed.request)
 
 
 def collect(sub: Submitted, tally: Tally | None = None) -> tuple[list[Delta], Done] | None:
@@ -198,7 +241,7 @@ def collect(sub: Submitted, tally: Tally | None = None) -> tuple[list[Delta], Do
 def _complete(chat: bool) -> Any:
     body = _body()
     pool = _pool()
-    name = pool.resolve(body.get("model"))
+    name = _chat_model(pool.resolve(body.get("model")))
     keepalive = _state().config.server.keepalive_s
     if body.get("stream") is True and pool.state_of(name) != "loaded" and keepalive > 0:
         return _sse_response(stream_with_context(_load_then_stream(body, chat, name, keepalive)))
@@ -206,7 +249,7 @@ def _complete(chat: bool) -> Any:
     tally = Tally()
     if sub.parsed.stream:
         writer = responses.ChunkWriter(sub.parsed, chat, sub.fingerprint)
-        return _sse_response(_sse(sub.stream, sub.gone, writer, tally, keepalive))
+        return _sse_response(stream(sub, writer, tally, keepalive))
     got = collect(sub, tally)
     if got is None:
         return Response(status=499)  # nobody is listening
@@ -240,44 +283,60 @@ def _load_then_stream(body: dict[str, Any], chat: bool, name: str, keepalive: fl
         if gone():
             return                       # the load goes on: the next request for it may want it
         if t.is_alive():
-            yield KEEPALIVE
+            yield responses.KEEPALIVE
     try:
         if "error" in loaded:
             raise loaded["error"]
         sub = parse_submit(body, chat)
     except ApplianceError as e:
-        yield responses.ChunkWriter.error(e.body())
+        yield responses.ChunkWriter.error(e)
         return
-    yield from _sse(sub.stream, sub.gone, responses.ChunkWriter(sub.parsed, chat, sub.fingerprint), Tally(), keepalive)
+    yield from stream(sub, responses.ChunkWriter(sub.parsed, chat, sub.fingerprint), Tally(), keepalive)
 
 
-def _sse(stream: RequestStream, gone: Callable[[], bool], writer: responses.ChunkWriter, tally: Tally,
-         keepalive: float) -> Iterator[bytes]:
+class StreamWriter(Protocol):
+    """One streamed reply in an API's format: `stream` writes what each event becomes."""
+
+    def start(self) -> bytes: ...
+    def delta(self, ev: Delta) -> bytes: ...
+    def end(self, done: Done) -> bytes: ...
+    def error(self, e: ApplianceError) -> bytes: ...
+    def idle(self) -> bytes: ...
+
+
+def stream(sub: Submitted, writer: StreamWriter, tally: Tally, keepalive: float) -> Iterator[bytes]:
+    """A submitted request's events, each written as it comes (every streamed API's one loop)."""
     try:
-        first = writer.first()
+        first = writer.start()
         if first:
             yield first
         waiting = True  # until the first token: keep the connection alive through queue and prefill
         while True:
             try:
-                ev = _wait(stream, gone, keepalive if waiting and keepalive > 0 else None)
+                ev = _wait(sub.stream, sub.gone, keepalive if waiting and keepalive > 0 else None)
             except ApplianceError as e:  # after the status line: the error travels in the stream
-                yield writer.error(e.body())
+                yield writer.error(e)
                 return
             if ev is None:
                 return
             if ev is IDLE:
-                yield KEEPALIVE
+                yield writer.idle()
             elif isinstance(ev, Delta):
                 waiting = False
                 tally.delta(ev)
                 yield writer.delta(ev)
             elif isinstance(ev, Done):
                 tally.done(ev)
-                yield writer.last(ev)
+                yield writer.end(ev)
                 return
     finally:
-        stream.abort()  # a no-op when finished; frees the slot when the client left
+        sub.stream.abort()  # a no-op when finished; frees the slot when the client left
+
+
+def stream_response(sub: Submitted, writer: StreamWriter) -> Response:
+    """A translated API's streamed reply (its 200 goes out now; the prompt was accepted)."""
+    chunks = stream(sub, writer, Tally(), _state().config.server.keepalive_s)
+    return _sse_response(stream_with_context(chunks))
 
 
 @bp.post("/v1/chat/completions")
@@ -328,14 +387,14 @@ def models():
 
 @bp.get("/v1/models/<path:model_id>")
 def model(model_id: str):
-    return jsonify(_model_card(_pool().resolve(model_id)))
+    return jsonify(_model_card(_pool().resolve(model_id, exact=True)))
 
 
 @bp.post("/api/models/load")
 def load_model():
     body = _body()
     pool = _pool()
-    name = pool.resolve(_required_model(body))
+    name = pool.resolve(_required_model(body), exact=True)
     t0 = time.perf_counter()
     engine = pool.load(name)
     return jsonify({"model": name, "state": pool.state_of(name), "n_ctx": engine.info.n_ctx,
@@ -345,7 +404,7 @@ def load_model():
 @bp.post("/api/models/unload")
 def unload_model():
     pool = _pool()
-    name = pool.resolve(_required_model(_body()))
+    name = pool.resolve(_required_model(_body()), exact=True)
     return jsonify({"model": name, "unloaded": pool.unload(name), "state": pool.state_of(name)})
 
 
@@ -388,18 +447,22 @@ def health():
         body.update(model=info.model_name, model_fingerprint=info.fingerprint, backend=info.backend,
                     n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
                     settings=info.settings, placement=info.placement,
-                    chat_template={"from_model": info.chat_template is not None,
+                    chat_template={"source": info.chat_template_source,
+                                   "from_model": info.chat_template_source == "model",
                                    "thinking_switch": has_thinking_switch(info.chat_template)},
                     engine=engine.stats.as_dict() if engine.stats else {}, in_flight=pool.in_flight())
     elif body["status"] == "ok" and len(pool.names()) == 1:
         body["status"] = pool.state_of(pool.default)
     body["models"] = pool.status()
-    if body["status"] == "ok":
-        return jsonify(body)
-    body["reason"] = (engine.state.reason if engine is not None and engine.state.reason else
-                      next((m.get("reason") for m in body["models"] if m.get("reason")), None)
-                      or "the server is shutting down")
+    ok = body["status"] == "ok"
+    if not ok:
+        body["reason"] = (engine.state.reason if engine is not None and engine.state.reason else
+                          next((m.get("reason") for m in body["models"] if m.get("reason")), None)
+                          or "the server is shutting down")
+    if not g.get("authorized", True):     # a monitor without the API key hears the status only
+        body = {"status": body["status"], "uptime_s": body["uptime_s"]}
     resp = jsonify(body)
-    resp.status_code = 503
-    resp.headers["Retry-After"] = "1"
+    if not ok:
+        resp.status_code = 503
+        resp.headers["Retry-After"] = "1"
     return resp

@@ -8,23 +8,25 @@ runner (num_ctx, num_gpu, num_thread, ...) are accepted and have no effect: this
 context and placement are set at start. `format` ("json" or a JSON schema) is the same
 structured output, `think` the template's thinking switch, `keep_alive` the pool's. Streams are
 NDJSON, one object a line, the last with `done: true` and the durations (nanoseconds).
-Errors are Ollama's shape, `{"error": "..."}`.
+Errors are Ollama's shape, `{"error": "..."}`. `/api/embed` and the older `/api/embeddings` go
+through `embeddings.embed`, as OpenAI's /v1/embeddings does.
 """
 from __future__ import annotations
 
 import datetime
 import json
 import os
+import time
 from typing import Any, Iterator
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, g, jsonify
 from werkzeug.exceptions import HTTPException
 
 from appliance import __version__
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
-from . import api
+from . import api, embeddings
 
 bp = Blueprint("ollama", __name__)
 
@@ -250,9 +252,51 @@ def generate():
 
 
 def _model_name(body: dict[str, Any]) -> str:
+    """A served model's name, exactly: Ollama answers 404 for any other (its clients pull then)."""
     model = body.get("model")
     _need(isinstance(model, str) and model != "", "'model' is required", "model")
-    return api._pool().resolve(model.removesuffix(":latest"))
+    return api._pool().resolve(model.removesuffix(":latest"), exact=True)
+
+
+# -- embeddings ---------------------------------------------------------------------------------
+def _embed(body: dict[str, Any], inputs: tuple[str, ...], truncate: bool,
+           normalize: bool = True) -> embeddings.Embeddings | None:
+    """`inputs` embedded by the model `body` names exactly (a chat model's is a 400 unless it embeds)."""
+    _need(isinstance(body.get("options") or {}, dict), "'options' must be an object", "options")
+    _need(isinstance(truncate, bool), "'truncate' must be true or false", "truncate")
+    return embeddings.embed({**body, "model": _model_name(body)}, inputs, truncate=truncate,
+                            dimensions=embeddings.dimensions(body), normalize=normalize)
+
+
+@bp.post("/api/embed")
+def embed():
+    """{model, input: text or texts, truncate (default true), dimensions, options, keep_alive}: the
+    L2-normalised vectors; an empty input loads the model and embeds nothing, as Ollama does."""
+    body = api._body()
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts] if texts else []
+    _need(texts is None or (isinstance(texts, list) and all(isinstance(t, str) for t in texts)),
+          "'input' must be a string or a list of strings", "input")
+    got = _embed(body, tuple(texts or ()), body.get("truncate", True))
+    if got is None:
+        return Response(status=499)
+    ev = got.answer
+    return jsonify({"model": got.model, "embeddings": [ev.floats(i) for i in range(len(ev.n_tokens))],
+                    "total_duration": int((time.perf_counter() - g.t0) * 1e9), "load_duration": int(got.load_s * 1e9),
+                    "prompt_eval_count": sum(ev.n_tokens)})
+
+
+@bp.post("/api/embeddings")
+def embeddings_legacy():
+    """Ollama's older {model, prompt} -> {embedding}: one vector, not normalised (as Ollama's)."""
+    body = api._body()
+    prompt = body.get("prompt") or ""
+    _need(isinstance(prompt, str), "'prompt' must be a string", "prompt")
+    got = _embed(body, (prompt,) if prompt else (), True, normalize=False)
+    if got is None:
+        return Response(status=499)
+    return jsonify({"embedding": got.answer.floats(0) if prompt else []})
 
 
 # -- the model list -----------------------------------------------------------------------------

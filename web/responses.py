@@ -11,8 +11,11 @@ import time
 from typing import Any
 
 from appliance.engine.types import Delta, Done, TokenLogprob, ToolCall
+from appliance.errors import ApplianceError
 
 from .wire import ParsedRequest
+
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: keeps a connection alive, ignored by clients
 
 
 def usage_dict(done: Done) -> dict[str, Any]:
@@ -97,8 +100,8 @@ class ChunkWriter:
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
-    def first(self) -> bytes | None:
-        return self._chunk(self._choice("", None, role=True)) if self.chat else None
+    def start(self) -> bytes:
+        return self._chunk(self._choice("", None, role=True)) if self.chat else b""
 
     def delta(self, ev: Delta) -> bytes:
         out = b""
@@ -138,7 +141,7 @@ class ChunkWriter:
         head, tail = self._delta_parts
         return head + json.dumps(text).encode() + tail
 
-    def last(self, done: Done) -> bytes:
+    def end(self, done: Done) -> bytes:
         out = self._chunk(self._choice(None if self.chat else "", done.finish_reason),
                           timings=done.timings.as_dict())
         if self.p.include_usage:
@@ -146,5 +149,9 @@ class ChunkWriter:
         return out + b"data: [DONE]\n\n"
 
     @staticmethod
-    def error(body: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps(body).encode() + b"\n\n"
+    def error(e: ApplianceError) -> bytes:
+        return b"data: " + json.dumps(e.body()).encode() + b"\n\n"
+
+    @staticmethod
+    def idle() -> bytes:
+        return KEEPALIVE

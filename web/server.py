@@ -44,12 +44,18 @@ def serve(config: Config) -> int:
     if len(specs) > 1:
         log.info("also served, loaded on request: %s", ", ".join(s.name for s in specs if s.name != default))
     app = create_app(config, pool)
-    server = create_server(app, host=srv_cfg.host, port=srv_cfg.port, threads=srv_cfg.http_threads,
-                           channel_request_lookahead=4, connection_limit=max(100, 2 * srv_cfg.http_threads),
-                           ident="appliance")
-    host = f"[{srv_cfg.host}]" if ":" in srv_cfg.host else srv_cfg.host
-    print(f"appliance: serving {info.model_name} at http://{host}:{server.effective_port}  "
-          f"(chat page at /, OpenAI API at /v1)", flush=True)
+    listen = " ".join(_address(host, srv_cfg.port) for host in srv_cfg.hosts())
+    try:
+        server = create_server(app, listen=listen, threads=srv_cfg.http_threads, channel_request_lookahead=4,
+                               connection_limit=max(100, 2 * srv_cfg.http_threads), ident="appliance")
+    except (OSError, ValueError) as e:     # an address this host lacks, a port in use
+        log.error("cannot listen on %s: %s", listen, e)
+        pool.close()
+        return 1
+    # several sockets: a MultiSocketServer, which lists them; one: the server is the socket
+    bound = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
+    urls = ", ".join(f"http://{_address(host, port)}" for host, port in bound)
+    print(f"appliance: serving {info.model_name} at {urls}  (chat page at /, OpenAI API at /v1)", flush=True)
 
     stopping = threading.Event()
 
@@ -76,6 +82,10 @@ def serve(config: Config) -> int:
         pool.close()
     log.info("stopped")
     return 0
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _finish(pool, grace: float, stopping: threading.Event) -> None:

@@ -3,8 +3,9 @@
 The environment mirrors what Hugging Face's `apply_chat_template` gives templates
 (trim_blocks, lstrip_blocks, loop controls, a `tojson` that takes `indent`, `raise_exception`,
 `strftime_now`), so a model's template renders here as it does there. A model without a
-template gets ChatML. A template that raises (for example "roles must alternate") is the
-client's mistake: an InvalidRequest, never a crash.
+template gets ChatML; `--chat-template` puts a shipped one (engine/templates/) or a file's in
+place of the GGUF's before this module sees it (startup._with_template). A template that raises
+(for example "roles must alternate") is the client's mistake: an InvalidRequest, never a crash.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def _strftime_now(fmt: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def _compile(source: str) -> jinja2.Template:
+def compile_template(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
@@ -63,11 +64,11 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
-            self.template = _compile(self.source)
+            self.template = compile_template(self.source)
         except jinja2.TemplateError as e:
             # a broken template in a GGUF: serve with ChatML rather than not at all
             self.source, self.is_default = CHATML, True
-            self.template = _compile(CHATML)
+            self.template = compile_template(CHATML)
             self.load_warning = f"the model's chat template does not compile ({e}); using ChatML"
         else:
             self.load_warning = None

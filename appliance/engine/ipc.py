@@ -1,6 +1,6 @@
 """The messages that cross the pipes between the server process and the engine process.
 
-    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, RenderPrompt, Stop
+    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, RenderPrompt, Embed, Stop
     engine -> server (event pipe)    Ready or LoadFailed once; then StepEvents, one per step
 
 Every message is a frozen dataclass (it pickles across the boundary and cannot change on the
@@ -61,7 +61,20 @@ class RenderPrompt:
     request: Request
 
 
-Command = Submit | Abort | Tokenize | Detokenize | RenderPrompt | Stop
+@dataclass(frozen=True)
+class Embed:
+    """A vector per input (a text, which the engine tokenizes, or token ids), answered with one
+    `Embedded` event once every input's vector is computed, or one `Error`. The inputs are
+    batched with other requests' and run one batch per loop turn (engine/embed.py)."""
+
+    request_id: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    truncate: bool = False           # cut an input longer than the model takes, instead of refusing it
+    dimensions: int | None = None    # refused unless the model's own size
+    normalize: bool = True           # L2, as llama-server's and OpenAI's vectors are
+
+
+Command = Submit | Abort | Tokenize | Detokenize | RenderPrompt | Embed | Stop
 
 
 # -- replies: engine -> server --------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Commands (`ipc`) are polled without blocking while there is work and with a short timeout when
 idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) and queued;
-/tokenize and /detokenize are answered as soon as they are read, between steps. Each step's
-events go to the server in one `StepEvents`, with the engine's statistics about ten times a
-second. While idle, the prompt cache writes one slot's state to disk per tick.
+/tokenize and /detokenize are answered as soon as they are read, between steps. An embed is
+queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
+Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
+ten times a second. While idle, the prompt cache writes one slot's state to disk per tick.
+An embedding model's engine has no scheduler: it embeds, tokenizes and refuses the rest.
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import time
 from multiprocessing.connection import Connection
 
 from ..config import EngineConfig
-from ..errors import ApplianceError, EngineFailure
-from .ipc import Abort, Command, Detokenize, RenderPrompt, StepEvents, Stop, Submit, Tokenize
-from .startup import start
+from ..errors import ApplianceError, EngineFailure, InvalidRequest
+from .ipc import Abort, Command, Detokenize, Embed, RenderPrompt, StepEvents, Stop, Submit, Tokenize
+from .embed import Embedder
+from .sched.scheduler import Scheduler
+from .startup import start, start_embedding
 from .stats import EngineStats
 from .types import Error, Event, Request, Tokenized
 
@@ -26,22 +30,36 @@ IDLE_PERSIST_S = 1.0   # idle this long, the engine writes kept prompt states to
 
 
 class EngineLoop:
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, embedding_only: bool = False) -> None:
         self.outbox: list[Event] = []
-        self.engine = start(cfg, self.outbox.append)
+        self.engine = (start_embedding if embedding_only else start)(cfg, self.outbox.append)
         self.info, self.runner = self.engine.info, self.engine.runner
         self.scheduler, self.prompts = self.engine.scheduler, self.engine.prompts
+        self.embedder = self.engine.embedder
+        # what runs a batch per turn, embeddings first: each has has_work, step, abort, fail_all
+        self.workers = [w for w in (self.embedder, self.scheduler) if w is not None]
 
     def stats(self) -> EngineStats:
-        return self.scheduler.stats()
+        return self.scheduler.stats() if self.scheduler is not None else EngineStats()
 
     # -- commands ------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         try:
+            if self.scheduler is None:
+                raise InvalidRequest(f"the model {self.info.model_name} is an embedding model: it answers "
+                                     "embeddings, not chat or completions", param="model")
             got = self.prompts.prepare(req)
             self.scheduler.submit(req, got.ids, got.matcher, got.parser)
         except Exception as e:
             self.outbox.append(self._failed(req.id, e))
+
+    def embed(self, msg: Embed) -> None:
+        if self.embedder is None:
+            e = InvalidRequest(f"the model {self.info.model_name} does not answer embeddings; start the server with "
+                               "--embedding-model chat to embed with it", param="model")
+            self.outbox.append(Error(msg.request_id, *e.to_wire()))
+        else:
+            self.embedder.submit(msg)
 
     def tokens(self, msg: Tokenize | Detokenize | RenderPrompt) -> Event:
         """The one event answering a Tokenize, Detokenize or RenderPrompt command."""
@@ -74,12 +92,16 @@ class EngineLoop:
             case Submit(req):
                 self.submit(req)
             case Abort(rid):
-                self.scheduler.abort(rid)
+                for w in self.workers:
+                    w.abort(rid)
+            case Embed():
+                self.embed(msg)
             case Tokenize() | Detokenize() | RenderPrompt():
                 self.outbox.append(self.tokens(msg))
                 return self._send(evt, None)  # answered now, not after the next step
             case Stop():
-                self.scheduler.cache.persist()
+                if self.scheduler is not None:
+                    self.scheduler.cache.persist()
                 self.close()
                 return False
             case _:
@@ -91,7 +113,7 @@ class EngineLoop:
         last_stats = 0.0
         busy_at = time.monotonic()
         while True:
-            timeout = 0.0 if self.scheduler.has_work() else 0.25
+            timeout = 0.0 if self.has_work() else 0.25
             while cmd.poll(timeout):
                 timeout, busy_at = 0.0, time.monotonic()
                 try:
@@ -100,10 +122,12 @@ class EngineLoop:
                     return  # the server is gone
                 if not self.handle(msg, evt):
                     return
-            if self.scheduler.has_work():
-                self._step()
+            if self.has_work():
+                for w in self.workers:
+                    if w.has_work():
+                        self._step(w)
                 busy_at = time.monotonic()
-            elif time.monotonic() - busy_at > IDLE_PERSIST_S:
+            elif self.scheduler is not None and time.monotonic() - busy_at > IDLE_PERSIST_S:
                 # write-behind: one slot's state per idle tick, so a request that arrives
                 # meanwhile waits for at most one write, and a restart finds the conversations
                 self.scheduler.cache.persist_one()
@@ -126,12 +150,15 @@ class EngineLoop:
         self.outbox.clear()
         return True
 
-    def _step(self) -> None:
+    def has_work(self) -> bool:
+        return any(w.has_work() for w in self.workers)
+
+    def _step(self, worker: Embedder | Scheduler) -> None:
         try:
-            self.scheduler.step()
+            worker.step()
         except ApplianceError as e:
             log.error("step failed: %s", e.message)
-            self.scheduler.fail_all(e)
+            worker.fail_all(e)
         except Exception as e:  # a bug must fail the requests, not hang them
             log.exception("step failed")
-            self.scheduler.fail_all(EngineFailure(f"internal engine error: {type(e).__name__}"))
+            worker.fail_all(EngineFailure(f"internal engine error: {type(e).__name__}"))

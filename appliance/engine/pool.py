@@ -13,7 +13,8 @@ not yet submitted) or has a stream open; a busy model is never unloaded. Room is
 models (`--max-loaded`) and in host memory: a loaded model takes its weights, its engine's
 reported KV pool and the fit planner's compute estimate; a model not loaded, the fit planner's
 whole estimate. The default model is never unloaded for being idle, only to make room or when
-asked.
+asked. An embedding model (--embedding-model PATH) is a model of kind "embedding", whose engine
+only embeds; `resolve_embedding` picks the model that answers an embeddings request.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import ApplianceError, EngineUnavailable, ModelLoadError, ModelNotFound
+from ..errors import ApplianceError, EngineUnavailable, InvalidRequest, ModelLoadError, ModelNotFound
 from .process import EngineClient
 
 if TYPE_CHECKING:
@@ -68,8 +69,9 @@ class ModelPool:
         srv = config.server
         self.max_loaded, self.idle_unload = srv.max_loaded, srv.idle_unload
         self.log_level, self.load_timeout = srv.log_level, srv.engine_start_timeout
-        multi = len(specs) > 1
-        self._models = {s.name: _Model(s, s.engine_config(config, multi and s.name != default)) for s in specs}
+        self.fallback = srv.default_model_fallback
+        self._models = {s.name: _Model(s, s.engine_config(config, s.name == default)) for s in specs}
+        self._n_chat = sum(s.kind == "chat" for s in specs)
         self._lock = threading.Lock()
         self._closing = False
         self.budget = _host_budget()
@@ -80,17 +82,56 @@ class ModelPool:
     def names(self) -> list[str]:
         return list(self._models)
 
-    def resolve(self, model: object) -> str:
-        """The served model a request's "model" names (None: the default). ModelNotFound lists
-        what is served; a non-string is left to the request's own validation."""
+    def resolve(self, model: object, exact: bool = False) -> str:
+        """The served model a request's "model" names: its name or file name; None is the default
+        (a non-string is left to the request's own validation). Any other name is the only chat
+        model when one is served (tools send fixed names such as gpt-4o-mini, as llama-server allows),
+        the default one under --default-model-fallback, else a ModelNotFound listing what is
+        served; `exact` (load, unload, retrieve, and Ollama's API, whose clients pull a model
+        they miss) always refuses it."""
         if model is None or not isinstance(model, str):
             return self.default
         if model in self._models:
             return model
         if model.endswith(".gguf") and model[:-5] in self._models:
             return model[:-5]
+        if not exact and (self._n_chat == 1 or self.fallback):
+            return self.default
         raise ModelNotFound(f"the model '{model}' does not exist; this server serves {', '.join(self._models)}",
                             param="model")
+
+    def kind(self, name: str) -> str:
+        """chat, or embedding: a model that only embeds (--embedding-model PATH)."""
+        return self._models[name].spec.kind
+
+    def resolve_embedding(self, model: object) -> str:
+        """The model that answers an embeddings request naming `model`: the served model it names
+        if that one embeds (an embedding model; any model under --embedding-model chat); for no
+        name or an unknown one, the embedding model, or under --embedding-model chat the default
+        model (an unknown name is a 404 then). InvalidRequest names the flag when none embeds."""
+        own = [n for n, m in self._models.items() if m.spec.kind == "embedding"]
+        chat = self.config.engine.embedding_model == "chat"
+        if isinstance(model, str):
+            try:
+                name = self.resolve(model, exact=True)
+            except ModelNotFound:
+                if chat and not own:
+                    raise
+                name = None
+            if name is not None:
+                if chat or self.kind(name) == "embedding":
+                    return name
+                raise InvalidRequest(f"the model {name} is a chat model and does not answer embeddings: serve an "
+                                     "embedding model with --embedding-model PATH.gguf, or start the server with "
+                                     "--embedding-model chat to embed with the chat model's mean-pooled hidden "
+                                     "state", param="model")
+        if own:
+            return own[0]
+        if chat:
+            return self.default
+        raise InvalidRequest("this server serves no embedding model: start it with --embedding-model PATH.gguf (an "
+                             "embedding model) or --embedding-model chat (the chat model's mean-pooled hidden state)",
+                             param="model")
 
     def client(self, name: str | None = None) -> EngineClient | None:
         """The model's engine if it is loaded or loading (never loads it)."""
@@ -112,7 +153,8 @@ class ModelPool:
                 wait_for = self._make_room(m)
                 if m.closing is not None:
                     wait_for.append(m.closing)
-                m.client, m.failure, m.load_started = EngineClient(m.cfg, self.log_level), None, time.monotonic()
+                m.client = EngineClient(m.cfg, self.log_level, embedding_only=m.spec.kind == "embedding")
+                m.failure, m.load_started = None, time.monotonic()
                 m.ready.clear()
             m.leases += 1
             m.last_used = time.monotonic()
@@ -263,7 +305,8 @@ class ModelPool:
             for name, m in self._models.items():
                 state = self.state_of(name)
                 info = m.client.info if m.client is not None and state == "loaded" else None
-                row = {"name": name, "state": state, "default": name == self.default, "source": m.spec.source,
+                row = {"name": name, "state": state, "default": name == self.default, "kind": m.spec.kind,
+                       "source": m.spec.source,
                        "path": str(m.spec.path), "settings": dict(m.spec.settings), "loads": m.loads}
                 if m.failure is not None and state == "failed":
                     row["reason"] = m.failure
@@ -271,6 +314,8 @@ class ModelPool:
                     row.update(pid=m.client.state.pid, n_ctx=info.n_ctx, n_slots=info.n_slots, kv_bytes=info.kv_bytes,
                                in_flight=m.client.in_flight(), idle_s=round(now - m.last_used, 1),
                                load_s=round(m.load_s, 2) if m.load_s is not None else None)
+                    if "embeddings" in info.settings:    # it embeds: pooling, size, batch limits
+                        row["embeddings"] = info.settings["embeddings"]
                 out.append(row)
         return out
 

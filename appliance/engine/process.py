@@ -4,6 +4,7 @@
     EngineClient.submit(Request) --- cmd pipe --->   engine_main: render template, tokenize,
     EngineClient.abort(id)           Submit, Abort,  Scheduler.step() over the runner
     EngineClient.tokenize/detokenize Tokenize, ...   answered between steps: one Tokenized
+    EngineClient.embed(Embed)        Embed           batched, a batch per turn: one Embedded
     router thread  <------- event pipe ----------    Ready, then one StepEvents per step
       -> per-request queue.Queue
 
@@ -26,18 +27,19 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Sequence
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
-from .ipc import Abort, Command, Detokenize, LoadFailed, Ready, RenderPrompt, StepEvents, Stop, Submit, Tokenize
+from .ipc import (Abort, Command, Detokenize, Embed, LoadFailed, Ready, RenderPrompt, StepEvents, Stop, Submit,
+                  Tokenize)
 from .runners.base import RunnerInfo
 from .stats import EngineStats
-from .types import Done, Error, Event, Request, Tokenized
+from .types import Done, Embedded, Error, Event, Request, Tokenized
 
 log = logging.getLogger("appliance.engine")
 
-_TERMINAL = (Done, Error, Tokenized)
+_TERMINAL = (Done, Error, Tokenized, Embedded)
 ANSWER_TIMEOUT_S = 60.0  # a tokenize command waits for at most the scheduler step under way
 
 
@@ -45,14 +47,15 @@ ANSWER_TIMEOUT_S = 60.0  # a tokenize command waits for at most the scheduler st
 # engine side
 
 
-def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: str = "INFO") -> None:
+def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: str = "INFO",
+                embedding_only: bool = False) -> None:
     """Entry point of the engine process: load, then loop over commands and scheduler steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the engine stops
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
     from .loop import EngineLoop  # heavy imports (llama_cpp, numpy) happen only in this process
 
     try:
-        loop = EngineLoop(cfg)
+        loop = EngineLoop(cfg, embedding_only)
     except ApplianceError as e:
         evt.send(LoadFailed(*e.to_wire()))
         return
@@ -102,9 +105,10 @@ class RequestStream:
 class EngineClient:
     """Owns the engine process: starts it, routes its events, restarts it when it dies."""
 
-    def __init__(self, cfg: EngineConfig, log_level: str = "info") -> None:
+    def __init__(self, cfg: EngineConfig, log_level: str = "info", embedding_only: bool = False) -> None:
         self.cfg = cfg
         self.log_level = log_level
+        self.embedding_only = embedding_only     # an embedding model's engine (engine/embed.py)
         self.info: RunnerInfo | None = None
         self.stats: EngineStats | None = None
         self._ctx = mp.get_context("spawn")
@@ -160,10 +164,29 @@ class EngineClient:
     def submit(self, req: Request) -> RequestStream:
         return self._open(req.id, Submit(req))
 
+    def embed(self, msg: Embed) -> RequestStream:
+        """Its events: one Embedded (or an Error). Like a request's stream, not a blocking ask: an
+        embeddings request waits behind other batches, and a client that leaves aborts it."""
+        return self._open(msg.request_id, msg)
+
     def tokenize(self, text: str, add_special: bool, parse_special: bool, with_pieces: bool,
                  timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
         rid = self.new_id("tok")
         return self._ask(rid, Tokenize(rid, text, add_special, parse_special, with_pieces), timeout)
+
+    def tokenize_many(self, texts: Sequence[tuple[str, bool, bool]],
+                      timeout: float = ANSWER_TIMEOUT_S) -> list[tuple[int, ...]]:
+        """Each (text, add_special, parse_special) tokenized on its own, all sent at once: the
+        engine answers them in the same pause between two steps."""
+        streams = []
+        try:
+            for text, add_special, parse_special in texts:
+                rid = self.new_id("tok")
+                streams.append(self._open(rid, Tokenize(rid, text, add_special, parse_special, False)))
+            return [self._answer(s, timeout).ids for s in streams]
+        finally:
+            for s in streams:
+                s.abort()
 
     def detokenize(self, ids: tuple[int, ...], timeout: float = ANSWER_TIMEOUT_S) -> Tokenized:
         rid = self.new_id("detok")
@@ -176,7 +199,10 @@ class EngineClient:
 
     def _ask(self, request_id: str, msg: Command, timeout: float) -> Tokenized:
         """Send a command the engine answers with one event, and wait for it (an Error raises)."""
-        stream = self._open(request_id, msg)
+        return self._answer(self._open(request_id, msg), timeout)
+
+    @staticmethod
+    def _answer(stream: RequestStream, timeout: float) -> Tokenized:
         ev = stream.get(timeout)
         if ev is None:
             stream.abort()
@@ -223,7 +249,7 @@ class EngineClient:
             cmd_parent, cmd_child = self._ctx.Pipe(duplex=False)
             evt_parent, evt_child = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(target=engine_main, name="appliance-engine", daemon=True,
-                                     args=(self.cfg, cmd_parent, evt_child, self.log_level))
+                                     args=(self.cfg, cmd_parent, evt_child, self.log_level, self.embedding_only))
             proc.start()
             cmd_parent.close()
             evt_child.close()

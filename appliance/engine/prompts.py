@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidRequest, InvalidToken
 from . import tools
@@ -30,8 +30,10 @@ class Prepared:
 
 
 class PromptBuilder:
-    def __init__(self, runner: ModelRunner, info: RunnerInfo) -> None:
+    def __init__(self, runner: ModelRunner, info: RunnerInfo,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.runner, self.info = runner, info
+        self.template_kwargs = dict(template_kwargs or {})  # --chat-template-kwargs; a request's win
         self.template = ChatTemplate(info.chat_template, info.bos_text, info.eos_text)
         self.tool_format = tools.detect_format(info.chat_template)
         self.think_markers = markers_for(info.chat_template)
@@ -60,7 +62,7 @@ class PromptBuilder:
             self.check_ids(req.prompt_ids, "prompt")
             return list(req.prompt_ids), ""
         if req.messages is not None:
-            messages, kwargs = req.messages, dict(req.template_kwargs)
+            messages, kwargs = req.messages, {**self.template_kwargs, **dict(req.template_kwargs)}
             if req.tools and req.tool_choice != "none":
                 if self.tool_format == "generic":
                     messages = tools.with_generic_tools(messages, req.tools)

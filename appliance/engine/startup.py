@@ -7,7 +7,9 @@
 `start` returns them as one `Engine`; `/health` 200 means all of this has happened (a request
 never pays for graph allocation or page faults of the first forward). What was decided is
 reported in `Engine.info.settings`: the runner's own settings plus the scheduler's grid and
-budget, the plan's status and the speculation policy.
+budget, the plan's status and the speculation policy. With --embedding-model chat the engine
+also embeds (an `Embedder` over a second llama.cpp context on the same weights);
+`start_embedding` is an embedding model's engine, an `Embedder` and no scheduler.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..models import resolve
 from . import plan as plan_mod
 from .cache.disk import DiskTier
 from .cache.prompt_cache import PromptCache
+from .embed import Embedder, EmbeddingContext
 from .grid import Grid
 from .prompts import PromptBuilder
 from .runners import make_runner
@@ -45,10 +48,13 @@ class Engine:
     info: RunnerInfo             # the runner's, with what the engine adds in `settings`
     runner: ModelRunner
     prompts: PromptBuilder
-    scheduler: Scheduler
+    scheduler: Scheduler | None  # None: an embedding model, which only embeds
+    embedder: Embedder | None = None
 
     def close(self) -> None:
-        if self.scheduler.spec.drafter is not None:
+        if self.embedder is not None:
+            self.embedder.close()            # its context before the weights it reads
+        if self.scheduler is not None and self.scheduler.spec.drafter is not None:
             self.scheduler.spec.drafter.close()
         self.runner.close()
 
@@ -59,22 +65,67 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
     t0 = time.perf_counter()
     cfg, plan = plan_mod.apply(cfg, ref.path)
     runner = make_runner(cfg, ref.path, ref.alias)
-    info = _with_settings(runner.info, prefill_chunk=cfg.prefill_chunk, step_token_budget=cfg.step_token_budget,
-                          prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
-    prompts = PromptBuilder(runner, info)
+    info = _with_settings(_with_template(runner.info, cfg), prefill_chunk=cfg.prefill_chunk,
+                          step_token_budget=cfg.step_token_budget, prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
+    prompts = PromptBuilder(runner, info, cfg.template_kwargs())
     warm_up(runner, info)
     spec = speculation(cfg, runner)
     info = _with_settings(info, speculation=_speculation_report(spec))
     cache = PromptCache.from_config(runner, cfg, disk_tier(cfg, runner))
     scheduler = Scheduler(runner, cfg, emit, cache, spec)
+    embedder = None
+    if cfg.embedding_model == "chat":
+        from .runners.embedding import for_chat_model
+
+        ctx = for_chat_model(runner)
+        embedder = _embedder(ctx, runner, prompts, emit)
+        info = _with_settings(info, embeddings=ctx.report())
     log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
              ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots,
              info.n_ctx, info.kv_bytes / 2**20, info.settings)
-    return Engine(info, runner, prompts, scheduler)
+    return Engine(info, runner, prompts, scheduler, embedder)
+
+
+def start_embedding(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
+    """An embedding model's engine (--embedding-model PATH): its vocabulary and an embeddings
+    context behind an `Embedder`, no scheduler."""
+    from .runners.embedding import EmbeddingRunner
+
+    ref = resolve(cfg.model, cfg.model_alias)
+    t0 = time.perf_counter()
+    runner = EmbeddingRunner(cfg, ref.path, ref.alias)
+    prompts = PromptBuilder(runner, runner.info)
+    embedder = _embedder(runner.embeddings, runner, prompts, emit)
+    log.info("loaded embedding model %s (%s) in %.2f s: %s", ref.path.name, runner.info.arch,
+             time.perf_counter() - t0, runner.info.settings["embeddings"])
+    return Engine(runner.info, runner, prompts, None, embedder)
+
+
+def _embedder(ctx: EmbeddingContext, runner: ModelRunner, prompts: PromptBuilder,
+              emit: Callable[[Event], None]) -> Embedder:
+    """Texts tokenized as llama-server tokenizes an embeddings input (special tokens added and
+    parsed), warmed up."""
+    embedder = Embedder(ctx, lambda text: runner.tokenize(text, add_special=True, parse_special=True),
+                        prompts.check_ids, emit)
+    embedder.warm_up(runner.info.bos_id or 0)
+    return embedder
 
 
 def _with_settings(info: RunnerInfo, **more) -> RunnerInfo:
     return dataclasses.replace(info, settings={**info.settings, **more})
+
+
+def _with_template(info: RunnerInfo, cfg: EngineConfig) -> RunnerInfo:
+    """The runner's info with --chat-template in place of the GGUF's template, so the prompts, the
+    tool-call format, the thinking markers and /health all see the template in use."""
+    override = cfg.template_override()
+    if override is not None:
+        source, template = override
+        log.info("chat template: %s", source)
+        return dataclasses.replace(info, chat_template=template, chat_template_source=source)
+    if info.chat_template is None:
+        return dataclasses.replace(info, chat_template_source="fallback:chatml")
+    return info
 
 
 def warm_up(runner: ModelRunner, info: RunnerInfo) -> None:

@@ -1,12 +1,14 @@
 """Typed data crossing the server <-> engine boundary: requests in, events out.
 
 Every request's first event is `Accepted` or `Error`; then `Delta`s; then exactly one `Done` or
-`Error`. A tokenize or detokenize command gets exactly one `Tokenized` or `Error`. Everything
-here is a frozen dataclass so it pickles across the process boundary and cannot be changed on
-the way.
+`Error`. A tokenize or detokenize command gets exactly one `Tokenized` or `Error`, an embed
+command one `Embedded` or `Error`. Everything here is a frozen dataclass so it pickles across
+the process boundary and cannot be changed on the way.
 """
 from __future__ import annotations
 
+import array
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,7 +64,8 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class Constraint:
-    """Output must match: kind "json_object" (any JSON object) or "json_schema" (schema_json)."""
+    """Output must match: kind "json_object" (any JSON object), "json_schema" (schema_json), "lark"
+    (a tool-call grammar) or "gbnf" (llama-server's `grammar`, in schema_json)."""
 
     kind: str
     schema_json: str | None = None
@@ -158,6 +161,7 @@ class TopLogprob:
     token: str
     bytes: tuple[int, ...]
     logprob: float
+    id: int = -1                    # the token id (llama-server's n_probs report it)
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,7 @@ class TokenLogprob:
     bytes: tuple[int, ...]
     logprob: float
     top: tuple[TopLogprob, ...] = ()
+    id: int = -1
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class Done:
     usage: Usage
     timings: Timings
     stop_string: str | None = None  # the stop string that ended the reply, when one did
+    token_ids: tuple[int, ...] = ()  # the reply's tokens (a Delta's may lag: text held back)
 
 
 @dataclass(frozen=True)
@@ -211,4 +217,26 @@ class Tokenized:
     text: str = ""
 
 
-Event = Accepted | Delta | Done | Error | Tokenized
+@dataclass(frozen=True)
+class Embedded:
+    """The one event answering an embed command: a vector per input, in order, as little-endian
+    float32 (`data`: n_inputs x n_embd; OpenAI's base64 encoding is these bytes), and each
+    input's token count."""
+
+    request_id: str
+    data: bytes
+    n_embd: int
+    n_tokens: tuple[int, ...]
+
+    def raw(self, i: int) -> bytes:
+        size = 4 * self.n_embd
+        return self.data[i * size:(i + 1) * size]
+
+    def floats(self, i: int) -> list[float]:
+        vec = array.array("f", self.raw(i))
+        if sys.byteorder == "big":
+            vec.byteswap()
+        return vec.tolist()
+
+
+Event = Accepted | Delta | Done | Error | Tokenized | Embedded

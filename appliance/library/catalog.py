@@ -8,8 +8,11 @@ Per-model settings live in `settings.toml` in the library's directory, one table
     n_slots = 2
     kv_type = "q8_0"
 
-Any `EngineConfig` field but `model` and `model_alias` may be set; a flag or APPLIANCE_*
-variable given to `serve` wins over the file.
+Any `EngineConfig` field but `model`, `model_alias` and `embedding_model` may be set; a flag
+or APPLIANCE_* variable given to `serve` wins over the file.
+
+`--embedding-model PATH` adds a model of kind "embedding", after the others (never the default),
+which takes serve's settings and answers embeddings only.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ from .index import Library
 log = logging.getLogger("appliance.library")
 
 SETTINGS = "settings.toml"
-_NOT_SETTINGS = {"model", "model_alias"}
+_NOT_SETTINGS = {"model", "model_alias", "embedding_model"}
+_DEFAULT_MODEL_ONLY = ("chat_template", "chat_template_kwargs")   # serve's apply to the default model
 
 
 @dataclass(frozen=True)
@@ -35,16 +39,21 @@ class ModelSpec:
     path: Path
     source: str
     settings: tuple[tuple[str, object], ...] = ()    # from settings.toml, as applied
+    kind: str = "chat"           # chat | embedding (--embedding-model PATH: it only embeds)
 
-    def engine_config(self, config: Config, cache_subdir: bool) -> EngineConfig:
+    def engine_config(self, config: Config, default: bool) -> EngineConfig:
         """The engine settings of this model: serve's, then its own where serve's were not given.
-        `cache_subdir`: its prompt-cache disk tier in a directory of its own (the disk tier
-        deletes another model's files at start, so models never share one)."""
+        A model but the `default` one keeps its prompt-cache disk tier in a directory of its own
+        (the disk tier deletes another model's files at start, so models never share one), and
+        its chat template is its own: serve's --chat-template is the default model's."""
         own = {k: v for k, v in self.settings if k not in config.given}
         cfg = dataclasses.replace(config.engine, model=str(self.path), model_alias=self.name, **own)
-        if cache_subdir:
+        if self.kind == "embedding":   # one batch of inputs is its whole context: what the planner sizes
+            cfg = dataclasses.replace(cfg, n_slots=1, n_ctx=cfg.n_batch)
+        if not default:
             safe = re.sub(r"[^\w.-]", "_", self.name)
-            cfg = dataclasses.replace(cfg, cache_dir=str(cfg.resolved_cache_dir() / "models" / safe))
+            template = {k: dict(self.settings).get(k) for k in _DEFAULT_MODEL_ONLY}
+            cfg = dataclasses.replace(cfg, cache_dir=str(cfg.resolved_cache_dir() / "models" / safe), **template)
         return cfg
 
 
@@ -70,6 +79,23 @@ def load_settings(root: Path) -> dict[str, dict[str, object]]:
 
 def catalog(config: Config) -> tuple[list[ModelSpec], str]:
     """(the models to serve, the default one's name). ValueError for a setting that is wrong."""
+    specs, default = _chat_models(config)
+    path = config.engine.embedding_model
+    if path not in (None, "chat"):
+        from ..errors import ApplianceError
+        from ..models import resolve
+
+        try:
+            ref = resolve(path)
+        except ApplianceError as e:
+            raise ValueError(f"--embedding-model {path}: {e.message}") from None
+        if ref.alias in {s.name for s in specs}:
+            raise ValueError(f"--embedding-model {path}: a served model is already named {ref.alias}")
+        specs.append(ModelSpec(ref.alias, ref.path, "file", kind="embedding"))
+    return specs, default
+
+
+def _chat_models(config: Config) -> tuple[list[ModelSpec], str]:
     from ..models import EMBEDDED_ALIAS, embedded_model_path, resolve
     from ..errors import ApplianceError
 
@@ -108,7 +134,7 @@ def catalog(config: Config) -> tuple[list[ModelSpec], str]:
         raise ValueError(f"--default-model {default}: no such model (served: {', '.join(specs) or 'none'})")
     for spec in specs.values():          # a wrong setting stops the start, naming its model
         try:
-            spec.engine_config(config, False)
+            spec.engine_config(config, spec.name == default)
         except ValueError as e:
             raise ValueError(f"{lib.root / SETTINGS}: [{spec.name}]: {e}") from None
     return list(specs.values()), default

@@ -27,10 +27,10 @@ def test_embedded_library_and_dirs_with_their_settings(lib, tmp_path):
     cfg = config.load({"library": str(lib), "models_dir": str(more)}, env={})
     specs, default = catalog(cfg)
     assert [s.name for s in specs] == [EMBEDDED_ALIAS, "tiny", "other"] and default == EMBEDDED_ALIAS
-    tiny = specs[1].engine_config(cfg, cache_subdir=True)
+    tiny = specs[1].engine_config(cfg, default=False)
     assert (tiny.n_ctx, tiny.kv_type, tiny.model_alias) == (4096, "q8_0", "tiny")
     assert tiny.cache_dir.endswith("prompt-cache/models/tiny")
-    assert specs[0].engine_config(cfg, cache_subdir=False).cache_dir is None
+    assert specs[0].engine_config(cfg, default=True).cache_dir is None
 
 
 def test_a_flag_or_variable_given_to_serve_wins_over_the_file(lib):
@@ -60,3 +60,16 @@ def test_settings_mistakes_name_the_file_model_and_key(lib):
     with pytest.raises(ValueError, match="--default-model nope: no such model"):
         (lib / "settings.toml").unlink()
         catalog(config.load({"library": str(lib), "default_model": "nope"}, env={}))
+
+
+def test_serves_chat_template_is_the_default_models_and_settings_give_the_others(lib):
+    (lib / "settings.toml").write_text('["tiny"]\nchat_template = "gemma"\n')
+    cfg = config.load({"library": str(lib), "chat_template": "chatml", "chat_template_kwargs": '{"a": 1}'}, env={})
+    specs, default = catalog(cfg)
+    embedded = next(s for s in specs if s.name == default).engine_config(cfg, default=True)
+    tiny = next(s for s in specs if s.name == "tiny").engine_config(cfg, default=False)
+    assert (embedded.chat_template, embedded.chat_template_kwargs) == ("chatml", '{"a": 1}')
+    assert (tiny.chat_template, tiny.chat_template_kwargs) == ("gemma", None)
+    (lib / "settings.toml").write_text('["tiny"]\nchat_template = "gemma2"\n')    # refused at start, named
+    with pytest.raises(ValueError, match=r"\[tiny\]: chat template 'gemma2' is neither a built-in one"):
+        catalog(cfg)

@@ -146,5 +146,10 @@ def test_ollama_errors_and_the_load_request(ol, server):
     with pytest.raises(ollama.ResponseError) as ei:
         ol.chat(model="SmolLM2-135M-Instruct-Q4_1", messages=ASK, options={"warp": 9})
     assert ei.value.status_code == 400 and "warp" in ei.value.error
+    # a prompt over the context is refused in Ollama's shape before any stream byte
+    r = requests.post(server.url + "/api/chat", json={"model": "SmolLM2-135M-Instruct-Q4_1", "stream": True,
+                                                      "messages": [{"role": "user", "content": "x " * 2000}]},
+                      timeout=30)
+    assert r.status_code == 400 and set(r.json()) == {"error"} and "context" in r.json()["error"]
     r = requests.post(server.url + "/api/generate", json={"model": "SmolLM2-135M-Instruct-Q4_1"}, timeout=30).json()
     assert r["done"] and r["done_reason"] == "load"

@@ -65,3 +65,21 @@ def test_anthropic_thinking_blocks(server):
     assert "thinking_delta" in kinds and final.content[0].thinking == on.content[0].thinking
     off = client.messages.create(thinking={"type": "disabled"}, **ask)
     assert all(b.type == "text" for b in off.content)
+
+
+def test_responses_reasoning_items(server):
+    """The Responses API's reasoning.effort is the template's switch; the thinking comes back as a
+    reasoning item (its text as reasoning_text content) before any message, streamed as
+    reasoning_text deltas."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    ask = dict(model="tiny-thinker", input=BODY["messages"][0]["content"], max_output_tokens=12, temperature=0,
+               extra_body={"ignore_eos": True})
+    on = client.responses.create(reasoning={"effort": "high"}, **ask)
+    assert on.output[0].type == "reasoning" and on.output[0].content[0].type == "reasoning_text"
+    assert on.usage.output_tokens_details.reasoning_tokens > 0
+    events = list(client.responses.create(reasoning={"effort": "high"}, stream=True, **ask))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == on.output[0].content[0].text == events[-1].response.output[0].content[0].text
+    off = client.responses.create(reasoning={"effort": "none"}, **ask)
+    assert [o.type for o in off.output] == ["message"] and off.output_text

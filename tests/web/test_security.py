@@ -1,30 +1,137 @@
-"""Security defaults: an API key guards every route (constant-time compare), CORS answers only
-listed origins."""
+"""Security defaults and what a local client expects: an API key guards every route but
+/health, which tells a monitor without it the status only (constant-time compare); CORS answers
+pages served from this machine and listed origins, preflights without the key; the Host check
+holds on every loopback address bound. The server also binds both loopbacks (where this host
+has ::1) and runs a built-in chat template; the first tests need no server (Flask's client)."""
 from __future__ import annotations
+
+import dataclasses
+import socket
+from types import SimpleNamespace
 
 import openai
 import pytest
 import requests
 
+from appliance.config import Config, ServerConfig
+from appliance.models import EMBEDDED_ALIAS
+from tests.engine.fake_runner import FakeRunner
+from web import create_app
+
 from .conftest import running_server
 
 KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+IPV6 = has_ipv6_loopback()
+
+
+class Pool:
+    """One loaded model, as /health and /v1/models read it."""
+
+    default = "fake"
+    engine = SimpleNamespace(info=dataclasses.replace(FakeRunner().info, chat_template_source="builtin:chatml"),
+                             state=SimpleNamespace(pid=1, restarts=0, status="ready", reason=None), stats=None)
+
+    def client(self, name=None):
+        return self.engine
+
+    def names(self):
+        return [self.default]
+
+    def state_of(self, name):
+        return "loaded"
+
+    def status(self):
+        return []
+
+    def in_flight(self):
+        return 0
+
+
+def app_client(**server):
+    cfg = ServerConfig(**{"api_key": KEY, "cors_origins": "http://allowed.example", **server})
+    return create_app(Config(server=cfg), Pool()).test_client()
+
+
+def test_health_tells_a_monitor_without_the_key_its_status_only():
+    client = app_client()
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = client.get("/health", headers=headers)
+        assert r.status_code == 200 and set(r.get_json()) == {"status", "uptime_s"} and r.get_json()["status"] == "ok"
+    full = client.get("/health", headers=AUTH).get_json()
+    assert full["model"] == "fake" and full["chat_template"] == {"source": "builtin:chatml", "from_model": False,
+                                                                 "thinking_switch": False}
+    assert client.get("/metrics").status_code == 401 and client.get("/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("origin,allowed", [
+    ("http://localhost:5173", True), ("http://127.0.0.1:3000", True), ("https://[::1]:8443", True),
+    ("http://localhost", True), ("http://allowed.example", True),
+    ("http://evil.example", False), ("http://localhost.evil.example", False), ("http://127.0.0.1.nip.io", False),
+    ("file://", False), ("null", False),
+])
+def test_cors_allows_pages_from_this_machine_and_listed_origins(origin, allowed):
+    client = app_client()
+    pre = client.options("/v1/chat/completions", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"})
+    got = client.get("/v1/models", headers={**AUTH, "Origin": origin})
+    if allowed:    # the preflight needs no key; the SDK's own headers are allowed
+        assert pre.status_code == 204 and pre.headers["Access-Control-Allow-Origin"] == origin
+        assert pre.headers["Access-Control-Allow-Headers"] == "authorization, content-type, x-stainless-os"
+        assert got.headers["Access-Control-Allow-Origin"] == origin
+    else:
+        assert pre.status_code == 401 and "Access-Control-Allow-Origin" not in pre.headers
+        assert got.status_code == 200 and "Access-Control-Allow-Origin" not in got.headers
+
+
+def test_a_star_allows_any_origin():
+    r = app_client(cors_origins="*").get("/v1/models", headers={**AUTH, "Origin": "http://anywhere.example"})
+    assert r.headers["Access-Control-Allow-Origin"] == "http://anywhere.example"
+
+
+@pytest.mark.parametrize("host,checked", [("127.0.0.1,::1", True), ("localhost", True), ("0.0.0.0", False),
+                                          ("127.0.0.1,0.0.0.0", False)])
+def test_the_host_check_holds_when_every_bound_address_is_loopback(host, checked):
+    client = app_client(host=host)
+    for local in ("localhost:8080", "127.0.0.1", "[::1]:8080"):
+        assert client.get("/v1/models", headers={**AUTH, "Host": local}).status_code == 200
+    foreign = client.get("/v1/models", headers={**AUTH, "Host": "evil.example:8080"})
+    assert foreign.status_code == (403 if checked else 200)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("sec"), "--n-ctx", "256", "--n-slots", "1",
-                        "--api-key", KEY, "--cors-origins", "http://allowed.example",
-                        health_headers={"Authorization": f"Bearer {KEY}"}) as srv:
+                        "--host", "127.0.0.1,::1" if IPV6 else "127.0.0.1", "--chat-template", "chatml",
+                        "--api-key", KEY, "--cors-origins", "http://allowed.example", health_headers=AUTH) as srv:
         yield srv
 
 
-@pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", "/openapi.json", "/api/conversations",
+def test_health_answers_without_the_key_and_the_api_does_not(server):
+    r = requests.get(server.url + "/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok" and "model" not in r.json()
+    assert requests.get(server.url + "/health", headers=AUTH).json()["chat_template"]["source"] == "builtin:chatml"
+    assert requests.get(server.url + "/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/v1/models", "/openapi.json", "/api/conversations",
                                   "/api/host", "/api/bench/runs"])
 def test_every_route_needs_the_key(server, path):
     assert requests.get(server.url + path).status_code == 401
     assert requests.get(server.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert requests.get(server.url + path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert requests.get(server.url + path, headers=AUTH).status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/", "/host", "/bench", "/static/app/common.js"])
@@ -38,7 +145,7 @@ def test_pages_are_served_without_the_key_and_carry_no_data(server, path):
 @pytest.mark.parametrize("path,body", [("/tokenize", {"content": "hi"}), ("/detokenize", {"tokens": [1]})])
 def test_tokenizer_routes_need_the_key(server, path, body):
     assert requests.post(server.url + path, json=body).status_code == 401
-    assert requests.post(server.url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert requests.post(server.url + path, json=body, headers=AUTH).status_code == 200
 
 
 def test_openai_client_with_and_without_the_key(server):
@@ -51,15 +158,35 @@ def test_openai_client_with_and_without_the_key(server):
     assert r.choices[0].message is not None
 
 
-def test_cors_only_for_listed_origins(server):
-    auth = {"Authorization": f"Bearer {KEY}"}
-    ok = requests.get(server.url + "/v1/models", headers={**auth, "Origin": "http://allowed.example"})
+def test_cors_for_local_pages_and_listed_origins(server):
+    ok = requests.get(server.url + "/v1/models", headers={**AUTH, "Origin": "http://allowed.example"})
     assert ok.headers.get("Access-Control-Allow-Origin") == "http://allowed.example"
-    other = requests.get(server.url + "/v1/models", headers={**auth, "Origin": "http://evil.example"})
+    for origin in ("http://allowed.example", "http://localhost:5173"):
+        pre = requests.options(server.url + "/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 204 and pre.headers.get("Access-Control-Allow-Origin") == origin
+        assert "Authorization" in pre.headers["Access-Control-Allow-Headers"]
+    other = requests.options(server.url + "/v1/chat/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "Access-Control-Allow-Origin" not in other.headers
-    pre = requests.options(server.url + "/v1/chat/completions", headers={
-        "Origin": "http://allowed.example", "Access-Control-Request-Method": "POST"})
-    assert pre.status_code == 204 and pre.headers.get("Access-Control-Allow-Origin") == "http://allowed.example"
+
+
+@pytest.mark.skipif(not IPV6, reason="this host has no IPv6 loopback")
+def test_both_loopbacks_answer_and_keep_the_host_check(server):
+    port = server.url.rsplit(":", 1)[1]
+    for base in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
+        assert requests.get(base + "/v1/models", headers=AUTH).status_code == 200
+        assert base in server.log()              # the start-up line names every address
+    assert requests.get(f"http://[::1]:{port}/v1/models", headers={**AUTH, "Host": "evil.example"}).status_code == 403
+
+
+def test_a_fixed_model_name_gets_the_served_model_under_the_builtin_template(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    r = client.chat.completions.create(model="gpt-4o-mini", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    assert r.model == EMBEDDED_ALIAS                  # the id of the model that answered
+    chatml = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"   # SmolLM2's own adds a system turn
+    ids = requests.post(server.url + "/tokenize", headers=AUTH, json={"content": chatml, "add_special": True}).json()
+    assert r.usage.prompt_tokens == len(ids["tokens"])
 
 
 def test_anthropic_clients_send_the_key_as_x_api_key(server):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Tokenized, Usage
-from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
+from appliance.errors import EngineCrashed, InvalidRequest, ModelNotFound, UnsupportedMediaType
 from web.responses import ChunkWriter
 from web.wire import parse_chat, parse_completion, parse_detokenize, parse_json_body, parse_tokenize, tokenize_response
 
@@ -305,7 +305,7 @@ def events(data: bytes) -> list:
 def test_chat_chunks():
     p = chat(stream=True)
     w = ChunkWriter(p, chat=True, fingerprint="fp")
-    (first,) = events(w.first())
+    (first,) = events(w.start())
     assert first["object"] == "chat.completion.chunk" and first["id"] == "chatcmpl-1"
     assert first["model"] == MODEL and first["system_fingerprint"] == "fp"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -314,9 +314,9 @@ def test_chat_chunks():
     (delta,) = events(w.delta(Delta("id-1", "Hel", ())))
     assert delta["choices"][0]["delta"] == {"content": "Hel"}
 
-    tail = events(w.last(DONE))
+    tail = events(w.end(DONE))
     assert tail[-1] == "[DONE]"
-    assert w.last(DONE).endswith(b"data: [DONE]\n\n")
+    assert w.end(DONE).endswith(b"data: [DONE]\n\n")
     assert len(tail) == 2  # no usage chunk unless asked
     final = tail[0]
     assert final["choices"][0]["finish_reason"] == "stop"
@@ -327,7 +327,7 @@ def test_chat_chunks():
 
 def test_chat_chunks_with_usage():
     p = chat(stream=True, stream_options={"include_usage": True})
-    tail = events(ChunkWriter(p, chat=True, fingerprint="fp").last(DONE))
+    tail = events(ChunkWriter(p, chat=True, fingerprint="fp").end(DONE))
     assert len(tail) == 3 and tail[-1] == "[DONE]"
     usage_chunk = tail[1]
     assert usage_chunk["choices"] == []
@@ -338,19 +338,20 @@ def test_chat_chunks_with_usage():
 def test_completion_chunks():
     p = completion(stream=True)
     w = ChunkWriter(p, chat=False, fingerprint="fp")
-    assert w.first() is None
+    assert w.start() == b""
     (delta,) = events(w.delta(Delta("id-1", "abc", ())))
     assert delta["object"] == "text_completion"
     assert delta["choices"][0]["text"] == "abc"
-    tail = events(w.last(DONE))
+    tail = events(w.end(DONE))
     assert tail[0]["choices"][0] == {"index": 0, "text": "", "logprobs": None,
                                      "finish_reason": "stop"}
     assert tail[-1] == "[DONE]"
 
 
 def test_error_chunk():
-    out = ChunkWriter.error({"error": {"message": "boom"}})
-    assert events(out) == [{"error": {"message": "boom"}}]
+    out = ChunkWriter.error(EngineCrashed("boom"))
+    assert events(out) == [{"error": {"message": "boom", "type": "server_error", "param": None,
+                                      "code": "engine_crashed"}}]
 
 
 @pytest.mark.parametrize("chat", [True, False])

@@ -27,6 +27,13 @@ def _grammar(kind: str, schema_json: str | None) -> str:
 
     if kind == "lark":  # tool calls: a grammar written by tools.grammar
         return llguidance.LLMatcher.grammar_from_lark(schema_json or "")
+    if kind == "gbnf":  # llama-server's `grammar`: GBNF, which llguidance reads once turned into Lark
+        from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+
+        try:
+            return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(schema_json or ""))
+        except GbnfToLarkError as e:
+            raise InvalidRequest(f"grammar: not a valid GBNF grammar: {e}", param="grammar") from None
     schema = ANY_OBJECT if kind == "json_object" else json.loads(schema_json or "{}")
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema)
@@ -73,6 +80,7 @@ class Constraints:
             self._tokenizer = self._factory()  # ~0.4 s once: every token's bytes
         m = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if m.is_error():
-            param = "tools" if c.kind == "lark" else "response_format"
-            raise InvalidRequest(f"{param}: invalid JSON schema: {m.get_error()}", param=param)
+            param, what = {"lark": ("tools", "JSON schema"), "gbnf": ("grammar", "grammar")}.get(
+                c.kind, ("response_format", "JSON schema"))
+            raise InvalidRequest(f"{param}: invalid {what}: {m.get_error()}", param=param)
         return Matcher(m, self.n_vocab)

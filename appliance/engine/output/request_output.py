@@ -83,9 +83,13 @@ class RequestOutput:
         return reason, Delta(self.id, got.content, (), (), got.calls, got.reasoning) if got else None
 
     @property
+    def reply(self) -> tuple[int, ...]:
+        """Tokens of the reply, an end-of-generation token left out unless ignore_eos."""
+        return tuple(t for t in self.tokens if not self.is_eog(t))
+
+    @property
     def n_generated(self) -> int:
-        """Tokens of the reply, an end-of-generation token not counted unless ignore_eos."""
-        return sum(1 for t in self.tokens if not self.is_eog(t))
+        return len(self.reply)
 
     def is_eog(self, tok: int) -> bool:
         return tok in self.eog_ids and not self.params.ignore_eos
@@ -94,8 +98,8 @@ class RequestOutput:
         lp = log_softmax(row)
 
         def entry(t: int, raw: bytes) -> TopLogprob:
-            return TopLogprob(raw.decode("utf-8", errors="replace"), tuple(raw), float(lp[t]))
+            return TopLogprob(raw.decode("utf-8", errors="replace"), tuple(raw), float(lp[t]), t)
 
         top = tuple(entry(int(t), self.detokenize([int(t)])) for t in top_ids(lp, self.params.top_logprobs))
         e = entry(tok, piece)
-        return TokenLogprob(e.token, e.bytes, e.logprob, top)
+        return TokenLogprob(e.token, e.bytes, e.logprob, top, tok)

@@ -13,6 +13,18 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class FimTokens:
+    """The model's fill-in-the-middle tokens (None: the vocabulary has none), which llama-server's
+    /infill lays out around the code: [REP]repo [SEP]file ... [PRE]prefix [SUF]suffix [MID]."""
+
+    pre: int | None = None
+    suf: int | None = None
+    mid: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+
+@dataclass(frozen=True)
 class RunnerInfo:
     backend: str
     model_path: str
@@ -31,7 +43,11 @@ class RunnerInfo:
     kv_bytes: int                # the whole pool, n_slots x n_ctx positions
     settings: dict[str, Any] = field(default_factory=dict)   # threads, batch sizes, flash attn
     fingerprint: str = ""
+    # where chat_template comes from: model (the GGUF), builtin:NAME or file:PATH (--chat-template),
+    # fallback:chatml (the GGUF has none)
+    chat_template_source: str = "model"
     placement: dict[str, Any] = field(default_factory=dict)  # devices, layers, overrides, bytes (llama.cpp)
+    fim: FimTokens = field(default_factory=FimTokens)
 
 
 @dataclass(frozen=True)

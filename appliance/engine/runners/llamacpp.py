@@ -34,6 +34,17 @@ from .vocab import TextMethods, Vocab, init_backend, load_model, meta
 log = logging.getLogger("appliance.llamacpp")
 
 
+def kv_bytes(model: L.llama_model_p, kv_type: str, positions: int) -> int:
+    """K and V of the KV type for every layer and position: what llama.cpp allocates for a pool
+    of `positions` (a head may be wider than n_embd / n_head: qwen3 says so in attention.key_length)."""
+    n_layer = L.llama_model_n_layer(model)
+    n_head = L.llama_model_n_head(model)
+    n_head_kv = L.llama_model_n_head_kv(model)
+    arch = meta(model, "general.architecture")
+    k_dim = int(meta(model, f"{arch}.attention.key_length") or L.llama_model_n_embd(model) // n_head)
+    v_dim = int(meta(model, f"{arch}.attention.value_length") or k_dim)
+    return nbytes(kv_type.upper(), positions * n_layer * n_head_kv * (k_dim + v_dim))
+
 
 class LlamaCppRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
@@ -76,7 +87,7 @@ class LlamaCppRunner(TextMethods):
             arch=meta(self.model, "general.architecture") or "unknown",
             n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
             **self.text.facts(),
-            kv_bytes=self._kv_bytes(n_ctx_seq * cfg.n_slots),
+            kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
             settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__},
             fingerprint=file_fingerprint(model_path),
             placement=self.placed.summary(),
@@ -91,18 +102,6 @@ class LlamaCppRunner(TextMethods):
                          f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
                          f"n_threads_batch={s.n_threads_batch}"])
-
-    # -- model facts ---------------------------------------------------------------------
-    def _kv_bytes(self, positions: int) -> int:
-        """K and V of the KV type for every layer and position: what llama.cpp allocates for the
-        pool (a head may be wider than n_embd / n_head: qwen3 says so in attention.key_length)."""
-        n_layer = L.llama_model_n_layer(self.model)
-        n_head = L.llama_model_n_head(self.model)
-        n_head_kv = L.llama_model_n_head_kv(self.model)
-        arch = meta(self.model, "general.architecture")
-        k_dim = int(meta(self.model, f"{arch}.attention.key_length") or L.llama_model_n_embd(self.model) // n_head)
-        v_dim = int(meta(self.model, f"{arch}.attention.value_length") or k_dim)
-        return nbytes(self.kv_type.upper(), positions * n_layer * n_head_kv * (k_dim + v_dim))
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Sequence
 import llama_cpp as L
 
 from ...errors import ModelLoadError
+from .base import FimTokens
 
 log = logging.getLogger("appliance.llamacpp")
 log.setLevel(logging.WARNING)  # llama.cpp's info and debug lines only when asked for (tests, --log-level is not enough)
@@ -83,7 +84,12 @@ class Vocab:
         return {"n_vocab": self.n_vocab, "eog_ids": self.eog_ids(), "bos_id": self.opt_token(bos),
                 "add_bos": bool(L.llama_vocab_get_add_bos(self.vocab)),
                 "chat_template": self.chat_template(), "bos_text": self.text_of(bos),
-                "eos_text": self.text_of(eos)}
+                "eos_text": self.text_of(eos), "fim": self.fim_tokens()}
+
+    def fim_tokens(self) -> FimTokens:
+        v, tok = self.vocab, self.opt_token
+        return FimTokens(tok(L.llama_vocab_fim_pre(v)), tok(L.llama_vocab_fim_suf(v)), tok(L.llama_vocab_fim_mid(v)),
+                         tok(L.llama_vocab_fim_rep(v)), tok(L.llama_vocab_fim_sep(v)))
 
     # -- text ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:

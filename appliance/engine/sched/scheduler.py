@@ -239,4 +239,4 @@ class Scheduler:
             self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled")
         self.by_id.pop(act.req.id, None)
         self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec)),
-                       act.output.stop_string))
+                       act.output.stop_string, act.output.reply))

@@ -1,0 +1,170 @@
+"""The chat templates shipped for `--chat-template NAME` (appliance/engine/templates/), rendered
+to the exact strings their formats define; a Jinja file as the template; the names and files
+refused; `--chat-template-kwargs` under a request's own; the override in the engine's info."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from appliance.config import EngineConfig
+from appliance.engine import tools
+from appliance.engine.chat import ChatTemplate
+from appliance.engine.prompts import PromptBuilder
+from appliance.engine.startup import _with_template
+from appliance.engine.templates import BUILTIN, load_template
+from appliance.engine.types import ChatMessage, Request, ToolCall
+
+from .fake_runner import FakeRunner
+
+CONVO = (ChatMessage("system", "You are terse."), ChatMessage("user", "Hi there"),
+         ChatMessage("assistant", "Hello."), ChatMessage("user", "What is 2+2?"))
+BOS, EOS = "<s>", "</s>"
+
+# each format's rendering of CONVO with the generation prompt, and the generation prompt itself
+EXPECTED = {
+    "chatml": ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+               "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+               "<|im_start|>assistant\n", "<|im_start|>assistant\n"),
+    "gemma": ("<s><start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
+              "Hello.<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+              "<start_of_turn>model\n"),
+    "llama2": ("<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST] Hello. </s>"
+               "<s>[INST] What is 2+2? [/INST]", ""),
+    "llama3": ("<s><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+               "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+               "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+               "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+               "<|start_header_id|>assistant<|end_header_id|>\n\n",
+               "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    "mistral": ("<s>[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]Hi there[/INST]Hello.</s>"
+                "[INST]What is 2+2?[/INST]", ""),
+    "phi3": ("<|system|>\nYou are terse.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello.<|end|>\n"
+             "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n", "<|assistant|>\n"),
+    "vicuna": ("You are terse. USER: Hi there ASSISTANT: Hello.</s>USER: What is 2+2? ASSISTANT:", "ASSISTANT:"),
+    "zephyr": ("<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n<|assistant|>\nHello.</s>\n"
+               "<|user|>\nWhat is 2+2?</s>\n<|assistant|>\n", "<|assistant|>\n"),
+}
+
+
+def builtin(name: str) -> ChatTemplate:
+    source, text = load_template(name)
+    assert source == f"builtin:{name}"
+    return ChatTemplate(text, BOS, EOS)
+
+
+def test_every_builtin_has_its_expected_rendering():
+    assert set(BUILTIN) == set(EXPECTED) >= {"chatml", "llama3", "mistral", "gemma", "phi3"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_renders_a_conversation_exactly(name):
+    t = builtin(name)
+    assert t.load_warning is None and not t.is_default
+    with_prompt, header = EXPECTED[name]
+    assert t.render(CONVO) == with_prompt
+    assert t.render(CONVO, add_generation_prompt=False) + header == with_prompt
+
+
+CALL = ToolCall("call_1", "add", json.dumps({"a": 1}))
+ROUND_TRIP = (ChatMessage("system", "Be exact."), ChatMessage("user", "Add"),
+              ChatMessage("assistant", None, tool_calls=(CALL,)), ChatMessage("tool", "1", tool_call_id="call_1"),
+              ChatMessage("tool", "2", tool_call_id="call_1"))
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+TOOL_JSON = '{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}'
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_renders_a_tool_round_trip(name):
+    # a format without tools gets them described in the system message (the prompt builder's
+    # generic path) and renders the results as user turns
+    out = builtin(name).render(ROUND_TRIP, tools=TOOLS)
+    assert re.search(r"Add.*\b1\b.*\b2\b", out, re.S)
+
+
+def test_chatml_gives_tools_as_hermes_and_qwen_templates_do():
+    out = builtin("chatml").render(ROUND_TRIP, tools=TOOLS)
+    assert out == ("<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call one or more functions to assist "
+                   "with the user query.\n\nYou are provided with function signatures within <tools></tools> "
+                   f"XML tags:\n<tools>\n{TOOL_JSON}\n</tools>\n\nFor each function call, return a json object "
+                   "with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                   '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+                   "<|im_start|>user\nAdd<|im_end|>\n"
+                   '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+                   "<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2\n"
+                   "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_llama3_gives_tools_in_the_system_turn_and_results_as_ipython():
+    out = builtin("llama3").render(ROUND_TRIP[:4], tools=TOOLS)
+    assert out.startswith("<s><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n"
+                          "You have access to the following functions.")
+    assert out.endswith('Be exact.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAdd<|eot_id|>'
+                        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "add", "parameters": {"a": 1}}'
+                        "<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n1<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_mistral_lists_tools_before_the_last_user_turn():
+    convo = (ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello."), *ROUND_TRIP[1:4])
+    out = builtin("mistral").render(convo, tools=TOOLS)
+    assert out == (f"<s>[INST]Hi[/INST]Hello.</s>[AVAILABLE_TOOLS][{TOOL_JSON}][/AVAILABLE_TOOLS][INST]Add[/INST]"
+                   '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}, "id": "call_1"}]</s>'
+                   '[TOOL_RESULTS]{"content": "1", "call_id": "call_1"}[/TOOL_RESULTS]')
+
+
+@pytest.mark.parametrize("name,fmt", [("chatml", "hermes"), ("llama3", "llama3"), ("mistral", "mistral"),
+                                      ("gemma", "generic"), ("phi3", "generic"), ("llama2", "generic")])
+def test_the_tool_call_format_follows_the_builtin(name, fmt):
+    assert tools.detect_format(load_template(name)[1]) == fmt
+
+
+def test_a_jinja_file_is_a_template(tmp_path):
+    path = tmp_path / "mine.jinja"
+    path.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}[assistant] {% endif %}")
+    source, text = load_template(str(path))
+    assert source == f"file:{path}"
+    assert ChatTemplate(text).render(CONVO[1:2]) == "[user] Hi there\n[assistant] "
+
+
+def test_an_unknown_name_lists_the_builtins(tmp_path):
+    with pytest.raises(ValueError, match="neither a built-in one .chatml, gemma, llama2, llama3, mistral, phi3"):
+        load_template("chatml2")
+    with pytest.raises(ValueError, match="neither a built-in one"):
+        load_template(str(tmp_path))              # a directory
+
+
+def test_a_file_that_is_not_jinja_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "bad.jinja"
+    path.write_text("ok\n{% for m in messages %}")
+    with pytest.raises(ValueError, match=r"bad.jinja: line 2: .*endfor"):
+        load_template(str(path))
+
+
+class Runner(FakeRunner):
+    guidance_tokenizer = None     # no constrained output in these tests
+
+
+def rendered(cfg: EngineConfig, **kwargs) -> str:
+    runner = Runner()
+    builder = PromptBuilder(runner, _with_template(runner.info, cfg), cfg.template_kwargs())
+    req = Request("r", messages=CONVO[1:2], template_kwargs=tuple(kwargs.items()))
+    return builder.prompt_ids(req)[1]
+
+
+def test_default_kwargs_go_under_the_requests_own(tmp_path):
+    path = tmp_path / "greet.jinja"
+    path.write_text("{{ greeting }} {{ name | default('nobody') }}: {{ messages[0].content }}")
+    cfg = EngineConfig(chat_template=str(path), chat_template_kwargs='{"greeting": "Hello", "name": "Ada"}')
+    assert rendered(cfg) == "Hello Ada: Hi there"
+    assert rendered(cfg, name="Bob") == "Hello Bob: Hi there"     # the request wins key by key
+
+
+def test_the_override_replaces_the_models_template_in_the_engines_info():
+    info = Runner().info
+    assert _with_template(info, EngineConfig()).chat_template_source == "fallback:chatml"   # the GGUF has none
+    chatml = _with_template(info, EngineConfig(chat_template="chatml"))
+    assert chatml.chat_template_source == "builtin:chatml" and chatml.chat_template == load_template("chatml")[1]
+    assert rendered(EngineConfig(chat_template="vicuna")).endswith("USER: Hi there ASSISTANT:")

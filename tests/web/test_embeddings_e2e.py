@@ -1,0 +1,163 @@
+"""Embeddings end to end with an embedding model (--embedding-model PATH) beside a chat model, one
+real server: the official `openai` SDK (float, base64, and its default, which asks for base64 and
+decodes it), the `ollama` client (/api/embed and the older /api/embeddings), vectors against
+llama-cpp-python's own `Llama.embed` on the same file, and bad inputs answered in each API's
+error shape."""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+import requests
+
+from tests.engine.gguf_fixtures import write_tiny, write_tiny_llama
+
+from .conftest import running_server
+
+openai = pytest.importorskip("openai")
+ollama = pytest.importorskip("ollama")
+
+TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "a", "Ünïcödé 🙂 " * 4]
+EMB, CHAT = "tiny-embed", "tiny-chat"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return write_tiny(d / f"{EMB}.gguf", "llama", pooling="mean"), write_tiny_llama(d / f"{CHAT}.gguf")
+
+
+@pytest.fixture(scope="module")
+def server(files, tmp_path_factory):
+    emb, chat = files
+    # one thread: llama.cpp's threads spin at every barrier and crawl beside other busy processes
+    with running_server(tmp_path_factory.mktemp("embed"), "--model", str(chat), "--embedding-model", str(emb),
+                        "--n-threads", "1", "--n-ctx", "512", "--n-slots", "1", "--speculate", "off") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reference(files):
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(files[0]), embedding=True, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1,
+                          verbose=False)
+    yield np.array(llm.embed(TEXTS, normalize=True)), [len(llm.tokenize(t.encode())) for t in TEXTS]
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def as_array(resp) -> np.ndarray:
+    return np.array([d.embedding for d in sorted(resp.data, key=lambda d: d.index)])
+
+
+def test_openai_float_vectors_are_llama_cpps_normalised(client, reference):
+    ref, n_tokens = reference
+    resp = client.embeddings.create(model=EMB, input=TEXTS, encoding_format="float", user="someone")
+    assert resp.object == "list" and resp.model == EMB and [d.index for d in resp.data] == [0, 1, 2, 3]
+    assert all(d.object == "embedding" for d in resp.data)
+    assert np.abs(as_array(resp) - ref).max() < 1e-5
+    assert resp.usage.prompt_tokens == resp.usage.total_tokens == sum(n_tokens)
+
+
+def test_base64_is_the_same_little_endian_float32(client):
+    floats = as_array(client.embeddings.create(model=EMB, input=TEXTS, encoding_format="float"))
+    raw = client.embeddings.create(model=EMB, input=TEXTS, encoding_format="base64")
+    decoded = np.array([np.frombuffer(base64.b64decode(d.embedding), "<f4") for d in raw.data])
+    assert np.array_equal(decoded, floats)
+    assert np.array_equal(as_array(client.embeddings.create(model=EMB, input=TEXTS)), floats)  # the SDK's default
+
+
+def test_no_model_or_an_unknown_one_gets_the_embedding_model(client, server):
+    one = as_array(client.embeddings.create(model="text-embedding-3-small", input="hello world"))
+    got = requests.post(server.url + "/v1/embeddings", json={"input": "hello world"}, timeout=30).json()
+    assert got["model"] == EMB and np.array_equal(np.array([got["data"][0]["embedding"]]), one)
+
+
+def test_token_ids_and_lists_of_them(client, server, reference):
+    ref, _ = reference       # the two models share SmolLM2's tokenizer; the embedding model does not tokenize
+    ids = requests.post(server.url + "/tokenize", json={"content": TEXTS[1], "model": CHAT},
+                        timeout=30).json()["tokens"]
+    single = as_array(client.embeddings.create(model=EMB, input=ids))
+    several = as_array(client.embeddings.create(model=EMB, input=[ids, ids[:3]]))
+    assert np.abs(single[0] - ref[1]).max() < 1e-5 and np.abs(several[0] - single[0]).max() < 1e-6
+
+
+def test_dimensions_only_as_the_models_own(client):
+    got = client.embeddings.create(model=EMB, input="x", dimensions=64, encoding_format="float")
+    assert len(got.data[0].embedding) == 64
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.embeddings.create(model=EMB, input="x", dimensions=32)
+    assert ei.value.body["param"] == "dimensions" and "64 dimensions" in ei.value.body["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": ""}, "input[0]"), ({"input": []}, "input"), ({"input": ["ok", ""]}, "input[1]"),
+    ({"input": ["ok", "word " * 600]}, "input[1]"), ({"input": [[5, 10**9]]}, "input[0]"),
+    ({"input": [{"text": "x"}]}, "input[0]"), ({}, "input"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"), ({"input": "x", "dimensions": "64"}, "dimensions"),
+    ({"input": "x", "model": CHAT}, "model"),
+])
+def test_bad_requests_are_openai_errors_naming_the_parameter(server, body, param):
+    r = requests.post(server.url + "/v1/embeddings", json=body, timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["type"] == "invalid_request_error", err
+
+
+def test_an_input_over_the_limit_names_it_and_truncate_cuts_it(server):
+    long = "word " * 600
+    r = requests.post(server.url + "/v1/embeddings", json={"input": ["ok", long]}, timeout=30)
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and "input[1]" in err["message"] and err["n_ctx"] == 512
+    cut = requests.post(server.url + "/v1/embeddings", json={"input": [long], "truncate": True}, timeout=30).json()
+    assert cut["usage"]["prompt_tokens"] == 512
+
+
+def test_chat_on_the_embedding_model_and_embeddings_from_the_chat_model_are_refused(client):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=EMB, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert "is an embedding model" in ei.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.embeddings.create(model=CHAT, input="hi")
+    assert "--embedding-model chat" in ei.value.body["message"]
+    assert client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=4).choices
+
+
+def test_the_models_list_and_health_show_the_embedding_model(client, server):
+    assert {m.id for m in client.models.list()} == {EMB, CHAT}
+    kinds = {m["name"]: m["kind"] for m in server.health()["models"]}
+    assert kinds == {CHAT: "chat", EMB: "embedding"}
+
+
+def test_ollama_embed_gives_the_openai_vectors(client, server):
+    oc = ollama.Client(host=server.url)
+    got = oc.embed(model=EMB, input=TEXTS)
+    assert got.model == EMB and got.prompt_eval_count > 0 and got.total_duration >= got.load_duration >= 0
+    floats = as_array(client.embeddings.create(model=EMB, input=TEXTS, encoding_format="float"))
+    assert np.array_equal(np.array(got.embeddings, dtype=np.float32), floats.astype(np.float32))
+    assert oc.embed(model=EMB + ":latest", input="hello world").embeddings[0] == got.embeddings[0]
+    assert oc.embed(model=EMB, input="").embeddings == []          # loads the model, embeds nothing
+    legacy = np.array(oc.embeddings(model=EMB, prompt=TEXTS[1]).embedding)
+    assert abs(np.linalg.norm(legacy) - 1) > 1e-3                  # not normalised, as Ollama's
+    assert np.abs(legacy / np.linalg.norm(legacy) - floats[1]).max() < 1e-5
+
+
+def test_ollama_errors_are_its_shape(server):
+    oc = ollama.Client(host=server.url)
+    with pytest.raises(ollama.ResponseError) as ei:
+        oc.embed(model=CHAT, input="hi")
+    assert ei.value.status_code == 400 and "does not answer embeddings" in ei.value.error
+    with pytest.raises(ollama.ResponseError) as ei:
+        oc.embed(model="no-such-model", input="hi")
+    assert ei.value.status_code == 404
+    r = requests.post(server.url + "/api/embed", json={"model": EMB, "input": "word " * 600, "truncate": False},
+                      timeout=30)
+    assert r.status_code == 400 and set(r.json()) == {"error"} and "input[0]" in r.json()["error"]
+    cut = requests.post(server.url + "/api/embed", json={"model": EMB, "input": "word " * 600}, timeout=30).json()
+    assert cut["prompt_eval_count"] == 512                        # Ollama truncates by default

@@ -1,0 +1,153 @@
+"""llama-server's own routes end to end: /completion (streamed and not, against /v1/completions),
+n_predict, stop words, n_probs, token-id prompts, grammar, /props, /apply-template, the OpenAI
+routes without /v1, the context limit, and /infill (refused by the embedded model, which has no
+fill-in-the-middle tokens; laid out on a tiny model that has them)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import requests
+
+from ..engine.gguf_fixtures import write_tiny_llama
+from .conftest import running_server
+
+N_CTX, SLOTS = 1024, 2
+PROMPT = "The three primary colours are"
+GREEDY = {"temperature": 0, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("llamaserver"), "--n-ctx", str(N_CTX), "--n-slots", str(SLOTS)) as srv:
+        yield srv
+
+
+def post(server, path: str, body: dict, status: int = 200) -> dict:
+    r = requests.post(server.url + path, json=body, timeout=120)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def streamed(server, path: str, body: dict) -> list[dict]:
+    with requests.post(server.url + path, json={**body, "stream": True}, stream=True, timeout=120) as r:
+        assert r.status_code == 200, r.text
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
+
+
+def test_completion_streamed_and_not_is_the_v1_completion(server):
+    body = {"prompt": PROMPT, "n_predict": 12, **GREEDY}
+    whole = post(server, "/completion", body)
+    chunks = streamed(server, "/completion", body)
+    last = chunks[-1]
+    assert all(not c["stop"] for c in chunks[:-1]) and last["stop"] and last["content"] == ""
+    assert "".join(c["content"] for c in chunks) == whole["content"]
+    v1 = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, **GREEDY})
+    assert whole["content"] == v1["choices"][0]["text"]
+    assert whole["tokens_evaluated"] == last["tokens_evaluated"] == v1["usage"]["prompt_tokens"]
+    assert whole["tokens_predicted"] == last["tokens_predicted"] == v1["usage"]["completion_tokens"] <= 12
+    assert whole["stop_type"] == ("limit" if whole["tokens_predicted"] == 12 else "eos")
+    for key in ("prompt_n", "prompt_ms", "prompt_per_token_ms", "predicted_n", "predicted_per_second"):
+        assert key in whole["timings"]
+    assert whole["generation_settings"]["n_predict"] == 12 and whole["truncated"] is False
+
+
+def test_n_predict_stop_words_and_n_probs(server):
+    body = {"prompt": PROMPT, "n_predict": 12, **GREEDY}
+    whole = post(server, "/completion", body)["content"]
+    short = post(server, "/completion", {**body, "n_predict": 3})
+    assert short["tokens_predicted"] == 3 and short["stop_type"] == "limit" and whole.startswith(short["content"])
+    word = whole.split()[1]
+    stopped = post(server, "/completion", {**body, "stop": [word]})
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+    assert word not in stopped["content"] and whole.startswith(stopped["content"])
+    probs = post(server, "/completion", {**body, "n_probs": 3, "return_tokens": True})
+    assert probs["content"] == whole
+    assert [p["id"] for p in probs["completion_probabilities"]] == probs["tokens"]
+    for p in probs["completion_probabilities"]:
+        top = p["top_logprobs"]
+        assert len(top) == 3 and sum(math.exp(t["logprob"]) for t in top) <= 1 + 1e-6
+        assert top[0]["id"] == p["id"] and top[0]["logprob"] == pytest.approx(p["logprob"])
+
+
+def test_a_prompt_of_token_ids_or_mixed_is_the_same_prompt_as_its_text(server):
+    ids = post(server, "/tokenize", {"content": PROMPT, "add_special": True})["tokens"]
+    head = post(server, "/tokenize", {"content": "The three", "add_special": True})["tokens"]
+    body = {"n_predict": 6, **GREEDY}
+    text = post(server, "/completion", {**body, "prompt": PROMPT})
+    for prompt in (ids, [*head, " primary colours are"]):
+        got = post(server, "/completion", {**body, "prompt": prompt})
+        assert (got["content"], got["tokens_evaluated"]) == (text["content"], len(ids))
+        assert got["prompt"] == PROMPT
+
+
+def test_n_predict_zero_only_evaluates_and_a_grammar_constrains(server):
+    cached = post(server, "/completion", {"prompt": PROMPT, "n_predict": 0})
+    assert cached["content"] == "" and cached["tokens_predicted"] == 0 and cached["tokens_evaluated"] > 0
+    answer = post(server, "/completion", {"prompt": "Is the sky blue? Answer:", "n_predict": 4,
+                                           "grammar": 'root ::= " yes" | " no"', **GREEDY})
+    assert answer["content"] in (" yes", " no")
+
+
+def test_props_reports_the_servers_context_and_slots(server):
+    props = requests.get(server.url + "/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] == N_CTX and props["total_slots"] == SLOTS
+    assert props["default_generation_settings"]["params"]["temperature"] == 0.8
+    assert props["model_path"].endswith(".gguf") and "im_start" in props["chat_template"]
+    assert props["modalities"] == {"vision": False, "audio": False, "video": False}
+
+
+def test_apply_template_is_the_chat_requests_prompt(server):
+    chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]}
+    prompt = post(server, "/apply-template", chat)["prompt"]
+    assert prompt.endswith("<|im_start|>assistant\n") and "Be brief." in prompt
+    ids = post(server, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+    used = post(server, "/v1/chat/completions", {**chat, "max_tokens": 1})["usage"]["prompt_tokens"]
+    assert len(ids) == used
+
+
+def test_openai_routes_answer_without_v1(server):
+    assert requests.get(server.url + "/models", timeout=30).json() == \
+        requests.get(server.url + "/v1/models", timeout=30).json()
+    chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6, **GREEDY}
+    bare = post(server, "/chat/completions", chat)["choices"][0]["message"]["content"]
+    assert bare == post(server, "/v1/chat/completions", chat)["choices"][0]["message"]["content"]
+    # llama-server's /completions is its own /completion, not OpenAI's
+    assert post(server, "/completions", {"prompt": PROMPT, "n_predict": 2})["stop"] is True
+
+
+def test_bad_input_and_an_overlong_prompt_are_400s_before_any_stream_byte(server):
+    for body, param in (({"prompt": PROMPT, "n_predict": "x"}, "n_predict"),
+                        ({"prompt": PROMPT, "mirostat": 2}, "mirostat"), ({"prompt": ["a", "b"]}, "prompt")):
+        assert post(server, "/completion", body, status=400)["error"]["param"] == param
+    r = requests.post(server.url + "/completion", json={"prompt": "word " * (N_CTX + 10), "stream": True}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["n_ctx"] == N_CTX
+
+
+def test_infill_on_a_model_without_fim_tokens_is_refused(server):
+    err = post(server, "/infill", {"input_prefix": "def f(", "input_suffix": ")"}, status=400)["error"]
+    assert "fill-in-the-middle" in err["message"]
+
+
+# a tiny model with SmolLM2's vocabulary, told which of its special tokens are the FIM ones
+FIM = {"fim_pre": 6, "fim_suf": 7, "fim_mid": 8, "fim_sep": 5}    # <reponame> (4) is found by llama.cpp
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    model = write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny-fim.gguf", special_ids=FIM)
+    with running_server(tmp_path_factory.mktemp("fim"), "--model", str(model), "--n-ctx", "256", "--n-slots", "1",
+                        "--speculate", "off") as srv:
+        yield srv
+
+
+def test_infill_lays_out_the_prompt_with_the_models_fim_tokens(fim_server):
+    body = {"input_prefix": "def f(", "input_suffix": "):\n", "prompt": "x", "n_predict": 4, **GREEDY,
+            "input_extra": [{"filename": "a.py", "text": "A = 1\n"}]}
+    got = post(fim_server, "/infill", body)
+    assert got["prompt"] == ("<reponame>myproject\n<file_sep>a.py\nA = 1\n<file_sep>filename\n"
+                             "<filename>def f(x<gh_stars>):\n<issue_start>")
+    ids = post(fim_server, "/tokenize", {"content": got["prompt"]})["tokens"]
+    assert got["tokens_evaluated"] == len(ids) and ids[-1] == FIM["fim_mid"]
+    assert "".join(c["content"] for c in streamed(fim_server, "/infill", body)) == got["content"]

@@ -1,0 +1,167 @@
+"""llama-server's /completion and /infill without a server: the translation onto the OpenAI
+completions request (through wire's own validation), the refusals, and /infill's token layout
+over a fake vocabulary."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from appliance.engine.runners.base import FimTokens
+from appliance.engine.types import Done, Timings, Usage
+from appliance.errors import InvalidRequest
+from web import llamaserver as ls
+from web import wire
+
+N_CTX = 1024
+
+
+def request(body: dict, prompt="Once upon a time"):
+    """The engine request a /completion body becomes."""
+    body = {"model": "m", **body}
+    native = ls.Native.read(body, N_CTX)
+    parsed = wire.parse_completion(ls.openai_body(body, prompt), "r", {"m"}, N_CTX)
+    return native.adjust(parsed.request)
+
+
+def refused(param: str, fn, *args) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        fn(*args)
+    assert e.value.param == param, e.value.message
+
+
+def test_absent_sampling_fields_take_llama_servers_defaults_and_n_predict_minus_one_is_unbounded():
+    p = request({}).params
+    assert (p.temperature, p.top_k, p.top_p, p.min_p) == (0.8, 40, 0.95, 0.05)
+    assert p.max_tokens is None and p.seed is None and not p.logprobs
+
+
+def test_fields_map_onto_the_openai_request():
+    req = request({"n_predict": 7, "temperature": -1, "top_k": 3, "seed": 42, "stop": ["\n\n"], "n_probs": 12,
+                   "repeat_penalty": 1.1, "cache_prompt": False, "n_indent": 4, "samplers": ["top_k"]},
+                  prompt=[1, 2, 3])
+    p = req.params
+    assert (p.max_tokens, p.temperature, p.top_k, p.seed, p.stop) == (7, 0.0, 3, 42, ("\n\n",))
+    assert p.logprobs and p.top_logprobs == 12 and p.repetition_penalty == 1.1
+    assert req.prompt_ids == (1, 2, 3) and req.cache_prompt is False
+
+
+def test_random_seeds_n_predict_zero_grammar_and_json_schema():
+    assert request({"seed": -1}).params.seed is None and request({"seed": ls.RANDOM_SEED}).params.seed is None
+    assert request({"n_predict": 0}).params.max_tokens == 1     # the prompt is run; the reply is not answered
+    assert request({"grammar": 'root ::= "a"'}).constraint.kind == "gbnf"
+    assert request({"json_schema": {"type": "object"}}).constraint.kind == "json_schema"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"n_predict": -2}, "n_predict"), ({"n_predict": N_CTX + 1}, "n_predict"), ({"n_probs": 21}, "n_probs"),
+    ({"return_tokens": 1}, "return_tokens"), ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
+    ({"response_fields": "content"}, "response_fields"), ({"mirostat": 2}, "mirostat"),
+    ({"logit_bias": [[15, -1]]}, "logit_bias"), ({"temperature": 3}, "temperature"), ({"top_p": 2}, "top_p"),
+    ({"stop": [1]}, "stop"), ({"json_schema": "x"}, "json_schema")])
+def test_bad_fields_are_refused_naming_them(body, param):
+    refused(param, request, body)
+
+
+def test_neutral_values_of_unsupported_options_are_accepted():
+    assert request({"mirostat": 0, "typical_p": 1.0, "logit_bias": [], "n_cmpl": 1}).params.temperature == 0.8
+
+
+@pytest.mark.parametrize("value,prompt", [
+    ("hi", "hi"), ([1, 2], [1, 2]), ([5, "a", 6], [5, "a", 6]), (["hi"], "hi"), ([[1, 2]], [1, 2])])
+def test_prompt_shapes(value, prompt):
+    assert ls.read_prompt(value) == prompt
+
+
+@pytest.mark.parametrize("value", [None, [], ["a", "b"], [True], {"prompt_string": "x"}, [1.5]])
+def test_bad_prompts_are_refused(value):
+    refused("prompt", ls.read_prompt, value)
+
+
+class FakeEngine:
+    """Tokenizes a character to its code point; a BOS (1) when asked for special tokens."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+
+    def tokenize_many(self, texts):
+        self.calls.append(list(texts))
+        return [tuple(([1] if add else []) + [ord(c) for c in text]) for text, add, _ in texts]
+
+
+def test_a_mixed_prompt_is_tokenized_in_one_call_with_the_bos_only_before_a_leading_string():
+    engine = FakeEngine()
+    assert ls.token_ids(engine, ["a", 7, "b"]) == [1, 97, 7, 98]
+    assert ls.token_ids(engine, [7, "b"]) == [7, 98]
+    assert len(engine.calls) == 2
+
+
+# -- /infill ----------------------------------------------------------------------------------------
+PRE, SUF, MID, REP, SEP, BOS = 1001, 1002, 1003, 1004, 1005, 1
+FIM = FimTokens(PRE, SUF, MID, REP, SEP)
+
+
+def tok(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def layout(body: dict, fim=FIM, bos=None, n_ctx=N_CTX, n_predict=16) -> list[int]:
+    infill = ls.Infill.read({"input_prefix": "ab", "input_suffix": "yz", **body})
+    return infill.layout(fim, {t: tok(t) for t in infill.texts()}, tok(infill.prompt), bos, n_ctx, n_predict)
+
+
+def test_infill_is_prefix_and_prompt_then_suffix_then_middle():
+    assert layout({"prompt": "c"}, fim=FimTokens(PRE, SUF, MID)) == [PRE, *tok("abc"), SUF, *tok("yz"), MID]
+    assert layout({}, fim=FimTokens(PRE, SUF, MID), bos=BOS)[:2] == [BOS, PRE]
+
+
+def test_other_files_come_first_in_the_repo_level_pattern():
+    got = layout({"input_extra": [{"filename": "a.py", "text": "A=1"}, {"text": "B"}]})
+    want = [REP, *tok("myproject\n"), SEP, *tok("a.py\n"), *tok("A=1"), SEP, *tok("tmp\n"), *tok("B"),
+            SEP, *tok("filename\n"), PRE, *tok("ab"), SUF, *tok("yz"), MID]
+    assert got == want
+
+
+def test_without_repo_tokens_other_files_are_snippets():
+    got = layout({"input_extra": [{"text": "A"}]}, fim=FimTokens(PRE, SUF, MID))
+    assert got == [*tok(ls.SNIPPET), *tok("A"), PRE, *tok("ab"), SUF, *tok("yz"), MID]
+
+
+def test_long_inputs_are_cut_to_the_budget_keeping_what_is_nearest_the_cursor():
+    n_ctx, n_predict = 64, 4                        # budget 32: prefix 24, suffix 8 - 2 - len(prompt)
+    body = {"input_prefix": "p" * 50 + "P", "input_suffix": "S" + "s" * 50, "prompt": "c",
+            "input_extra": [{"filename": "f", "text": "x" * 100 + "X"}]}
+    got = layout(body, n_ctx=n_ctx, n_predict=n_predict)
+    middle = [PRE, *tok("p" * 23 + "P"), *tok("c"), SUF, *tok("S" + "s" * 4), MID]
+    assert got[-len(middle):] == middle
+    extra = got[:-len(middle)]
+    assert len(extra) == n_ctx - len(middle) - 2 * n_predict and extra[-len("filename\n") - 2:][:2] == [ord("X"), SEP]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input_prefix": None}, "input_prefix"), ({"input_suffix": 3}, "input_suffix"), ({"prompt": [1]}, "prompt"),
+    ({"input_extra": {}}, "input_extra"), ({"input_extra": [{"filename": "a"}]}, "input_extra[0].text"),
+    ({"input_extra": [{"text": "a", "filename": 1}]}, "input_extra[0].filename")])
+def test_bad_infill_bodies_are_refused_naming_the_field(body, param):
+    refused(param, ls.Infill.read, {"input_prefix": "", "input_suffix": "", **body})
+
+
+# -- responses --------------------------------------------------------------------------------------
+def done(reason="stop", stop_string=None) -> Done:
+    return Done("r", reason, Usage(10, 4, 6), Timings(4, 6, 8.0, 3, 30.0, 0.0, N_CTX), stop_string, (5, 6, 7, 8))
+
+
+def test_stop_types_and_timings():
+    assert ls.stop_type(done("length")) == ("limit", "")
+    assert ls.stop_type(done("stop", "END")) == ("word", "END")
+    assert ls.stop_type(done("stop")) == ("eos", "")
+    t = ls.timings(done())
+    assert t["prompt_per_token_ms"] == 2.0 and t["predicted_per_token_ms"] == 10.0
+    assert math.isclose(t["predicted_per_second"], 100.0) and t["cache_n"] == 6
+
+
+def test_response_fields_pick_nested_values_by_their_path():
+    out = {"content": "x", "timings": {"prompt_n": 3}, "stop": True}
+    assert ls.pick(out, ["content", "timings/prompt_n", "missing", "content/x"]) == {"content": "x",
+                                                                                     "timings/prompt_n": 3}
+    assert ls.pick(out, []) is out

@@ -1,0 +1,383 @@
+"""llama-server's own HTTP surface, for the tools written against it (editor plugins such as
+llama.vim and llama.vscode, scripts, its web UI's probes): `POST /completion` (and
+`/completions`, which llama-server also answers natively), `POST /infill`, `GET /props`,
+`POST /apply-template`, and the OpenAI routes without their `/v1` (`/chat/completions`,
+`/models`).
+
+/completion and /infill are translated onto the OpenAI completions request
+(`api.parse_submit`): validation, limits, the prompt cache, speculation and timings are those of
+/v1/completions. What that request cannot say (n_predict -1 or 0, up to 20 n_probs, a GBNF
+grammar) is set on the validated request (`Native.adjust`). Absent sampling fields take
+llama-server's defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), not OpenAI's.
+Sampler options this engine does not have (UNSUPPORTED) are refused by name unless neutral;
+options that tune llama-server's own scheduling (id_slot, n_keep, samplers, n_indent,
+t_max_predict_ms, ...) are accepted and have no effect. Replies and streams have
+llama-server's shape: `content`, `stop`, `stop_type`, `timings`, `completion_probabilities`,
+`response_fields` picking what is answered; a stream is `data:` lines, the last with
+`stop: true`, and no `[DONE]`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from flask import Blueprint, Response, jsonify, request
+
+from appliance import __version__
+from appliance.engine.chat import CHATML
+from appliance.engine.process import EngineClient
+from appliance.engine.runners.base import FimTokens
+from appliance.engine.types import Constraint, Delta, Done, Request, SamplingParams, TokenLogprob, TopLogprob
+from appliance.errors import ApplianceError
+
+from . import api, openai_responses, responses
+from .api import need
+from .params import MAX_TOP_LOGPROBS, N_CTX, Param
+
+bp = Blueprint("llamaserver", __name__)
+
+DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # llama-server's, for /completion
+RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request
+SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")   # this engine's order (output/sampling.py)
+PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "presence_penalty",
+          "frequency_penalty", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "stream", "keep_alive")
+# llama-server's options that change the output and that this engine does not have: (neutral, what)
+UNSUPPORTED = {"mirostat": (0, "Mirostat sampling"), "dynatemp_range": (0, "dynamic temperature"),
+               "typical_p": (1, "locally typical sampling"), "xtc_probability": (0, "XTC sampling"),
+               "dry_multiplier": (0, "DRY sampling"), "post_sampling_probs": (False, "post-sampling probabilities"),
+               "n_cmpl": (1, "several completions"), "logit_bias": ([], "logit_bias"),
+               "lora": ([], "per-request LoRA adapters")}
+
+N_PREDICT = Param("n_predict", "integer", "Most tokens to generate; -1 until the end of the context or of "
+                  "generation, 0 only evaluates the prompt into the cache", lo=-1, hi=N_CTX, default=-1)
+N_PROBS = Param("n_probs", "integer", "Report the N most likely tokens at each generated token",
+                lo=0, hi=MAX_TOP_LOGPROBS, default=0)
+RETURN_TOKENS = Param("return_tokens", "boolean", "Answer the generated token ids in `tokens`", default=False)
+
+# /infill: llama-server's prompt (format_prompt_infill). The prefix and suffix get a budget of
+# llama-server's default batch, 3:1 (at most half a small context); the extra context fills what
+# the context has left after them and twice the reply's budget, its most recent part kept.
+FIM_BATCH = 2048
+REPO, FILE, SNIPPET = "myproject\n", "filename\n", "\n\n--- snippet ---\n\n"
+
+
+# -- request: llama-server -> OpenAI ------------------------------------------------------------
+@dataclass(frozen=True)
+class Native:
+    """What a llama-server body asks beyond the OpenAI request it is translated to."""
+
+    n_predict: int = -1
+    n_probs: int = 0
+    return_tokens: bool = False
+    grammar: str | None = None
+    fields: tuple[str, ...] = ()      # response_fields: answer only these
+
+    @staticmethod
+    def read(body: dict[str, Any], n_ctx: int) -> Native:
+        grammar, fields = body.get("grammar") or None, body.get("response_fields")
+        fields = [] if fields is None else fields
+        need(grammar is None or isinstance(grammar, str), "'grammar' must be a GBNF grammar (a string)", "grammar")
+        need(grammar is None or body.get("json_schema") is None, "give 'grammar' or 'json_schema', not both", "grammar")
+        need(isinstance(fields, list) and all(isinstance(f, str) for f in fields),
+             "'response_fields' must be a list of field names", "response_fields")
+        return Native(N_PREDICT.read(body, n_ctx), N_PROBS.read(body), RETURN_TOKENS.read(body), grammar, tuple(fields))
+
+    def adjust(self, req: Request) -> Request:
+        """The validated /v1/completions request, with what its body could not say."""
+        params = dataclasses.replace(req.params, max_tokens=None if self.n_predict < 0 else max(self.n_predict, 1),
+                                     logprobs=self.n_probs > 0, top_logprobs=self.n_probs)
+        constraint = Constraint("gbnf", self.grammar) if self.grammar else req.constraint
+        return dataclasses.replace(req, params=params, constraint=constraint)
+
+
+def openai_body(body: dict[str, Any], prompt: str | list[int]) -> dict[str, Any]:
+    """The /v1/completions body that serves a /completion body (its prompt given: text or ids)."""
+    for name, (neutral, what) in UNSUPPORTED.items():
+        value = body.get(name)
+        need(value in (None, neutral, [], {}), f"'{name}' ({what}) is not supported by this server", name)
+    oai: dict[str, Any] = {name: body[name] for name in PASSED if body.get(name) is not None}
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        oai.setdefault(name, getattr(DEFAULTS, name))
+    if isinstance(oai["temperature"], (int, float)) and oai["temperature"] < 0:
+        oai["temperature"] = 0.0             # llama-server: greedy
+    if body.get("seed") not in (None, -1, RANDOM_SEED):
+        oai["seed"] = body["seed"]
+    schema = body.get("json_schema")
+    if schema is not None:
+        need(isinstance(schema, dict), "'json_schema' must be a JSON schema object", "json_schema")
+        oai["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    return {"model": body["model"], "prompt": prompt, **oai}
+
+
+def read_prompt(value: Any) -> str | list[int | str]:
+    """llama-server's prompt: a string, token ids, or ids and strings mixed; one prompt only."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    pieces = isinstance(value, list) and value and all(
+        isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) for p in value)
+    need(bool(pieces), "'prompt' must be a string, a list of token ids, or token ids and strings mixed",
+         "prompt")
+    need(not all(isinstance(p, str) for p in value), "several prompts in one request are not supported", "prompt")
+    return value
+
+
+def token_ids(engine: EngineClient, pieces: Sequence[int | str]) -> list[int]:
+    """A mixed prompt as ids: its strings tokenized as llama-server does (special tokens read; the
+    model's BOS only before a first piece that is a string)."""
+    texts = [(p, i == 0, True) for i, p in enumerate(pieces) if isinstance(p, str)]
+    tokenized = iter(engine.tokenize_many(texts))
+    return [t for p in pieces for t in (next(tokenized) if isinstance(p, str) else (p,))]
+
+
+# -- /infill --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Infill:
+    prefix: str
+    suffix: str
+    prompt: str                          # the text before the cursor on its line: after the prefix
+    extra: tuple[tuple[str, str], ...]   # (filename, text) of other files' chunks
+
+    @staticmethod
+    def read(body: dict[str, Any]) -> Infill:
+        for name in ("input_prefix", "input_suffix"):
+            need(isinstance(body.get(name), str), f"'{name}' is required: a string", name)
+        prompt, extra = body.get("prompt", ""), body.get("input_extra")
+        extra = [] if extra is None else extra
+        need(isinstance(prompt, str), "'prompt' must be a string", "prompt")
+        need(isinstance(extra, list), "'input_extra' must be a list of {\"filename\", \"text\"}", "input_extra")
+        chunks = []
+        for i, c in enumerate(extra):
+            where = f"input_extra[{i}]"
+            need(isinstance(c, dict) and isinstance(c.get("text"), str), f"{where}.text must be a string",
+                 f"{where}.text")
+            need(isinstance(c.get("filename", ""), str), f"{where}.filename must be a string", f"{where}.filename")
+            chunks.append((c.get("filename", "tmp"), c["text"]))
+        return Infill(body["input_prefix"], body["input_suffix"], prompt, tuple(chunks))
+
+    def texts(self) -> list[str]:
+        """Every text the layout tokenizes (without special tokens), once each."""
+        names = [f"{name}\n" for name, _ in self.extra]
+        return list(dict.fromkeys([self.prefix, self.suffix, REPO, FILE, SNIPPET, *names,
+                                   *(text for _, text in self.extra)]))
+
+    def layout(self, fim: FimTokens, tok: Mapping[str, Sequence[int]], prompt: Sequence[int],
+               bos: int | None, n_ctx: int, n_predict: int) -> list[int]:
+        """llama-server's prompt, prefix-suffix-middle: the other files in the repo-level pattern,
+        then [PRE]prefix prompt [SUF]suffix [MID]; the reply continues the prompt. (llama-server
+        puts the BOS after the other files; here it starts the sequence.)"""
+        budget = min(FIM_BATCH, n_ctx // 2)
+        prefix = list(tok[self.prefix])
+        prefix = prefix[len(prefix) - min(len(prefix), 3 * (budget // 4)):]
+        suffix = list(tok[self.suffix])[:max(0, budget // 4 - (2 + len(prompt)))]
+        middle = [fim.pre, *prefix, *prompt, fim.suf, *suffix, fim.mid]
+        extra = self._extra(fim, tok)
+        reply = n_predict if n_predict > 0 else budget // 4
+        n_extra = min(len(extra), max(0, n_ctx - len(middle) - (bos is not None) - 2 * reply))
+        return ([bos] if bos is not None else []) + extra[len(extra) - n_extra:] + middle
+
+    def _extra(self, fim: FimTokens, tok: Mapping[str, Sequence[int]]) -> list[int]:
+        out = [fim.rep, *tok[REPO]] if fim.rep is not None else []
+        for name, text in self.extra:
+            out += [fim.sep, *tok[f"{name}\n"]] if fim.sep is not None else list(tok[SNIPPET])
+            out += tok[text]
+        return out + ([fim.sep, *tok[FILE]] if fim.sep is not None else [])
+
+
+def infill_ids(engine: EngineClient, body: dict[str, Any], native: Native) -> list[int]:
+    info = engine.info
+    missing = [name for name in ("pre", "suf", "mid") if getattr(info.fim, name) is None]
+    need(not missing, f"this model has no fill-in-the-middle tokens (FIM_{', FIM_'.join(m.upper() for m in missing)} "
+         "missing): /infill needs a code model that has them", "input_prefix")
+    infill = Infill.read(body)
+    texts = infill.texts()
+    ids = engine.tokenize_many([(t, False, False) for t in texts] + [(infill.prompt, False, True)])
+    return infill.layout(info.fim, dict(zip(texts, ids)), ids[-1], info.bos_id if info.add_bos else None,
+                         info.n_ctx, native.n_predict)
+
+
+# -- response: engine events -> llama-server ------------------------------------------------------
+def settings(p: SamplingParams, native: Native, stream: bool) -> dict[str, Any]:
+    """llama-server's generation_settings (and /props' default ones)."""
+    return {"n_predict": native.n_predict, "seed": RANDOM_SEED if p.seed is None else p.seed,
+            "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "repeat_last_n": p.penalty_last_n, "repeat_penalty": p.repetition_penalty,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+            "stop": list(p.stop), "max_tokens": native.n_predict, "ignore_eos": p.ignore_eos, "stream": stream,
+            "n_probs": native.n_probs, "grammar": native.grammar or "", "samplers": list(SAMPLERS)}
+
+
+def timings(done: Done) -> dict[str, Any]:
+    t = done.timings
+    per = lambda ms, n: round(ms / n, 3) if n else 0.0  # noqa: E731
+    return {**t.as_dict(), "prompt_per_token_ms": per(t.prompt_ms, t.prompt_n),
+            "predicted_per_token_ms": per(t.predicted_ms, t.predicted_n)}
+
+
+def stop_type(done: Done) -> tuple[str, str]:
+    """llama-server's stop_type and stopping_word."""
+    if done.finish_reason == "length":
+        return "limit", ""
+    if done.stop_string is not None:
+        return "word", done.stop_string
+    return ("none" if done.finish_reason == "cancelled" else "eos"), ""
+
+
+def _prob(e: TokenLogprob | TopLogprob) -> dict[str, Any]:
+    return {"id": e.id, "token": e.token, "bytes": list(e.bytes), "logprob": e.logprob}
+
+
+def probabilities(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    return [{**_prob(e), "top_logprobs": [_prob(t) for t in e.top]} for e in entries]
+
+
+def pick(out: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+    """llama-server's response_fields: only these; a nested one ("timings/prompt_n") keyed by its path."""
+    if not fields:
+        return out
+    got = {}
+    for path in fields:
+        value: Any = out
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            got[path] = value
+    return got
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One submitted /completion or /infill request, answered in llama-server's shape."""
+
+    sub: api.Submitted
+    native: Native
+    prompt: str                   # the prompt as text (llama-server's `prompt`)
+
+    @property
+    def generated(self) -> bool:
+        """Whether the reply is answered: n_predict 0 asks for the prompt's evaluation only (the
+        one token the engine then runs is not the client's)."""
+        return self.native.n_predict != 0
+
+    def final(self, deltas: list[Delta], done: Done, stream: bool = False) -> dict[str, Any]:
+        """The last object: the whole reply, or (a stream's) the figures after its chunks."""
+        kept = deltas if self.generated else []
+        content = "".join(d.text for d in kept)
+        tokens = done.token_ids if self.generated and self.native.return_tokens and not stream else ()
+        kind, word = stop_type(done)
+        out = {"index": 0, "content": content, "tokens": list(tokens), "id_slot": -1, "stop": True,
+               "model": self.sub.parsed.model,
+               "tokens_predicted": done.usage.completion_tokens if self.generated else 0,
+               "tokens_evaluated": done.usage.prompt_tokens,
+               "generation_settings": settings(self.sub.parsed.request.params, self.native, stream),
+               "prompt": self.prompt, "truncated": False, "stop_type": kind, "stopping_word": word,
+               "tokens_cached": done.usage.cached_tokens, "timings": timings(done)}
+        if self.native.n_probs and not stream:
+            out["completion_probabilities"] = probabilities([e for d in kept for e in d.logprobs])
+        return pick(out, self.native.fields)
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class CompletionWriter:
+    """llama-server's /completion stream: each token's text (and ids) as it comes, then the last
+    object with `stop: true`; no `[DONE]` (that is the OpenAI routes')."""
+
+    error = staticmethod(responses.ChunkWriter.error)
+    idle = staticmethod(responses.ChunkWriter.idle)
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply, self.n = reply, 0
+
+    def start(self) -> bytes:
+        return b""
+
+    def delta(self, ev: Delta) -> bytes:
+        if not self.reply.generated:
+            return b""
+        self.n += len(ev.token_ids)
+        chunk = {"index": 0, "content": ev.text, "tokens": list(ev.token_ids), "stop": False, "id_slot": -1,
+                 "tokens_predicted": self.n, "tokens_evaluated": self.reply.sub.accepted.n_prompt_tokens}
+        if ev.logprobs:
+            chunk["completion_probabilities"] = probabilities(ev.logprobs)
+        return _data(chunk)
+
+    def end(self, done: Done) -> bytes:
+        return _data(self.reply.final([], done, stream=True))
+
+
+# -- routes ---------------------------------------------------------------------------------------
+def _model_name(body: dict[str, Any]) -> str:
+    """The default model when the body names none; with one model served, any name is it."""
+    return api._pool().default if body.get("model") is None else api.resolve_model(body)
+
+
+def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | list[int]]) -> Any:
+    """Serve a /completion or /infill body, its prompt made by `prompt_of` (text or ids)."""
+    body = api._body()
+    body = {**body, "model": _model_name(body)}
+    with api._model(body) as (_, engine):
+        native = Native.read(body, api._n_ctx(engine))
+        prompt = prompt_of(engine, body, native)
+        oai = openai_body(body, prompt)
+    sub = api.parse_submit(oai, chat=False, adjust=native.adjust)
+    try:
+        shown = prompt if isinstance(prompt, str) else engine.detokenize(tuple(prompt)).text
+    except ApplianceError:
+        sub.stream.abort()
+        raise
+    reply = Reply(sub, native, shown)
+    if sub.parsed.stream:
+        return api.stream_response(sub, CompletionWriter(reply))
+    got = api.collect(sub)
+    return Response(status=499) if got is None else jsonify(reply.final(*got))
+
+
+def _completion_prompt(engine: EngineClient, body: dict[str, Any], native: Native) -> str | list[int]:
+    prompt = read_prompt(body.get("prompt"))
+    return prompt if isinstance(prompt, str) else token_ids(engine, prompt)
+
+
+@bp.post("/completion")
+@bp.post("/completions")    # llama-server's too (its OpenAI one is /v1/completions only)
+def completion():
+    return _complete(_completion_prompt)
+
+
+@bp.post("/infill")
+def infill():
+    return _complete(infill_ids)
+
+
+@bp.get("/props")
+def props():
+    name = _model_name({"model": request.args.get("model")})
+    with api._model({"model": name}) as (_, engine):
+        info = engine.info
+    return jsonify({
+        "default_generation_settings": {"n_ctx": info.n_ctx, "params": settings(DEFAULTS, Native(), False)},
+        "total_slots": info.n_slots, "model_alias": name, "model_path": info.model_path,
+        "modalities": {"vision": False, "audio": False, "video": False},
+        "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True, "webui": True,
+        "chat_template": info.chat_template or CHATML, "bos_token": info.bos_text, "eos_token": info.eos_text,
+        "build_info": f"appliance-{__version__} ({info.backend})", "is_sleeping": False})
+
+
+@bp.post("/apply-template")
+def apply_template():
+    """The chat request's prompt as the model's template renders it; nothing is generated."""
+    body = api._body()
+    return jsonify({"prompt": api.render_prompt({**body, "model": _model_name(body)}).text})
+
+
+# the OpenAI routes without /v1, as llama-server answers them (its /embeddings is its own format)
+bp.add_url_rule("/chat/completions", "chat_completions", api.chat_completions, methods=["POST"])
+bp.add_url_rule("/responses", "responses", openai_responses.create, methods=["POST"])
+bp.add_url_rule("/models", "models", api.models, methods=["GET"])

@@ -1,0 +1,317 @@
+"""OpenAI's Responses API (`POST /v1/responses`, `GET` and `DELETE /v1/responses/<id>`), as the
+`openai` SDK's `client.responses` and the agents built on it speak it, translated to and from
+the OpenAI chat request that the rest of the server serves: one validation (`wire.parse_chat`),
+one engine, the same prompt cache, speculation, timings and limits.
+
+Request: `input` as a string or a list of items: messages (user, assistant, system, developer;
+content a string or input_text/output_text parts), `function_call` and `function_call_output`
+items of earlier turns, `reasoning` items (accepted and not re-sent: templates drop earlier
+reasoning); `instructions` (a system message, not carried over by `previous_response_id`),
+function `tools`, `tool_choice`, `parallel_tool_calls`, `text.format` (json_schema, json_object,
+text: the same structured output), `temperature`, `top_p`, `max_output_tokens`,
+`reasoning.effort` (the template's thinking switch: none and minimal turn it off, low to max
+turn it on; low, medium and high also reach templates that read `reasoning_effort`),
+`previous_response_id`, `store`, `stream`, and the server's own knobs its chat endpoint takes
+(EXTENSIONS). Fields that say how OpenAI's service runs a request are accepted without effect
+(ACCEPTED); what this server cannot do (background, conversations, prompt templates, logprobs,
+hosted tools, images) is refused by name, as is any unknown field.
+
+Reply: the Response object (web/openai_responses_writer.py: output items in the order the
+model produced them, and the stream's events). Errors have OpenAI's shape (the app's handler).
+Replies are kept, unless `store` is false, in a per-app LRU of the last STORE_SIZE responses, in
+memory until the server stops: `previous_response_id` continues one, GET and DELETE read and
+drop one; an id that is not there (never stored, deleted, evicted) is a 400 naming
+previous_response_id.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from flask import Blueprint, Response, current_app, jsonify
+
+from appliance.errors import InvalidRequest, NotFound
+
+from . import api
+from .openai_responses_writer import ResponseWriter, SseWriter, new_response
+
+bp = Blueprint("openai_responses", __name__)
+
+STORE_SIZE = 256   # responses kept for previous_response_id: a conversation is shared, not copied
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}   # part type -> its text field
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+THINKING_OFF = ("none", "minimal")
+TEMPLATE_EFFORTS = ("low", "medium", "high")   # what templates that read reasoning_effort (gpt-oss) know
+TRANSLATED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "temperature",
+              "top_p", "max_output_tokens", "reasoning", "stream", "store", "previous_response_id", "truncation"}
+# how OpenAI's service runs, caches, moderates or bills a request: accepted, no effect here
+ACCEPTED = {"include", "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+            "prompt_cache_options", "service_tier", "max_tool_calls", "context_management", "stream_options",
+            "moderation", "image", "access_programs", "background_options"}
+# the server's own sampling and cache knobs, as its chat endpoint takes them
+EXTENSIONS = ("seed", "top_k", "min_p", "stop", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "keep_alive")
+# taken only when empty or off: what this server cannot do
+REFUSED = {"background": "background responses", "conversation": "conversations (send previous_response_id)",
+           "prompt": "prompt templates", "top_logprobs": "logprobs"}
+
+
+# -- the store ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stored:
+    conversation: list[dict[str, Any]]   # chat messages up to this response's output, instructions left out
+    response: dict[str, Any]             # the Response object, as GET answers it
+
+
+class ResponseStore:
+    """The last `size` stored responses, the least recently used evicted first."""
+
+    def __init__(self, size: int = STORE_SIZE) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = threading.Lock()   # waitress serves on many threads
+
+    def put(self, rid: str, stored: Stored) -> None:
+        with self._lock:
+            self._items[rid] = stored
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def get(self, rid: str) -> Stored | None:
+        with self._lock:
+            stored = self._items.get(rid)
+            if stored is not None:
+                self._items.move_to_end(rid)
+            return stored
+
+    def delete(self, rid: str) -> bool:
+        with self._lock:
+            return self._items.pop(rid, None) is not None
+
+
+@bp.record_once
+def _per_app_store(state) -> None:
+    state.app.extensions["openai_responses"] = ResponseStore()
+
+
+def _store() -> ResponseStore:
+    return current_app.extensions["openai_responses"]
+
+
+def history(store: ResponseStore, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation `previous_response_id` continues (none without one)."""
+    prev = body.get("previous_response_id")
+    if prev is None:
+        return []
+    api.need(isinstance(prev, str), "'previous_response_id' must be a string", "previous_response_id")
+    stored = store.get(prev)
+    if stored is None:
+        raise InvalidRequest(f"previous response '{prev}' is not stored on this server: it never was (store: false, "
+                             f"or another server), was deleted, or was evicted (the last {store.size} are kept, "
+                             "in memory until the server stops)", param="previous_response_id",
+                             code="previous_response_not_found")
+    return stored.conversation
+
+
+# -- request: Responses -> OpenAI chat ----------------------------------------------------------
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or text parts (an assistant's refusal counts as its text)."""
+    if isinstance(content, str):
+        return content
+    api.need(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        api.need(kind in TEXT_PARTS, f"{where}[{j}]: {kind!r} parts are not supported (this server takes text: "
+                 "input_text, output_text)", f"{where}[{j}].type")
+        text = part.get(TEXT_PARTS[kind])
+        api.need(isinstance(text, str), f"{where}[{j}].{TEXT_PARTS[kind]} must be a string", f"{where}[{j}]")
+        out.append(text)
+    return "".join(out)
+
+
+def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    api.need(all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")),
+             f"{where}: a function_call item needs call_id, name and arguments (strings)", where)
+    return {"id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}
+
+
+def messages(items: list[Any], where: str) -> list[dict[str, Any]]:
+    """Input (or output) items as chat messages: function calls join the assistant turn before
+    them, each output answers its call, reasoning is left out."""
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        api.need(isinstance(item, dict), f"{at} must be an object", at)
+        kind = item.get("type", "message")
+        if kind == "message":
+            api.need(item.get("role") in ROLES, f"{at}.role must be one of {', '.join(ROLES)}", f"{at}.role")
+            out.append({"role": item["role"], "content": _text(item.get("content"), f"{at}.content")})
+        elif kind == "function_call":
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": ""})
+            out[-1].setdefault("tool_calls", []).append(_call(item, at))
+        elif kind == "function_call_output":
+            api.need(isinstance(item.get("call_id"), str), f"{at}.call_id must be a string", f"{at}.call_id")
+            output = _text(item.get("output"), f"{at}.output")
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        else:
+            api.need(kind == "reasoning", f"{at}: {kind!r} items are not supported (message, function_call, "
+                     "function_call_output and reasoning are)", f"{at}.type")
+    return out
+
+
+def _input(body: dict[str, Any]) -> list[dict[str, Any]]:
+    items = body.get("input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    api.need(isinstance(items, list) and len(items) > 0, "'input' is required: a string or a non-empty list of items",
+             "input")
+    return messages(items, "input")
+
+
+def _tool(t: Any, where: str) -> dict[str, Any]:
+    kind = t.get("type") if isinstance(t, dict) else None
+    api.need(kind == "function", f"{where}.type must be 'function': this server runs no hosted tools (got {kind!r})",
+             f"{where}.type")
+    api.need(isinstance(t.get("name"), str), f"{where}.name must be a string", f"{where}.name")
+    return {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
+                                             if t.get(k) is not None}}
+
+
+def _tools(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None:
+        api.need(isinstance(tools, list), "'tools' must be a list", "tools")
+        oai["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        api.need(isinstance(choice.get("name"), str), "tool_choice of type 'function' needs a name", "tool_choice.name")
+        oai["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    elif choice is not None:
+        api.need(choice in ("auto", "none", "required"),
+                 "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}", "tool_choice")
+        oai["tool_choice"] = choice
+
+
+def _text_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    """text.format: the same structured output as the chat request's response_format."""
+    text = body.get("text")
+    if text is None:
+        return
+    unknown = sorted(set(text) - {"format", "verbosity"}) if isinstance(text, dict) else []
+    api.need(isinstance(text, dict) and not unknown, "'text' must be an object with 'format' (and 'verbosity')",
+             f"text.{unknown[0]}" if unknown else "text")
+    fmt = text.get("format")
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    api.need(kind in ("text", "json_object", "json_schema"), "text.format.type must be text, json_object or json_schema",
+             "text.format.type")
+    if kind == "json_object":
+        oai["response_format"] = {"type": "json_object"}
+    elif kind == "json_schema":
+        api.need(isinstance(fmt.get("schema"), dict), "text.format.schema (a JSON schema object) is required",
+                 "text.format.schema")
+        js = {"name": fmt.get("name", "output"), "schema": fmt["schema"]}
+        if fmt.get("strict") is not None:
+            js["strict"] = fmt["strict"]
+        oai["response_format"] = {"type": "json_schema", "json_schema": js}
+
+
+def _reasoning(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    reasoning = body.get("reasoning")
+    api.need(reasoning is None or isinstance(reasoning, dict), "'reasoning' must be an object", "reasoning")
+    effort = (reasoning or {}).get("effort")
+    if effort is None:
+        return   # the template's default
+    api.need(effort in EFFORTS, f"reasoning.effort must be one of {', '.join(EFFORTS)}", "reasoning.effort")
+    kwargs: dict[str, Any] = {"enable_thinking": effort not in THINKING_OFF}
+    if effort in TEMPLATE_EFFORTS:
+        kwargs["reasoning_effort"] = effort
+    oai["chat_template_kwargs"] = kwargs
+
+
+def _checked(body: dict[str, Any]) -> None:
+    unknown = sorted(set(body) - TRANSLATED - ACCEPTED - set(EXTENSIONS) - set(REFUSED))
+    api.need(not unknown, f"unknown field(s): {', '.join(unknown)}", unknown[0] if unknown else "")
+    for name, what in REFUSED.items():
+        api.need(body.get(name) in (None, False, 0), f"'{name}' ({what}) is not supported by this server", name)
+    api.need(body.get("truncation") in (None, "auto", "disabled"), "'truncation' must be auto or disabled", "truncation")
+    api.need(body.get("store") is None or isinstance(body["store"], bool), "'store' must be true or false", "store")
+    api.need(body.get("metadata") is None or isinstance(body["metadata"], dict), "'metadata' must be an object",
+             "metadata")
+    api.need(body.get("instructions") is None or isinstance(body["instructions"], str),
+             "'instructions' must be a string", "instructions")
+    n = body.get("max_output_tokens")
+    api.need(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
+             "'max_output_tokens' must be a positive integer", "max_output_tokens")
+    api.need(body.get("stream") is None or isinstance(body["stream"], bool), "'stream' must be true or false", "stream")
+
+
+def to_openai(body: dict[str, Any], model: str, earlier: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The OpenAI chat body that serves this Responses request, after the `earlier` conversation."""
+    _checked(body)
+    system = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+    # a reply always starts a new assistant turn: a final assistant item is not a prefill here
+    oai: dict[str, Any] = {"model": model, "messages": system + list(earlier) + _input(body),
+                           "add_generation_prompt": True, "stream": bool(body.get("stream"))}
+    if body.get("max_output_tokens") is not None:
+        oai["max_tokens"] = body["max_output_tokens"]
+    for name in ("temperature", "top_p", "parallel_tool_calls", *EXTENSIONS):
+        if body.get(name) is not None:
+            oai[name] = body[name]
+    _tools(body, oai)
+    _text_format(body, oai)
+    _reasoning(body, oai)
+    return oai
+
+
+@bp.post("/v1/responses")
+def create():
+    body = api._body()
+    model = api.resolve_model(body)
+    store = _store()
+    oai = to_openai(body, model, history(store, body))
+    sub = api.parse_submit(oai, chat=True)
+    suffix = sub.parsed.request.id.split("-", 1)[-1]
+    writer = ResponseWriter(new_response(body, "resp_" + suffix, model), suffix)
+    asked = oai["messages"][1 if body.get("instructions") else 0:]   # what a later turn continues
+
+    def finished(response: dict[str, Any]) -> None:
+        if body.get("store") is not False:
+            store.put(response["id"], Stored(asked + messages(response["output"], "output"), response))
+
+    if sub.parsed.stream:
+        return api.stream_response(sub, SseWriter(writer, finished))
+    got = api.collect(sub)
+    if got is None:
+        return Response(status=499)   # nobody is listening
+    deltas, done = got
+    for d in deltas:
+        writer.delta(d)
+    writer.end(done)
+    finished(writer.response)
+    return jsonify(writer.response)
+
+
+def _stored(rid: str) -> Stored:
+    stored = _store().get(rid)
+    if stored is None:
+        raise NotFound(f"no response '{rid}' is stored on this server", param="response_id")
+    return stored
+
+
+@bp.get("/v1/responses/<rid>")
+def retrieve(rid: str):
+    return jsonify(_stored(rid).response)
+
+
+@bp.delete("/v1/responses/<rid>")
+def delete(rid: str):
+    _stored(rid)
+    _store().delete(rid)
+    return jsonify({"id": rid, "object": "response.deleted", "deleted": True})
