@@ -18,6 +18,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=cfg.server.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for note in cfg.adjusted:      # found before logging was set up
+        logging.getLogger("appliance.config").info("%s", note)
     from appliance.models import resolve
 
     try:

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from .engine.templates import BUILTIN, RENDER_ARGS, load_template
 
@@ -252,6 +252,16 @@ class ServerConfig:
         """Whether every bound address is a loopback one (then Host headers must be local)."""
         return all(_is_loopback(h) for h in self.hosts())
 
+    def exposure(self) -> str | None:
+        """The warning for a server that gives the network everything: an address other than
+        loopback bound and no API key. None when it does not."""
+        if self.api_key or self.loopback_only():
+            return None
+        return (f"--host {self.host} is reachable from the network and no --api-key is set: anyone who "
+                "can reach this port can use the API and read the stored conversations, the host report, "
+                "the benchmark results and /metrics. Set --api-key KEY (or APPLIANCE_API_KEY), or bind "
+                "--host 127.0.0.1")
+
     def resolved_conversations_db(self) -> Path:
         """The configured file, or conversations.db in the appliance's XDG data directory."""
         if self.conversations_db:
@@ -279,6 +289,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     given: frozenset[str] = frozenset()      # the fields set by a flag or the environment
+    adjusted: tuple[str, ...] = ()           # what fit_engine moved to meet them, for the log at start
 
 
 def _is_loopback(host: str) -> bool:
@@ -332,7 +343,7 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
                                    help=help_text)
 
 
-def _build(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+def _values(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     values = {}
     for f in dataclasses.fields(cls):
         given = flags.get(f.name)
@@ -340,17 +351,46 @@ def _build(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
             values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name)
         elif ENV_PREFIX + f.name.upper() in env:
             values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name)
-    return cls(**values)
+    return values
+
+
+# (a setting, the one it may not exceed, why)
+AT_MOST = (("prefill_chunk", "n_batch", "a prompt chunk is one llama_decode"),
+           ("n_ubatch", "n_batch", "llama.cpp's micro-batch is a piece of its batch"))
+
+
+def fit_engine(values: Mapping[str, Any], given: Collection[str]) -> tuple[EngineConfig, tuple[str, ...]]:
+    """The EngineConfig of `values` (the rest at their defaults), where a setting the user did not
+    give (not in `given`: a default, or a value it followed before) that would contradict one
+    given (AT_MOST) follows it instead, and a line for the log saying so for each. Only two given
+    settings that contradict each other are a ValueError, naming both flags."""
+    fitted = {f.name: f.default for f in dataclasses.fields(EngineConfig)} | dict(values)
+    notes = []
+    for small, big, why in AT_MOST:
+        if fitted[small] <= fitted[big]:
+            continue
+        if small not in given:
+            fitted[small] = fitted[big]
+            notes.append(f"{small} follows {_flag(big)}: {fitted[big]}")
+        elif big not in given:
+            fitted[big] = fitted[small]
+            notes.append(f"{big} follows {_flag(small)}: {fitted[small]}")
+        else:
+            raise ValueError(f"{_flag(small)} {fitted[small]} is larger than {_flag(big)} {fitted[big]} ({why}): "
+                             f"give a smaller {_flag(small)}, a larger {_flag(big)}, or only one of them")
+    return EngineConfig(**fitted), tuple(notes)
 
 
 def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Build the config: flags win over APPLIANCE_* environment variables, which win over defaults."""
+    """Build the config: flags win over APPLIANCE_* environment variables, which win over defaults,
+    which follow what was given where they would contradict it (`fit_engine`)."""
     flags = flags or {}
     env = os.environ if env is None else env
     given = frozenset(f.name for cls in (EngineConfig, ServerConfig, StoreConfig) for f in dataclasses.fields(cls)
                       if flags.get(f.name) is not None or ENV_PREFIX + f.name.upper() in env)
-    return Config(engine=_build(EngineConfig, flags, env), server=_build(ServerConfig, flags, env),
-                  store=_build(StoreConfig, flags, env), given=given)
+    engine, adjusted = fit_engine(_values(EngineConfig, flags, env), given)
+    return Config(engine=engine, server=ServerConfig(**_values(ServerConfig, flags, env)),
+                  store=StoreConfig(**_values(StoreConfig, flags, env)), given=given, adjusted=adjusted)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:

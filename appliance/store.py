@@ -5,7 +5,8 @@ Schema, built by named migrations that are applied once each and recorded in `_m
 
     runs            one bench or sweep invocation: command line (JSON argv), engine settings
                     (JSON), model fingerprint (file name, sha256, quant, size), appliance
-                    version, started/finished times (UTC ISO 8601), status
+                    version, started/finished times (UTC ISO 8601), status, and the process
+                    that writes it (`Owner`: host, boot, pid namespace, pid, start time)
     host_snapshots  one per run (run_id is the key): the host snapshot and the sampler's
                     per-phase figures (median power and clocks for prefill and decode), as JSON
     results         one measured cell per row (the fields of `ResultCell`), run_id -> runs.id
@@ -15,6 +16,11 @@ one `BEGIN IMMEDIATE` transaction (a whole batch of cells at once). A bench kill
 leaves only whole batches; a reader with its own connection reads the last committed state while
 a writer writes and never sees "database is locked". A `Store` is one connection: use it from
 one thread, and open another `Store` to read from another thread or process.
+
+A run killed with kill -9 (or by a power cut) stays 'running' in the file. Readers report a
+running run whose process is gone (`Owner.gone`) as interrupted, and `Store.open` records it so:
+a read-only reader (the web page's) never writes, and what a writable open records is what every
+other reader sees, a copy of the file on another host included.
 """
 from __future__ import annotations
 
@@ -23,8 +29,9 @@ import datetime
 import hashlib
 import json
 import os
+import socket
 import sqlite3
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -119,6 +126,58 @@ class HostRecord:
     phases: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Owner:
+    """The process that writes a run. A pid names a process only within one boot of one host and
+    one pid namespace (a container has its own); the process's start time tells the one that wrote
+    the run from a later process given the same pid. WAL needs every process using the file on one
+    kernel, so a live writer always shares this opener's host name and boot."""
+
+    host: str        # socket.gethostname()
+    boot: str        # /proc/sys/kernel/random/boot_id
+    pidns: str       # the /proc/self/ns/pid link, "pid:[4026531836]"
+    pid: int
+    start: int       # field 22 of /proc/<pid>/stat: clock ticks after boot
+
+    @classmethod
+    def current(cls) -> Owner | None:
+        """This process; None where /proc does not tell (not Linux): its runs are never judged."""
+        try:
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            pidns = os.readlink("/proc/self/ns/pid")
+        except OSError:
+            return None
+        pid = os.getpid()
+        start = _start_ticks(pid)
+        return None if start is None else cls(socket.gethostname(), boot, pidns, pid, start)
+
+    def gone(self, me: Owner) -> str | None:
+        """Why this run's process is known to be gone, as `me` (this process) sees it; None while
+        it lives or cannot be seen from here: another host's run, another pid namespace's."""
+        if self.host != me.host:
+            return None
+        if self.boot != me.boot:
+            why = "the host restarted since"
+        elif self.pidns != me.pidns:
+            return None
+        elif _start_ticks(self.pid) != self.start:     # gone, or its pid now names another process
+            why = "it ended without finishing the run"
+        else:
+            return None
+        return f"process {self.pid} on {self.host}, which wrote this run, is gone: {why}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks after boot); None when there is none, or only its
+    zombie (killed, not yet reaped by its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    after_name = stat.rsplit(")", 1)[1].split()     # the name in parentheses may hold anything
+    return None if after_name[0] in ("Z", "X") else int(after_name[19])
+
+
 class _Migrations(sqlite_utils.Migrations):
     migrations_table = "_migrations"
 
@@ -165,12 +224,23 @@ def _cell_kinds(db: sqlite_utils.Database) -> None:
     runs.add_column("note", str, not_null_default="")
 
 
+_OWNER_COLUMNS = {"owner_host": str, "owner_boot": str, "owner_pidns": str, "owner_pid": int, "owner_start": int}
+
+
+@MIGRATIONS(name="0003_run_owner")
+def _run_owner(db: sqlite_utils.Database) -> None:
+    # Runs written before this migration have no owner: they are never judged gone.
+    for name, kind in _OWNER_COLUMNS.items():
+        db.table("runs").add_column(name, kind)
+
+
 class Store:
     """Runs, host snapshots and results in one SQLite file. Open with `Store.open(path)`."""
 
     def __init__(self, db: sqlite_utils.Database, path: Path) -> None:
         self._db = db
         self.path = path
+        self._me = Owner.current()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Store:
@@ -185,6 +255,7 @@ class Store:
         db.enable_wal()
         store = cls(db, path)
         store._migrate()
+        store._interrupt_gone()
         return store
 
     def close(self) -> None:
@@ -206,12 +277,13 @@ class Store:
     def start_run(self, command: Sequence[str], engine_settings: Mapping[str, Any],
                   model: ModelFingerprint, appliance_version: str = __version__,
                   kind: str = "bench") -> int:
-        """Record a new run with status 'running'; returns its id."""
+        """Record a new run with status 'running', owned by this process; returns its id."""
+        owner = {f"owner_{k}": v for k, v in asdict(self._me).items()} if self._me else {}
         row = {"kind": kind, "note": "", "started_at": _now(), "finished_at": None, "status": RunStatus.RUNNING.value,
                "command": json.dumps(list(command)),
                "engine_settings": json.dumps(dict(engine_settings), sort_keys=True),
                "model_name": model.name, "model_sha256": model.sha256, "model_quant": model.quant,
-               "model_size_bytes": model.size_bytes, "appliance_version": appliance_version}
+               "model_size_bytes": model.size_bytes, "appliance_version": appliance_version, **owner}
         with self._write():
             run_id = self._db.table("runs").insert(row).last_pk
         return int(run_id)
@@ -248,17 +320,17 @@ class Store:
     # -- readers ---------------------------------------------------------------------------
 
     def runs(self) -> list[RunInfo]:
-        return [_run_info(r) for r in self._db.table("runs").rows_where(order_by="id")]
+        return [self._info(r) for r in self._db.table("runs").rows_where(order_by="id")]
 
     def run(self, run_id: int) -> RunInfo:
         rows = list(self._db.table("runs").rows_where("id = ?", [run_id]))
         if not rows:
             raise UnknownRun(run_id)
-        return _run_info(rows[0])
+        return self._info(rows[0])
 
     def last_run(self) -> RunInfo | None:
         rows = list(self._db.table("runs").rows_where(order_by="id desc", limit=1))
-        return _run_info(rows[0]) if rows else None
+        return self._info(rows[0]) if rows else None
 
     def results(self, run_id: int) -> list[ResultCell]:
         """The run's cells in the order they were added."""
@@ -294,6 +366,30 @@ class Store:
         if MIGRATIONS.pending(self._db):
             with self._write():
                 MIGRATIONS.apply(self._db)
+
+    def _gone(self, row: Mapping[str, Any]) -> str | None:
+        """Why a running run's process is known to be gone (`Owner.gone`), else None."""
+        if row["status"] != RunStatus.RUNNING or row["owner_pid"] is None or self._me is None:
+            return None
+        return Owner(**{k.removeprefix("owner_"): row[k] for k in _OWNER_COLUMNS}).gone(self._me)
+
+    def _info(self, row: Mapping[str, Any]) -> RunInfo:
+        """The stored run; one whose process is gone reads as interrupted even before an open
+        records it (a read-only reader cannot)."""
+        info = _run_info(row)
+        why = self._gone(row)
+        return replace(info, status=RunStatus.INTERRUPTED, note=why) if why else info
+
+    def _interrupt_gone(self) -> None:
+        """Record every running run whose process is gone as interrupted. Found without the
+        write lock, so an open that finds none writes nothing; the update checks the status again
+        under the lock, so a run finished meanwhile keeps its own."""
+        rows = self._db.table("runs").rows_where("status = ?", [RunStatus.RUNNING.value])
+        gone = [(RunStatus.INTERRUPTED.value, why, r["id"], RunStatus.RUNNING.value)
+                for r in rows if (why := self._gone(r))]
+        if gone:
+            with self._write():
+                self._db.conn.executemany("UPDATE runs SET status = ?, note = ? WHERE id = ? AND status = ?", gone)
 
     def _require_run(self, run_id: int) -> None:
         if self._db.table("runs").count_where("id = ?", [run_id]) == 0:

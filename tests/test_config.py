@@ -147,6 +147,44 @@ def test_invalid_settings_are_refused(flags):
         config.load(flags, env={})
 
 
+@pytest.mark.parametrize("argv,env", [(["--n-batch", "32"], {}), ([], {"APPLIANCE_N_BATCH": "32"})])
+def test_defaults_follow_a_smaller_n_batch_given_by_flag_or_variable(argv, env):
+    cfg = config.load(flags_of(argv), env=env)
+    assert (cfg.engine.n_batch, cfg.engine.prefill_chunk, cfg.engine.n_ubatch) == (32, 32, 32)
+    assert cfg.adjusted == ("prefill_chunk follows --n-batch: 32", "n_ubatch follows --n-batch: 32")
+    assert "n_batch" in cfg.given and "prefill_chunk" not in cfg.given
+
+
+@pytest.mark.parametrize("argv,follows", [(["--prefill-chunk", "1024"], "n_batch follows --prefill-chunk: 1024"),
+                                          (["--n-ubatch", "1024"], "n_batch follows --n-ubatch: 1024")])
+def test_n_batch_left_at_its_default_grows_to_what_was_given(argv, follows):
+    cfg = config.load(flags_of(argv), env={})
+    assert cfg.engine.n_batch == 1024 and cfg.adjusted == (follows,)
+    assert config.load(flags_of(["--n-batch", "1024", *argv]), env={}).adjusted == ()
+
+
+@pytest.mark.parametrize("argv,env,flags", [
+    (["--n-batch", "32", "--prefill-chunk", "64"], {}, ("--prefill-chunk 64", "--n-batch 32")),
+    (["--prefill-chunk", "512"], {"APPLIANCE_N_BATCH": "32"}, ("--prefill-chunk 512", "--n-batch 32")),
+    ([], {"APPLIANCE_N_BATCH": "256", "APPLIANCE_N_UBATCH": "512"}, ("--n-ubatch 512", "--n-batch 256")),
+])
+def test_two_given_settings_that_contradict_are_refused_naming_both(argv, env, flags):
+    with pytest.raises(ValueError) as ei:
+        config.load(flags_of(argv), env=env)
+    assert all(f in str(ei.value) for f in flags), ei.value
+
+
+def test_a_tuned_plans_batch_is_no_given_setting_either():
+    from appliance.engine.plan import fill_defaults
+
+    chosen = LlamaCppSettings(n_threads=2, n_threads_batch=2, n_batch=256, n_ubatch=256, flash_attn=False)
+    small = fill_defaults(config.load(flags_of(["--n-batch", "32"]), env={}).engine, chosen)
+    assert (small.n_batch, small.n_ubatch, small.prefill_chunk) == (32, 32, 32)
+    large = fill_defaults(config.load(flags_of(["--prefill-chunk", "1024"]), env={}).engine, chosen)
+    assert (large.n_batch, large.n_ubatch, large.prefill_chunk) == (1024, 256, 1024)
+    assert fill_defaults(EngineConfig(), chosen).n_batch == 512      # the default chunk: the plan's batch follows it
+
+
 def test_llamacpp_settings_resolve_threads_and_clamp_the_micro_batch(monkeypatch):
     import psutil
 

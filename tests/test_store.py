@@ -1,12 +1,14 @@
-"""The result store: migrations, the typed API, durability under kill -9, readers beside a
-writer, the model fingerprint, and where the database file lives. Each test has its own
-database under tmp_path; writers and readers that must be separate processes are real ones."""
+"""The result store: migrations, the typed API, durability under kill -9, runs whose process is
+gone, readers beside a writer, the model fingerprint, and where the database file lives. Each
+test has its own database under tmp_path; writers and readers that must be separate processes
+are real ones."""
 from __future__ import annotations
 
 import hashlib
 import os
 import random
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -15,16 +17,17 @@ from pathlib import Path
 
 import gguf
 import pytest
+import sqlite_utils
 
 import appliance
 from appliance import config, store as store_mod
 from appliance.models import embedded_model_path
-from appliance.store import (HostRecord, ModelFingerprint, ResultCell, RunStatus, Store,
+from appliance.store import (HostRecord, ModelFingerprint, Owner, ResultCell, RunStatus, Store,
                              UnknownRun, gguf_quant_name, model_fingerprint)
 
 ROOT = Path(appliance.__file__).resolve().parent.parent
 FP = ModelFingerprint(name="m.gguf", sha256="ab" * 32, quant="Q4_1", size_bytes=1234)
-MIGRATION_NAMES = ["0001_runs_host_snapshots_results", "0002_cell_kind_target_variant_extra"]
+MIGRATION_NAMES = ["0001_runs_host_snapshots_results", "0002_cell_kind_target_variant_extra", "0003_run_owner"]
 
 
 def cell(prompt_set: str = "prose", repeat_index: int = 0, **kw) -> ResultCell:
@@ -54,10 +57,24 @@ store.finish_run(run_id, "complete")
 """
 
 
-def start_writer(db: Path, n: int, batches: int = 0) -> subprocess.Popen:
+# A run whose process does nothing more until it is killed.
+SLEEPER = """
+import sys, time
+from appliance.store import ModelFingerprint, Store
+store = Store.open(sys.argv[1])
+print(store.start_run(["sleeper"], {}, ModelFingerprint("m.gguf", "0" * 64, "F32", 1)), flush=True)
+time.sleep(120)
+"""
+
+
+def start_python(script: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(n), str(batches)],
+    return subprocess.Popen([sys.executable, "-c", script, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def start_writer(db: Path, n: int, batches: int = 0) -> subprocess.Popen:
+    return start_python(WRITER, str(db), str(n), str(batches))
 
 
 def read_until_batch(proc: subprocess.Popen, k: int) -> int:
@@ -251,7 +268,71 @@ def test_kill_9_leaves_only_complete_batches(tmp_path):
     with Store.open(db) as s:
         assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert s.db.execute("PRAGMA foreign_key_check").fetchall() == []
-        assert [r.status for r in s.runs()] == [RunStatus.RUNNING] * 3
+        assert [r.status for r in s.runs()] == [RunStatus.INTERRUPTED] * 3   # their processes are gone
+
+
+# -- runs whose process is gone ----------------------------------------------------------------
+
+def read_only(db: Path) -> Store:
+    """A Store over a read-only connection, as the web page opens the file."""
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    return Store(sqlite_utils.Database(conn, execute_plugins=False), db)
+
+
+def stored_status(db: Path, run_id: int) -> str:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()[0]
+
+
+def test_a_run_killed_with_kill_9_is_interrupted_at_the_next_open(tmp_path):
+    db = tmp_path / "r.db"
+    proc = start_python(SLEEPER, str(db))
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        run_id = int(line)
+        with Store.open(db) as s:      # its process lives: another opener leaves it alone
+            assert s.run(run_id).status is RunStatus.RUNNING
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    with read_only(db) as s:           # a read-only reader tells it, and cannot record it
+        assert s.run(run_id).status is RunStatus.INTERRUPTED
+    assert stored_status(db, run_id) == "running"
+    with Store.open(db) as s:
+        info = s.run(run_id)
+    assert stored_status(db, run_id) == "interrupted" and info.finished_at is None
+    assert info.note == (f"process {proc.pid} on {socket.gethostname()}, which wrote this run, is gone: "
+                         "it ended without finishing the run")
+
+
+def test_which_runs_are_judged_gone(tmp_path):
+    db, me = tmp_path / "r.db", Owner.current()
+    no_such_pid = int(Path("/proc/sys/kernel/pid_max").read_text())    # pids stay below it
+    owners = {  # run -> what its owner columns are changed to, and whether it is then gone
+        "mine": ({}, False),
+        "dead pid": ({"pid": no_such_pid}, True),
+        "reused pid": ({"start": me.start - 1}, True),
+        "host restarted": ({"boot": "another boot", "pid": no_such_pid}, True),
+        "another host": ({"host": "elsewhere", "pid": no_such_pid}, False),
+        "another container": ({"pidns": "pid:[1]", "pid": no_such_pid}, False),
+        "written before owners": ({"host": None, "boot": None, "pidns": None, "pid": None, "start": None}, False),
+    }
+    with Store.open(db) as s:
+        ids = {name: s.start_run([name], {}, FP) for name in owners}
+        finished = s.start_run(["finished"], {}, FP)
+        s.finish_run(finished, "complete")
+        for name, (changes, _) in [*owners.items(), ("finished", ({"pid": no_such_pid}, False))]:
+            if changes:
+                s.db.table("runs").update(ids.get(name, finished), {f"owner_{k}": v for k, v in changes.items()})
+    with Store.open(db) as s:
+        got = {name: s.run(run_id) for name, run_id in ids.items()}
+        assert s.run(finished).status is RunStatus.COMPLETE
+    for name, (_, gone) in owners.items():
+        assert stored_status(db, ids[name]) == ("interrupted" if gone else "running"), name
+        assert got[name].status is (RunStatus.INTERRUPTED if gone else RunStatus.RUNNING), name
+    assert got["reused pid"].note.startswith(f"process {me.pid} on {me.host}, which wrote this run, is gone")
+    assert got["host restarted"].note.endswith("is gone: the host restarted since")
 
 
 def test_reader_beside_a_writer_never_sees_locked_or_partial(tmp_path):

@@ -432,7 +432,9 @@ def metrics():
 @bp.get("/health")
 def health():
     """The default model's engine as before, and every model's state under "models". With
-    several models, a default model that is not loaded is no failure (it loads on request)."""
+    several models, a default model that is not loaded is no failure (it loads on request).
+    "exposed" and "warnings" say when the network gets all of it without a key; a caller
+    without the key hears neither, as a server with a key is never exposed."""
     state, pool = _state(), _pool()
     engine = state.engine
     body: dict[str, Any] = {"status": "draining" if state.draining else "ok",
@@ -454,6 +456,8 @@ def health():
     elif body["status"] == "ok" and len(pool.names()) == 1:
         body["status"] = pool.state_of(pool.default)
     body["models"] = pool.status()
+    warning = state.config.server.exposure()
+    body.update(exposed=warning is not None, warnings=[warning] if warning else [])
     ok = body["status"] == "ok"
     if not ok:
         body["reason"] = (engine.state.reason if engine is not None and engine.state.reason else

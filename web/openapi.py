@@ -173,7 +173,11 @@ def build(model: str, n_ctx: int, n_vocab: int) -> dict[str, Any]:
     completion_body = {"type": "object", "required": ["prompt"], "properties": {
         **_scalars(params.COMPLETION, n_ctx), **_structured(model), "prompt": prompt}}
     health = {"description": "engine state", "content": {"application/json": {"schema": {
-        "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}}}}
+        "type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string"},
+            "exposed": {"type": "boolean", "description": "the network gets everything: no API key on a "
+                                                          "non-loopback address"},
+            "warnings": {"type": "array", "items": {"type": "string"}}}}}}}
     return {
         "openapi": "3.0.3",
         "info": {"title": "appliance", "version": __version__,

@@ -14,7 +14,7 @@ import time
 
 from waitress import create_server, wasyncore
 
-from appliance.config import Config
+from appliance.config import Config, ServerConfig
 
 from . import create_app
 
@@ -55,7 +55,7 @@ def serve(config: Config) -> int:
     # several sockets: a MultiSocketServer, which lists them; one: the server is the socket
     bound = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
     urls = ", ".join(f"http://{_address(host, port)}" for host, port in bound)
-    print(f"appliance: serving {info.model_name} at {urls}  (chat page at /, OpenAI API at /v1)", flush=True)
+    announce(info.model_name, urls, srv_cfg)
 
     stopping = threading.Event()
 
@@ -82,6 +82,15 @@ def serve(config: Config) -> int:
         pool.close()
     log.info("stopped")
     return 0
+
+
+def announce(model: str, urls: str, cfg: ServerConfig) -> None:
+    """The start-up line on stdout, and beside it, loudly, what a server without a key on a
+    network address gives away (also logged as a warning, and in /health)."""
+    print(f"appliance: serving {model} at {urls}  (chat page at /, OpenAI API at /v1)", flush=True)
+    if warning := cfg.exposure():
+        log.warning("%s", warning)
+        print(f"appliance: WARNING: {warning}", flush=True)
 
 
 def _address(host: str, port: int) -> str:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,10 @@ NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_ca
            "logit_bias": "logit_bias",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
+# arrays and objects inside each other: far more than any real request (a JSON schema nests a few
+# dozen), and few enough that nothing after parsing (the encoder, a chat template's tojson,
+# llguidance) runs out of stack on what was accepted
+MAX_JSON_DEPTH = 512
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise InvalidRequest(f"the body is not valid UTF-8 (byte {e.start})") from None
     try:
-        body = json.loads(text)
+        body = load_json(text, "the JSON body")
     except json.JSONDecodeError as e:
         raise InvalidRequest(f"the body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(body, dict):
@@ -59,6 +65,53 @@ def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
     except UnicodeEncodeError:
         raise InvalidRequest("the body contains an unpaired UTF-16 surrogate escape (not valid Unicode)") from None
     return body
+
+
+def load_json(text: str, what: str, param: str | None = None) -> Any:
+    """`json.loads` for JSON a client wrote; invalid JSON stays a JSONDecodeError for the caller
+    to word. What Python's parser would take but nothing after it should meet is an
+    InvalidRequest naming `what`: NaN, Infinity and numbers past a float's range (a reply
+    echoing them would not be JSON), an integer past Python's digit limit (int() refuses it), and
+    nesting past MAX_JSON_DEPTH (the parser's RecursionError, or the walk after it)."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        if _depth_within(value, MAX_JSON_DEPTH):
+            return value
+    except RecursionError:
+        pass
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # a hook's refusal, or int() refusing a literal past its digit limit
+        reason = e if isinstance(e, _Refused) else \
+            f"has an integer of more than {sys.get_int_max_str_digits()} digits"
+        raise InvalidRequest(f"{what} {reason}", param=param) from None
+    raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels", param=param)
+
+
+class _Refused(ValueError):
+    """A number `load_json` refuses (its message follows the document's name)."""
+
+
+def _no_constant(name: str) -> float:
+    raise _Refused(f"has {name}, which is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _Refused(f"has {literal}, a number past the largest float")
+    return value
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest at most `limit` deep in `value`, walked level by level
+    (a recursive walk would meet the very limit this guards)."""
+    level = [value] if isinstance(value, (dict, list)) else []    # the arrays and objects at one depth
+    for _ in range(limit):
+        if not level:
+            return True
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, (dict, list))]
+    return not level
 
 
 # -- structured parameters ----------------------------------------------------------------------
@@ -225,14 +278,13 @@ def _message_tool_calls(m: dict, i: int) -> tuple[ToolCall, ...]:
                 or not isinstance(c.get("id", ""), str) or c.get("type", "function") != "function":
             raise InvalidRequest(f"{where}[{j}] must be {{'id', 'type': 'function', 'function': {{'name', "
                                  "'arguments'}}}}", param=f"{where}[{j}]")
-        args = fn.get("arguments", "{}")
+        args, at = fn.get("arguments", "{}"), f"{where}[{j}].function.arguments"
         try:
-            parsed = json.loads(args) if isinstance(args, str) else args
+            parsed = load_json(args, at, param=at) if isinstance(args, str) else args
         except json.JSONDecodeError:
             parsed = None
         if not isinstance(parsed, dict):
-            raise InvalidRequest(f"{where}[{j}].function.arguments must be a JSON object (as a string)",
-                                 param=f"{where}[{j}].function.arguments")
+            raise InvalidRequest(f"{at} must be a JSON object (as a string)", param=at)
         cid = c.get("id") if isinstance(c.get("id"), str) else f"call_{i}_{j}"
         out.append(ToolCall(cid, fn["name"], json.dumps(parsed, ensure_ascii=False)))
     return tuple(out)

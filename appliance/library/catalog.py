@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, EngineConfig
+from ..config import Config, EngineConfig, fit_engine
 from .index import Library
 
 log = logging.getLogger("appliance.library")
@@ -42,19 +42,25 @@ class ModelSpec:
     kind: str = "chat"           # chat | embedding (--embedding-model PATH: it only embeds)
 
     def engine_config(self, config: Config, default: bool) -> EngineConfig:
-        """The engine settings of this model: serve's, then its own where serve's were not given.
-        A model but the `default` one keeps its prompt-cache disk tier in a directory of its own
-        (the disk tier deletes another model's files at start, so models never share one), and
-        its chat template is its own: serve's --chat-template is the default model's."""
+        return self.fit(config, default)[0]
+
+    def fit(self, config: Config, default: bool) -> tuple[EngineConfig, tuple[str, ...]]:
+        """The engine settings of this model: serve's, then its own where serve's were not given;
+        and what of serve's that were not given followed its own (`config.fit_engine`: a table
+        is given too), for the log. A model but the `default` one keeps its prompt-cache disk
+        tier in a directory of its own (the disk tier deletes another model's files at start, so
+        models never share one), and its chat template is its own: serve's --chat-template is
+        the default model's."""
         own = {k: v for k, v in self.settings if k not in config.given}
-        cfg = dataclasses.replace(config.engine, model=str(self.path), model_alias=self.name, **own)
+        cfg, notes = fit_engine(dataclasses.asdict(config.engine) | own, config.given | own.keys())
+        cfg = dataclasses.replace(cfg, model=str(self.path), model_alias=self.name)
         if self.kind == "embedding":   # one batch of inputs is its whole context: what the planner sizes
             cfg = dataclasses.replace(cfg, n_slots=1, n_ctx=cfg.n_batch)
         if not default:
             safe = re.sub(r"[^\w.-]", "_", self.name)
             template = {k: dict(self.settings).get(k) for k in _DEFAULT_MODEL_ONLY}
             cfg = dataclasses.replace(cfg, cache_dir=str(cfg.resolved_cache_dir() / "models" / safe), **template)
-        return cfg
+        return cfg, notes
 
 
 def load_settings(root: Path) -> dict[str, dict[str, object]]:
@@ -134,7 +140,9 @@ def _chat_models(config: Config) -> tuple[list[ModelSpec], str]:
         raise ValueError(f"--default-model {default}: no such model (served: {', '.join(specs) or 'none'})")
     for spec in specs.values():          # a wrong setting stops the start, naming its model
         try:
-            spec.engine_config(config, spec.name == default)
+            notes = spec.fit(config, spec.name == default)[1]
         except ValueError as e:
             raise ValueError(f"{lib.root / SETTINGS}: [{spec.name}]: {e}") from None
+        for note in notes:
+            log.info("%s [%s]: %s", lib.root / SETTINGS, spec.name, note)
     return list(specs.values()), default

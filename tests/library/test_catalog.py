@@ -1,6 +1,8 @@
 """What `serve` serves without --model, and each model's settings (no server started)."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from appliance import config
@@ -39,6 +41,18 @@ def test_a_flag_or_variable_given_to_serve_wins_over_the_file(lib):
         specs, _ = catalog(cfg)
         tiny = next(s for s in specs if s.name == "tiny").engine_config(cfg, False)
         assert (tiny.n_ctx, tiny.kv_type) == (1024, "q8_0")
+
+
+def test_a_models_table_is_given_too_so_serves_defaults_follow_it(lib, caplog):
+    (lib / "settings.toml").write_text('["tiny"]\nn_batch = 32\n')
+    cfg = config.load({"library": str(lib)}, env={})
+    with caplog.at_level(logging.INFO, logger="appliance.library"):
+        specs, _ = catalog(cfg)
+    tiny = next(s for s in specs if s.name == "tiny").engine_config(cfg, False)
+    assert (tiny.n_batch, tiny.prefill_chunk, tiny.n_ubatch) == (32, 32, 32)
+    assert "[tiny]: prefill_chunk follows --n-batch: 32" in caplog.text
+    with pytest.raises(ValueError, match=r"\[tiny\]: --prefill-chunk 64 is larger than --n-batch 32"):
+        catalog(config.load({"library": str(lib), "prefill_chunk": "64"}, env={}))
 
 
 def test_model_serves_that_file_alone(lib):

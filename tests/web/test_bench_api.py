@@ -243,6 +243,23 @@ def test_the_store_is_opened_read_only(tmp_path):
         assert [r["id"] for r in client.get("/api/bench/runs").get_json()["runs"]] == [2, 1]
 
 
+def test_a_run_whose_process_is_gone_is_shown_interrupted_and_left_as_stored(tmp_path):
+    path = tmp_path / "results.db"
+    run_id = store_run(path, sweep_cells(raw=False, repeats=1), RunStatus.RUNNING)
+    with Store.open(path) as store:     # as if its bench had been killed with kill -9
+        store.db.table("runs").update(run_id, {"owner_pid": int(Path("/proc/sys/kernel/pid_max").read_text())})
+        store.db.conn.commit()
+    before = path.read_bytes()
+    client = client_for(path)
+    (listed,) = client.get("/api/bench/runs").get_json()["runs"]
+    shown = client.get(f"/api/bench/runs/{run_id}").get_json()["run"]
+    for run in (listed, shown):
+        assert run["status"] == "interrupted" and "which wrote this run, is gone" in run["note"]
+    assert path.read_bytes() == before                 # the page tells it; the next writable open records it
+    with Store.open(path) as store:
+        assert store.db.execute("select status from runs").fetchall() == [("interrupted",)]
+
+
 def test_a_store_from_an_older_appliance_is_not_migrated_by_the_page(tmp_path):
     path = tmp_path / "results.db"
     store_run(path, sweep_cells(raw=False, repeats=1))

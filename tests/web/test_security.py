@@ -1,11 +1,16 @@
 """Security defaults and what a local client expects: an API key guards every route but
-/health, which tells a monitor without it the status only (constant-time compare); CORS answers
+/health, which tells a monitor without it the status only (constant-time compare), and no data
+(conversations, host report, results) is read or changed without it; a server without a key on
+a network address says so loudly at start and in /health; CORS answers
 pages served from this machine and listed origins, preflights without the key; the Host check
 holds on every loopback address bound. The server also binds both loopbacks (where this host
 has ::1) and runs a built-in chat template; the first tests need no server (Flask's client)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import re
 import socket
 from types import SimpleNamespace
 
@@ -13,10 +18,12 @@ import openai
 import pytest
 import requests
 
-from appliance.config import Config, ServerConfig
+from appliance.config import Config, ServerConfig, StoreConfig
 from appliance.models import EMBEDDED_ALIAS
+from appliance.store import ModelFingerprint, Store
 from tests.engine.fake_runner import FakeRunner
 from web import create_app
+from web.server import announce
 
 from .conftest import running_server
 
@@ -73,6 +80,74 @@ def test_health_tells_a_monitor_without_the_key_its_status_only():
     assert full["model"] == "fake" and full["chat_template"] == {"source": "builtin:chatml", "from_model": False,
                                                                  "thinking_switch": False}
     assert client.get("/metrics").status_code == 401 and client.get("/v1/models").status_code == 401
+
+
+def data_app(tmp_path):
+    """An app with the key over a conversation, a saved host report and a stored run."""
+    report = tmp_path / "host.json"
+    report.write_text(json.dumps({"snapshot": {"taken_at": "2026-01-01T00:00:00+00:00"}, "advice": []}))
+    with Store.open(tmp_path / "results.db") as store:
+        store.start_run(["appliance", "sweep"], {}, ModelFingerprint("m.gguf", "0" * 64, "F32", 1))
+    server = ServerConfig(api_key=KEY, conversations_db=str(tmp_path / "conversations.db"),
+                          host_report=str(report))
+    return create_app(Config(server=server, store=StoreConfig(db_path=str(tmp_path / "results.db"))), Pool())
+
+
+def test_no_route_but_the_pages_and_health_answers_without_the_key(tmp_path):
+    app = data_app(tmp_path)
+    client = app.test_client()
+    conv = client.post("/api/conversations", headers=AUTH, json={
+        "title": "private", "messages": [{"role": "user", "content": "my secret"}]}).get_json()
+    open_to_all = {"static", "api.health"}
+    checked = 0
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint in open_to_all or rule.endpoint.startswith("ui."):
+            continue
+        url = re.sub(r"<(?:(\w+):)?\w+>", lambda m: "1" if m[1] == "int" else conv["id"], rule.rule)
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}):
+                r = client.open(url, method=method, headers=headers, json={"title": "changed", "messages": []})
+                assert r.status_code == 401, (method, url, headers, r.status_code)
+                assert b"my secret" not in r.data
+                checked += 1
+    assert checked > 100
+    assert client.get(f"/api/conversations/{conv['id']}", headers=AUTH).get_json() == conv   # nothing changed
+
+
+def test_conversations_host_report_and_results_work_with_the_key(tmp_path):
+    client = data_app(tmp_path).test_client()
+    conv = client.post("/api/conversations", headers=AUTH, json={"messages": [{"role": "user", "content": "hi"}]})
+    assert conv.status_code == 201
+    cid, answer = conv.get_json()["id"], {"role": "assistant", "content": "yo"}
+    for method, url, body in [
+            ("GET", "/api/conversations", None), ("GET", "/api/conversations?q=hi", None),
+            ("GET", f"/api/conversations/{cid}", None),
+            ("POST", f"/api/conversations/{cid}/messages", {"messages": [answer]}),
+            ("PATCH", f"/api/conversations/{cid}", {"title": "t"}), ("DELETE", f"/api/conversations/{cid}", None),
+            ("GET", "/api/host", None), ("GET", "/api/bench/runs", None)]:
+        assert client.open(url, method=method, headers=AUTH, json=body).status_code == 200, (method, url)
+    assert client.get("/api/conversations?q=hi", headers=AUTH).get_json()["data"] == []       # deleted
+    assert [r["id"] for r in client.get("/api/bench/runs", headers=AUTH).get_json()["runs"]] == [1]
+
+
+@pytest.mark.parametrize("host,key,exposed", [("0.0.0.0", None, True), ("127.0.0.1,192.168.1.5", None, True),
+                                              ("myhost.example", None, True), ("0.0.0.0", KEY, False),
+                                              ("127.0.0.1,::1", None, False), ("localhost", None, False)])
+def test_a_server_without_a_key_on_a_network_address_says_so(host, key, exposed, capsys, caplog):
+    cfg = ServerConfig(host=host, api_key=key)
+    health = create_app(Config(server=cfg), Pool()).test_client().get("/health", headers=AUTH).get_json()
+    assert health["exposed"] is exposed and len(health["warnings"]) == exposed
+    with caplog.at_level(logging.WARNING, logger="appliance.server"):
+        announce("fake", "http://x:8080", cfg)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "appliance: serving fake at http://x:8080  (chat page at /, OpenAI API at /v1)"
+    if exposed:
+        (warning,) = health["warnings"]
+        assert out[1:] == [f"appliance: WARNING: {warning}"] and caplog.messages == [warning]
+        assert f"--host {host}" in warning and "conversations" in warning and "host report" in warning
+        assert "--api-key" in warning and "127.0.0.1" in warning
+    else:
+        assert out[1:] == [] and caplog.messages == []
 
 
 @pytest.mark.parametrize("origin,allowed", [

@@ -34,6 +34,8 @@ def _grammar(kind: str, schema_json: str | None) -> str:
             return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(schema_json or ""))
         except GbnfToLarkError as e:
             raise InvalidRequest(f"grammar: not a valid GBNF grammar: {e}", param="grammar") from None
+        except RecursionError:  # its parser recurses per nesting level: a few hundred exhaust the stack
+            raise InvalidRequest("grammar: the GBNF grammar nests too deeply", param="grammar") from None
     schema = ANY_OBJECT if kind == "json_object" else json.loads(schema_json or "{}")
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema)
