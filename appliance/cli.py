@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from . import __version__, config
@@ -109,11 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the commands a user stops with Ctrl-C, keeping what they finished
+INTERRUPTIBLE = ("bench", "sweep", "tune", "pull")
+
+
+def _honour_ctrl_c() -> None:
+    """Ctrl-C (SIGINT) stops the command even when its parent left SIGINT ignored, as a
+    non-interactive shell does for `cmd &`, and nohup and some CI harnesses do: Python keeps an
+    inherited SIG_IGN, and the command would run to its end and exit 0."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     func, command = args.func, args.command
     del args.func, args.command
+    if command in INTERRUPTIBLE:
+        _honour_ctrl_c()
     if command in ("bench", "sweep"):
         return func(args, argv[1:])  # the stored run keeps its command line
     return func(args)

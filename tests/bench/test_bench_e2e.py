@@ -178,10 +178,17 @@ def _wait_for_cells(db: str, n: int, timeout: float = 300) -> None:
     raise AssertionError(f"no {n} cells stored within {timeout} s")
 
 
+def _ignoring_sigint() -> None:
+    """A child started as `cmd &` from a script is: SIGINT ignored. Ctrl-C must stop it anyway."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _sweep_until(db: str, n_cells: int, interrupt, *args: str) -> subprocess.Popen:
-    """A long sweep, interrupted by `interrupt()` once n_cells are stored; returns it finished."""
+    """A long sweep, interrupted by `interrupt()` once n_cells are stored; returns it finished.
+    It starts with SIGINT ignored, as a background job of a script would."""
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "sweep", "-p", "64", "-n", "8", "--runs", "50",
-                             "--db-path", db, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--db-path", db, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignoring_sigint)
     try:
         _wait_for_cells(db, n_cells)
         interrupt(proc)

@@ -193,8 +193,10 @@ def test_ctrl_c_leaves_no_file_under_the_final_name_and_the_next_pull_resumes(hu
     stall = len(tiny["one"]) * 2 // 3          # past huggingface_hub's first 10 MB write
     hub.stall_after["tiny-F32.gguf"] = stall
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # started with SIGINT ignored, as a background job of a script is: Ctrl-C must stop it anyway
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "pull", REPO, "--host", host_file],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     part = library / REPO / "tiny-F32.gguf.part"
     deadline = time.monotonic() + 60
     while not hub.stalled.is_set() and time.monotonic() < deadline and proc.poll() is None:
