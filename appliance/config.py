@@ -210,6 +210,12 @@ class ServerConfig:
     http_threads: int = _opt(64, "HTTP worker threads (more than slots + queue, so waiting clients "
                               "never block /health)")
     max_body_bytes: int = _opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
+    max_connections: int = _opt(1000, "open client connections at most; at the limit, a new one closes the "
+                                "connection quiet longest among those with no request running")
+    request_timeout: float = _opt(60.0, "seconds a client may take to send a whole request, headers and "
+                                  "body, from its first byte (408 and closed past it)")
+    send_timeout: float = _opt(60.0, "seconds a reply may wait for a client that reads none of it; past "
+                               "it the connection is closed and its request cancelled, freeing its slot")
     engine_start_timeout: float = _opt(300.0, "seconds to wait for the engine to load at start")
     shutdown_grace: float = _opt(30.0, "seconds SIGTERM waits for in-flight requests")
     keepalive_s: float = _opt(5.0, "seconds between SSE comment lines while a streamed request "
@@ -239,6 +245,9 @@ class ServerConfig:
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
         _require(self.http_threads >= 1, "http_threads must be positive")
         _require(self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024")
+        _require(self.max_connections >= 16, "max_connections must be at least 16")
+        _require(self.request_timeout > 0, "request_timeout must be positive")
+        _require(self.send_timeout > 0, "send_timeout must be positive")
         _require(self.max_loaded >= 0, "max_loaded must not be negative")
         _require(self.idle_unload >= 0, "idle_unload must not be negative")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),

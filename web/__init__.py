@@ -1,7 +1,9 @@
 """The web layer: `create_app(config)` builds the Flask app over an engine client.
 
 Per-app state lives in `app.extensions["appliance"]`; typed errors are mapped to HTTP once,
-here. Nothing in `appliance/` imports this package.
+here (in OpenAI's shape; a blueprint whose API has its own shape, Anthropic's or Ollama's,
+renders them itself), and an exception nobody expected becomes a 500 typed error first, so it
+takes the same path. Nothing in `appliance/` imports this package.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from appliance.engine.process import EngineClient
 from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
                               NotFound, PayloadTooLarge, QueueFull, Unauthorized)
 
+from . import openapi_apis
 from .metrics import Metrics
 
 log = logging.getLogger("appliance.web")
@@ -54,13 +57,15 @@ class AppState:
 def create_app(config: Config, pool: ModelPool) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
+    app.config["OPENAPI_BUILD"] = openapi_apis.build
     app.json.sort_keys = False
 
     def default(attr: str):
         engine = pool.client()
         return getattr(engine, attr) if engine is not None else None
 
-    app.extensions["appliance"] = AppState(config, pool, Metrics(lambda: default("stats"), lambda: default("info")))
+    metrics = Metrics(lambda: default("stats"), lambda: default("info"), lambda: pool.engine_pids())
+    app.extensions["appliance"] = AppState(config, pool, metrics)
 
     from .anthropic import bp as anthropic_bp
     from .api import bp as api_bp
@@ -158,12 +163,20 @@ def _http_error(e: HTTPException):
     mapped = {404: NotFound(f"no route for {request.method} {request.path}"),
               405: MethodNotAllowed(f"{request.method} is not allowed on {request.path}"),
               413: PayloadTooLarge("the request body is larger than the server accepts")}
-    err = mapped.get(e.code or 500) or InvalidRequest(e.description or e.name)
-    if e.code and e.code < 500 and e.code not in mapped:
-        err.status = e.code
+    code = e.code or 500
+    if code in mapped:
+        err = mapped[code]
+    elif code >= 500:   # a server-side failure stays one, in the error shape
+        err = EngineFailure(e.description or e.name)
+    else:
+        err = InvalidRequest(e.description or e.name)
+    if code not in mapped:
+        err.status = code
     return _error_response(err)
 
 
 def _unexpected(e: Exception):
     log.exception("unhandled error on %s %s", request.method, request.path)
-    return _error_response(EngineFailure("internal server error"))
+    # handled as the typed error it becomes, so that the route's API answers in its own shape
+    # (Anthropic's and Ollama's blueprints render ApplianceError themselves), as for a 4xx
+    return current_app.handle_user_exception(EngineFailure("internal server error"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import threading
 import time
@@ -25,11 +26,12 @@ from flask import Blueprint, Response, current_app, g, jsonify, request, stream_
 from appliance.engine.reasoning import has_thinking_switch
 from appliance.engine.process import EngineClient, RequestStream
 from appliance.engine.types import Accepted, Delta, Done, Request, Tokenized
-from appliance.errors import ApplianceError, EngineUnavailable, InvalidRequest
+from appliance.errors import ApplianceError, EngineFailure, EngineUnavailable, InvalidRequest
 
-from . import openapi, responses, wire
+from . import responses, wire
 
 bp = Blueprint("api", __name__)
+log = logging.getLogger("appliance.api")
 
 POLL_S = 0.25  # how often a waiting handler checks that its client is still connected
 
@@ -329,6 +331,9 @@ def stream(sub: Submitted, writer: StreamWriter, tally: Tally, keepalive: float)
                 tally.done(ev)
                 yield writer.end(ev)
                 return
+    except Exception:  # a bug after the status line: an error event, not a dropped connection
+        log.exception("streamed request %s failed", sub.stream.id)
+        yield writer.error(EngineFailure("internal server error"))
     finally:
         sub.stream.abort()  # a no-op when finished; frees the slot when the client left
 
@@ -420,7 +425,9 @@ def openapi_json():
     engine = _state().engine
     if engine is None:
         raise EngineUnavailable(f"the default model {_pool().default} is not loaded")
-    return jsonify(openapi.build(engine.info.model_name, _n_ctx(engine), engine.info.n_vocab))
+    # the builder is handed over by create_app: openapi.py describes every API, this one included
+    build = current_app.config["OPENAPI_BUILD"]
+    return jsonify(build(engine.info.model_name, _n_ctx(engine), engine.info.n_vocab))
 
 
 @bp.get("/metrics")

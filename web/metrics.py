@@ -3,12 +3,19 @@ one process (tests).
 
 Counters and histograms are fed by the API layer as requests are served; gauges are read from
 the engine's latest scheduler stats at scrape time by a custom collector.
+
+Resources, so a soak (`appliance bench --soak`) or a monitor sees a leak: the server's own
+`process_*` metrics (prometheus-client's ProcessCollector, which an app registry does not get by
+itself: only the library's global registry has it), and each engine process's resident memory
+and open file descriptors by model, read from /proc/<engine pid> at scrape time. Engine
+processes are the server's children, so their figures are not in its own.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -71,10 +78,42 @@ class EngineCollector:
         yield batches
 
 
+def process_usage(pid: int) -> tuple[int, int] | None:
+    """(resident bytes, open file descriptors) of a process, or None when it is gone or hidden."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return proc.memory_info().rss, proc.num_fds()
+    except (psutil.Error, AttributeError):      # AttributeError: num_fds exists on POSIX only
+        return None
+
+
+class EngineProcessCollector:
+    """Each loaded model's engine process: resident memory and open fds, labelled by model."""
+
+    def __init__(self, pids: Callable[[], Mapping[str, int | None]]) -> None:
+        self.pids = pids
+
+    def collect(self) -> Iterator:
+        rss = GaugeMetricFamily(f"{PREFIX}_engine_resident_memory_bytes",
+                                "resident memory of the model's engine process", labels=["model"])
+        fds = GaugeMetricFamily(f"{PREFIX}_engine_open_fds",
+                                "open file descriptors of the model's engine process", labels=["model"])
+        for model, pid in sorted(self.pids().items()):
+            usage = process_usage(pid) if pid else None
+            if usage is not None:
+                rss.add_metric([model], usage[0])
+                fds.add_metric([model], usage[1])
+        yield rss
+        yield fds
+
+
 class Metrics:
-    def __init__(self, stats: Callable[[], EngineStats | None], info: Callable[[], object]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], info: Callable[[], object],
+                 engine_pids: Callable[[], Mapping[str, int | None]] = dict) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)    # process_resident_memory_bytes, process_open_fds, ...
         self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "prompt tokens of finished requests", registry=r)
@@ -86,6 +125,7 @@ class Metrics:
         self.duration = Histogram(f"{PREFIX}_request_duration_seconds", "from arrival to the last byte",
                                   buckets=LATENCY_BUCKETS, registry=r)
         r.register(EngineCollector(stats, info))
+        r.register(EngineProcessCollector(engine_pids))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

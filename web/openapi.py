@@ -4,11 +4,13 @@ It says what `wire.py` accepts. The scalar request parameters are rendered from 
 declarations in `params.py` (the same ones wire validates with: type, range or choices,
 default, help as the description); the structured ones are written here with the limits
 params.py names. The fuzz tests (schemathesis) hold document and server together: whatever
-this document forbids must be a 4xx, and no input may produce a 5xx.
+this document forbids must be a 4xx, and no input may produce a 5xx. Every other route of the
+app but the pages is described by openapi_apis.py, each API's errors in its own shape (a test
+holds the document to the app's URL map).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from appliance import __version__
 
@@ -160,7 +162,11 @@ def _tokenizer(n_vocab: int) -> dict[str, Any]:
             "/detokenize": _post("Token ids to text (llama-server's)", detokenize_body, content, stream=False)}
 
 
-def build(model: str, n_ctx: int, n_vocab: int) -> dict[str, Any]:
+def build(model: str, n_ctx: int, n_vocab: int,
+          more: Callable[[dict, dict], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The document of OpenAI's core routes; `more(chat_post, models_get)` adds the other APIs'
+    paths (openapi_apis.build passes them: that module builds on this one's schemas)."""
+
     chat_body = {"type": "object", "required": ["messages"], "properties": {
         **_scalars(params.CHAT, n_ctx), **_structured(model),
         "messages": {"type": "array", "minItems": 1, "items": _message()},
@@ -178,19 +184,22 @@ def build(model: str, n_ctx: int, n_vocab: int) -> dict[str, Any]:
             "exposed": {"type": "boolean", "description": "the network gets everything: no API key on a "
                                                           "non-loopback address"},
             "warnings": {"type": "array", "items": {"type": "string"}}}}}}}
+    models = {"get": {"summary": "The served model", "responses": {
+        "200": {"description": "a list of one model", "content": {"application/json": {"schema": {
+            "type": "object", "required": ["object", "data"], "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": {"type": "array", "items": MODEL}}}}}},
+        **_errors(401, 403, 503)}}}
+    chat = _post("Chat completion", chat_body, CHAT_RESPONSE)
     return {
         "openapi": "3.0.3",
         "info": {"title": "appliance", "version": __version__,
-                 "description": "OpenAI-compatible API of a local LLM serving appliance."},
+                 "description": "A local LLM serving appliance: OpenAI's API (chat, completions, Responses, "
+                                "embeddings), Anthropic's Messages, Ollama's and llama-server's."},
         "paths": {
-            "/v1/chat/completions": _post("Chat completion", chat_body, CHAT_RESPONSE),
+            "/v1/chat/completions": chat,
             "/v1/completions": _post("Text completion", completion_body, COMPLETION_RESPONSE),
-            "/v1/models": {"get": {"summary": "The served model", "responses": {
-                "200": {"description": "a list of one model", "content": {"application/json": {"schema": {
-                    "type": "object", "required": ["object", "data"], "properties": {
-                        "object": {"type": "string", "enum": ["list"]},
-                        "data": {"type": "array", "items": MODEL}}}}}},
-                **_errors(401, 403, 503)}}},
+            "/v1/models": models,
             "/v1/models/{model}": {"get": {
                 "summary": "One model", "parameters": [{"name": "model", "in": "path", "required": True,
                                                        "schema": {"type": "string"}}],
@@ -202,5 +211,6 @@ def build(model: str, n_ctx: int, n_vocab: int) -> dict[str, Any]:
                 "200": {"description": "Prometheus text format",
                         "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(401, 403)}}},
             **_tokenizer(n_vocab),
+            **(more(chat["post"], models["get"]) if more else {}),
         },
     }

@@ -3,7 +3,9 @@
 waitress: pure Python, a thread per active request (so `http_threads` streams can be open while
 only `n_slots` decode), it writes every SSE chunk as it is yielded (send_bytes=1), and with a
 request lookahead it notices a client that hangs up while its request waits, which is how an
-abandoned request frees its slot.
+abandoned request frees its slot. http_server.py holds it to account for slow clients: a bound
+on the time a request may take to arrive, on the time a reply may wait for a reader, and room
+made at the connection limit by closing an idle connection.
 """
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ import signal
 import threading
 import time
 
-from waitress import create_server, wasyncore
+from waitress import wasyncore
 
 from appliance.config import Config, ServerConfig
 
-from . import create_app
+from . import create_app, http_server
 
 log = logging.getLogger("appliance.server")
+
+FDS_BESIDES_CONNECTIONS = 256  # model files, the engine pipes, SQLite, logs, the listening sockets
 
 
 def serve(config: Config) -> int:
@@ -45,16 +49,20 @@ def serve(config: Config) -> int:
         log.info("also served, loaded on request: %s", ", ".join(s.name for s in specs if s.name != default))
     app = create_app(config, pool)
     listen = " ".join(_address(host, srv_cfg.port) for host in srv_cfg.hosts())
+    connection_limit = srv_cfg.max_connections
+    fd_limit = http_server.raise_fd_limit(connection_limit + FDS_BESIDES_CONNECTIONS)
+    if fd_limit < connection_limit + FDS_BESIDES_CONNECTIONS:
+        connection_limit = max(16, fd_limit - FDS_BESIDES_CONNECTIONS)
+        log.warning("max_connections lowered to %d: this process may open only %d files", connection_limit, fd_limit)
     try:
-        server = create_server(app, listen=listen, threads=srv_cfg.http_threads, channel_request_lookahead=4,
-                               connection_limit=max(100, 2 * srv_cfg.http_threads), ident="appliance")
+        socket_map, servers, dispatcher = http_server.create(
+            app, listen, threads=srv_cfg.http_threads, connection_limit=connection_limit,
+            request_timeout=srv_cfg.request_timeout, send_timeout=srv_cfg.send_timeout)
     except (OSError, ValueError) as e:     # an address this host lacks, a port in use
         log.error("cannot listen on %s: %s", listen, e)
         pool.close()
         return 1
-    # several sockets: a MultiSocketServer, which lists them; one: the server is the socket
-    bound = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
-    urls = ", ".join(f"http://{_address(host, port)}" for host, port in bound)
+    urls = ", ".join(f"http://{_address(s.effective_host, s.effective_port)}" for s in servers)
     announce(info.model_name, urls, srv_cfg)
 
     stopping = threading.Event()
@@ -70,14 +78,15 @@ def serve(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
-    socket_map = getattr(server, "map", None) or server._map
     try:
         # waitress's own run() loops until every socket is closed; this loop also stops
         # when draining is over, while still answering (503) whoever connects meanwhile
         while not stopping.is_set():
+            for s in servers:
+                s.make_room()
             wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
     finally:
-        server.task_dispatcher.shutdown()
+        dispatcher.shutdown()
         wasyncore.close_all(socket_map)
         pool.close()
     log.info("stopped")

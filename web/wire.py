@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from appliance import jsondepth
 from appliance.engine.types import ChatMessage, Constraint, Request, SamplingParams, Tokenized, ToolCall, ToolSpec
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
@@ -33,10 +34,8 @@ NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_ca
            "logit_bias": "logit_bias",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
-# arrays and objects inside each other: far more than any real request (a JSON schema nests a few
-# dozen), and few enough that nothing after parsing (the encoder, a chat template's tojson,
-# llguidance) runs out of stack on what was accepted
-MAX_JSON_DEPTH = 512
+# arrays and objects inside each other (jsondepth says why this many)
+MAX_JSON_DEPTH = jsondepth.MAX_DEPTH
 
 
 @dataclass(frozen=True)
@@ -74,18 +73,13 @@ def load_json(text: str, what: str, param: str | None = None) -> Any:
     echoing them would not be JSON), an integer past Python's digit limit (int() refuses it), and
     nesting past MAX_JSON_DEPTH (the parser's RecursionError, or the walk after it)."""
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
-        if _depth_within(value, MAX_JSON_DEPTH):
-            return value
-    except RecursionError:
-        pass
+        return jsondepth.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except json.JSONDecodeError:
         raise
-    except ValueError as e:  # a hook's refusal, or int() refusing a literal past its digit limit
-        reason = e if isinstance(e, _Refused) else \
+    except ValueError as e:  # too deep, a hook's refusal, or int() refusing a literal past its digit limit
+        reason = e if isinstance(e, (_Refused, jsondepth.TooDeep)) else \
             f"has an integer of more than {sys.get_int_max_str_digits()} digits"
         raise InvalidRequest(f"{what} {reason}", param=param) from None
-    raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels", param=param)
 
 
 class _Refused(ValueError):
@@ -101,17 +95,6 @@ def _finite(literal: str) -> float:
     if not math.isfinite(value):
         raise _Refused(f"has {literal}, a number past the largest float")
     return value
-
-
-def _depth_within(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest at most `limit` deep in `value`, walked level by level
-    (a recursive walk would meet the very limit this guards)."""
-    level = [value] if isinstance(value, (dict, list)) else []    # the arrays and objects at one depth
-    for _ in range(limit):
-        if not level:
-            return True
-        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, (dict, list))]
-    return not level
 
 
 # -- structured parameters ----------------------------------------------------------------------

@@ -29,6 +29,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected minutes, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text!r}")
+    return value
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -88,6 +98,12 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--needle-lengths", type=_ints, default=None,
                        help="needle prompt lengths (default: 1/4, 1/2, 0.9 of the context and one over it)")
     bench.add_argument("--no-needle", action="store_true", help="skip the needle check")
+    bench.add_argument("--soak", type=_minutes, metavar="MINUTES",
+                       help="instead of the workloads: a soak of this many minutes, mixed requests (chat, "
+                            "streamed, tools, structured output, cancelled streams, over-context, bad bodies) "
+                            "from several clients; reports requests by status, TTFT p50/p99, and the server's "
+                            "and engine's RSS and open fds from /metrics; exits 1 on a failure or suspected leak")
+    bench.add_argument("--soak-clients", type=int, default=4, help="client threads of --soak (default 4)")
     _common(bench)
     bench.set_defaults(func=run_bench)
 
@@ -132,8 +148,6 @@ def _fail(command: str, message: str) -> int:
 def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
            plan: Callable[[Any], list[Any]]) -> int:
     from ..errors import ApplianceError
-    from ..models import file_fingerprint, resolve
-    from ..store import model_fingerprint
     from . import report
     from .client import BenchError, serving
     from .plans import Context
@@ -145,20 +159,11 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
         return _fail(command, "--ab starts its own two servers; it cannot be used with --url")
     try:
         cfg = config.load(vars(args))
+        claimed, model_path, file_fp = _claim(command, args, cfg)
     except (ValueError, TypeError) as e:
         return _fail(command, str(e))
-    claimed: ModelFingerprint | None = None
-    model_path: str | None = None
-    file_fp: str | None = None
-    if args.model is not None or not args.url:
-        try:
-            ref = resolve(cfg.engine.model, cfg.engine.model_alias)
-        except ApplianceError as e:
-            return _fail(command, e.message)
-        model_path = str(ref.path)
-        print(f"appliance {command}: hashing {ref.path.name} ...", file=sys.stderr)
-        claimed = model_fingerprint(ref.path)
-        file_fp = file_fingerprint(ref.path)
+    except ApplianceError as e:
+        return _fail(command, e.message)
     base = _engine_flags(args)
     specs = ([("", base)] if not args.ab
              else [("A", base + shlex.split(args.ab[0])), ("B", base + shlex.split(args.ab[1]))])
@@ -207,6 +212,20 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
     return 130 if outcome.status is RunStatus.INTERRUPTED else 1
 
 
+def _claim(command: str, args: argparse.Namespace,
+           cfg: config.Config) -> tuple[ModelFingerprint | None, str | None, str | None]:
+    """The model the run claims to measure (fingerprint, path, file fingerprint): the one the
+    started server serves, or --model's with --url; nothing for --url alone."""
+    from ..models import file_fingerprint, resolve
+    from ..store import model_fingerprint
+
+    if args.model is None and args.url:
+        return None, None, None
+    ref = resolve(cfg.engine.model, cfg.engine.model_alias)
+    print(f"appliance {command}: hashing {ref.path.name} ...", file=sys.stderr)
+    return model_fingerprint(ref.path), str(ref.path), file_fingerprint(ref.path)
+
+
 def _served_model(variant: Any) -> ModelFingerprint:
     """What a --url run without --model claims: the server's model id and file fingerprint."""
     fp = (variant.health or {}).get("model_fingerprint") or ""
@@ -243,6 +262,8 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             ps = prompt_sets.load(name)
             print(f"{name:16} {len(ps.prompts)} prompts  {ps.description}")
         return 0
+    if args.soak is not None:
+        return run_soak(args, argv)
     if args.tokens < 2:
         return _fail("bench", "--tokens must be at least 2 (a decode rate needs two tokens)")
     try:
@@ -258,6 +279,86 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
                            needle_lengths=() if args.no_needle else args.needle_lengths)
     return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
+
+
+def run_soak(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """`bench --soak MINUTES`: the server it starts (or --url's) under mixed load, stored as a
+    run of kind "soak" (soakreport.py says how); 0 only when the verdict is PASS."""
+    from ..errors import ApplianceError
+
+    if args.soak_clients < 1:
+        return _fail("bench", "--soak-clients must be at least 1")
+    if args.ab:
+        return _fail("bench", "--soak measures one server; it cannot be used with --ab")
+    try:
+        cfg = config.load(vars(args))
+        claimed, _, file_fp = _claim("bench", args, cfg)
+    except (ValueError, TypeError) as e:
+        return _fail("bench", str(e))
+    except ApplianceError as e:
+        return _fail("bench", e.message)
+    from .client import BenchError
+
+    try:
+        return _soak(args, argv, cfg, claimed, file_fp)
+    except BenchError as e:
+        return _fail("bench", str(e))
+
+
+def _soak(args: argparse.Namespace, argv: Sequence[str], cfg: config.Config, claimed: ModelFingerprint | None,
+          file_fp: str | None) -> int:
+    from hostcheck.sampler import Sampler
+
+    from . import report, soakreport
+    from .client import BenchError, serving
+    from .session import host_snapshot, open_variant, peak_rss, phase_summary
+    from .soak import Soak, SoakPlan
+    from .soakmix import MIN_CTX
+
+    serve_args = _engine_flags(args)
+    db_path = cfg.store.resolved_db_path()
+    plan = SoakPlan(args.soak, args.soak_clients)
+    with contextlib.ExitStack() as stack:
+        if not args.url:
+            print(f"appliance bench: starting a server: appliance serve {shlex.join(serve_args)}", file=sys.stderr)
+        target = stack.enter_context(serving(serve_args, args.url, args.api_key))
+        variant = open_variant("", target, claimed, file_fp, serve_args if not args.url else ())
+        if variant.n_ctx and variant.n_ctx < MIN_CTX:
+            raise BenchError(f"--soak needs a context of at least {MIN_CTX} tokens per slot (its largest requests "
+                             f"are ~950 tokens with their replies); the server has {variant.n_ctx}")
+        claimed = claimed or _served_model(variant)
+        store = stack.enter_context(Store.open(db_path))
+        snapshot = host_snapshot()
+        run_id = store.start_run(["appliance", "bench", *argv], variant.settings(), claimed, kind="soak")
+        store.record_host(run_id, snapshot, {})
+        print(f"appliance bench: run {run_id}, soak of {plan.minutes:g} min with {plan.clients} clients",
+              file=sys.stderr)
+        sampler = stack.enter_context(Sampler.for_host(interval_s=1.0))
+        soak = Soak(target, args.api_key, variant.model_id, variant.n_ctx, plan,
+                    lambda batch: store.add_cells(run_id, soakreport.to_cells(batch, plan.clients)),
+                    progress=not args.quiet, sampler=sampler)
+        try:
+            result = soak.run()
+        except BenchError as e:
+            store.finish_run(run_id, RunStatus.FAILED, str(e))
+            raise
+        sampler.stop()
+        verdict = soakreport.build(result)
+        store.record_host(run_id, {**snapshot, "peak_rss_bytes": peak_rss(variant), "soak": soakreport.record(result)},
+                          phase_summary(sampler))
+        store.finish_run(run_id, *_soak_status(result.interrupted, verdict))
+        print(report.render_run(store.run(run_id), store.host(run_id), store.results(run_id), "md"))
+    print(f"stored as run {run_id} in {db_path}")
+    return 130 if result.interrupted else 0 if verdict.passed else 1
+
+
+def _soak_status(interrupted: bool, verdict: Any) -> tuple[RunStatus, str]:
+    """The stored run's status and note: complete only when the verdict is PASS."""
+    from .soakreport import verdict_line
+
+    if interrupted:
+        return RunStatus.INTERRUPTED, "stopped by the user; " + verdict_line(verdict)
+    return (RunStatus.COMPLETE, "") if verdict.passed else (RunStatus.FAILED, verdict_line(verdict))
 
 
 def run_results(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:

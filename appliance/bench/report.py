@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..store import HostRecord, ResultCell, RunInfo, RunStatus, Store
+from . import soakreport
 from .results import (COMPARED, GAP_FLAG, GIB, KIND_TITLES, CompareRow, Ratio, Row, Stat, agent_against_cold, compare,
                       modes_against_serial, of_variant, rows, served_against_raw, variants)
 
@@ -112,6 +113,9 @@ def render_compare(found: Sequence[CompareRow], label_a: str = "A", label_b: str
 
 def _markdown(info: RunInfo, host: HostRecord | None, cells: Sequence[ResultCell],
               all_rows: list[Row]) -> str:
+    if info.kind == "soak":     # its cells are requests, not rates: soakreport lays them out
+        found = soakreport.from_stored(host, cells)
+        return _lines(_conditions(info, host) + (soakreport.render(found) if found else ["No soak figures stored."]))
     lines = _conditions(info, host) + _identity_banner(all_rows)
     if all_rows:
         lines += ["Each rate is min / median / max over a row's cells; gap is client over engine "

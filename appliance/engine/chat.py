@@ -5,7 +5,8 @@ The environment mirrors what Hugging Face's `apply_chat_template` gives template
 `strftime_now`), so a model's template renders here as it does there. A model without a
 template gets ChatML; `--chat-template` puts a shipped one (engine/templates/) or a file's in
 place of the GGUF's before this module sees it (startup._with_template). A template that raises
-(for example "roles must alternate") is the client's mistake: an InvalidRequest, never a crash.
+(for example "roles must alternate"), or that recurses past the stack on deeply nested tools or
+arguments, is the client's mistake: an InvalidRequest, never a crash.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .. import jsondepth
 from ..errors import InvalidRequest
-from .types import ChatMessage
+from .types import ChatMessage, ToolCall
 
 CHATML = (
     "{% for message in messages %}"
@@ -84,6 +86,9 @@ class ChatTemplate:
             raise
         except jinja2.exceptions.SecurityError as e:
             raise InvalidRequest(f"the chat template tried an unsafe operation: {e}") from None
+        except RecursionError:  # a template's recursive macro (a schema walk), or tojson, one call per level
+            raise TemplateError("the model's chat template ran out of stack on these messages and tools: "
+                                "they nest too deeply for it") from None
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
             raise TemplateError(f"the model's chat template failed on these messages: "
                                 f"{type(e).__name__}: {e}") from None
@@ -96,8 +101,18 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     if m.tool_calls:
         # Hugging Face's convention: arguments as an object (templates apply tojson)
         d["tool_calls"] = [{"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                            "function": {"name": c.name, "arguments": _arguments(c)}}
                            for c in m.tool_calls]
     if m.tool_call_id is not None:
         d["tool_call_id"] = m.tool_call_id
     return d
+
+
+def _arguments(call: ToolCall) -> Any:
+    """A call's arguments as an object. The server checked them (wire.load_json); a request made
+    elsewhere gets the same refusal rather than the parser's RecursionError."""
+    try:
+        return jsondepth.loads(call.arguments)
+    except ValueError:
+        raise InvalidRequest(f"the arguments of tool call {call.id!r} are not JSON nesting at most "
+                             f"{jsondepth.MAX_DEPTH} levels", param="messages") from None

@@ -5,7 +5,8 @@ idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) 
 /tokenize and /detokenize are answered as soon as they are read, between steps. An embed is
 queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
-ten times a second. While idle, the prompt cache writes one slot's state to disk per tick.
+ten times a second. While idle, the prompt cache saves one slot's state per tick for its disk
+writer thread; at Stop it hands over every idle slot and waits, bounded, for the writes.
 An embedding model's engine has no scheduler: it embeds, tokenizes and refuses the rest.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .types import Error, Event, Request, Tokenized
 log = logging.getLogger("appliance.engine")
 
 STATS_INTERVAL_S = 0.1
-IDLE_PERSIST_S = 1.0   # idle this long, the engine writes kept prompt states to the disk tier
+IDLE_PERSIST_S = 1.0   # idle this long, the engine hands kept prompt states to the disk tier
 
 
 class EngineLoop:
@@ -129,7 +130,8 @@ class EngineLoop:
                 busy_at = time.monotonic()
             elif self.scheduler is not None and time.monotonic() - busy_at > IDLE_PERSIST_S:
                 # write-behind: one slot's state per idle tick, so a request that arrives
-                # meanwhile waits for at most one write, and a restart finds the conversations
+                # meanwhile waits for at most one save (the file is written by the disk tier's
+                # thread), and a restart finds the conversations
                 self.scheduler.cache.persist_one()
             now = time.monotonic()
             stats_due = now - last_stats > STATS_INTERVAL_S

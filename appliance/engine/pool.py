@@ -291,6 +291,11 @@ class ModelPool:
     def in_flight(self) -> int:
         return sum(m.client.in_flight() for m in self._models.values() if m.client is not None)
 
+    def engine_pids(self) -> dict[str, int]:
+        """Each loaded (or loading) model's engine process id, for /metrics."""
+        return {name: m.client.state.pid for name, m in list(self._models.items())
+                if m.client is not None and m.client.state.pid is not None}
+
     def state_of(self, name: str) -> str:
         m = self._models[name]
         if m.client is None:

@@ -24,7 +24,7 @@ from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..models import resolve
 from . import plan as plan_mod
-from .cache.disk import DiskTier
+from .cache.disk import WRITE_QUEUE_BYTES, DiskTier
 from .cache.prompt_cache import PromptCache
 from .embed import Embedder, EmbeddingContext
 from .grid import Grid
@@ -52,6 +52,8 @@ class Engine:
     embedder: Embedder | None = None
 
     def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.cache.close()     # the disk tier's writer thread
         if self.embedder is not None:
             self.embedder.close()            # its context before the weights it reads
         if self.scheduler is not None and self.scheduler.spec.drafter is not None:
@@ -140,11 +142,13 @@ def warm_up(runner: ModelRunner, info: RunnerInfo) -> None:
 def disk_tier(cfg: EngineConfig, runner: ModelRunner) -> DiskTier | None:
     """The prompt cache's disk tier. A saved state is valid only for what the runner says its
     KV depends on (model file, context, KV type, engine build, batch shapes), this appliance's
-    version and the prefill grid: files of another fingerprint are deleted at start."""
+    version and the prefill grid: files of another fingerprint are deleted at start. Its files
+    are written by a thread of their own, behind a queue of at most WRITE_QUEUE_BYTES."""
     if not cfg.prompt_cache or cfg.cache_disk_bytes <= 0:
         return None
     fingerprint = "|".join([runner.kv_fingerprint(), f"appliance={__version__}", f"chunk={cfg.prefill_chunk}"])
-    return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, cfg.prefill_chunk, fingerprint)
+    return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, cfg.prefill_chunk, fingerprint,
+                    queue_bytes=WRITE_QUEUE_BYTES)
 
 
 def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:

@@ -28,6 +28,9 @@ class CacheStats:
     disk_hit_tokens: int = 0
     disk_enabled: int = 0
     disk_pinned_bytes: int = 0
+    disk_queued_bytes: int = 0    # states waiting for the disk tier's writer thread
+    disk_skipped: int = 0         # states not written: the write-behind queue was full
+    disk_write_errors: int = 0    # writes that failed (each loses that state only)
 
 
 @dataclass(frozen=True)

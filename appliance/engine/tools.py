@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from .. import jsondepth
 from .types import ChatMessage, ToolCall, ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -74,8 +75,8 @@ def _call(obj: Any, names: set[str]) -> ToolCall | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+            args = jsondepth.loads(args)
+        except ValueError:
             return None
     if not isinstance(args, dict):
         return None
@@ -83,20 +84,22 @@ def _call(obj: Any, names: set[str]) -> ToolCall | None:
 
 
 def parse(text: str, fmt: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    """Split a whole reply into (content, tool calls). Text that does not parse stays content."""
+    """Split a whole reply into (content, tool calls). Text that does not parse stays content,
+    and so does JSON nested past jsondepth.MAX_DEPTH (a model can write any depth; the parser's
+    stack cannot take it)."""
     if fmt == "mistral" and MISTRAL_TAG in text:
         head, _, tail = text.partition(MISTRAL_TAG)
         try:
-            arr = json.loads(tail.strip())
-        except json.JSONDecodeError:
+            arr = jsondepth.loads(tail.strip())
+        except ValueError:
             return text, []
         calls = [_call(o, names) for o in (arr if isinstance(arr, list) else [arr])]
         return (head.strip(), calls) if calls and all(calls) else (text, [])
     if fmt == "llama3":
         body = text.split(PYTHON_TAG, 1)[-1].strip()
         try:
-            call = _call(json.loads(body), names)
-        except json.JSONDecodeError:
+            call = _call(jsondepth.loads(body), names)
+        except ValueError:
             call = None
         return ("", [call]) if call else (text, [])
     content, calls, rest = [], [], text
@@ -104,8 +107,8 @@ def parse(text: str, fmt: str, names: set[str]) -> tuple[str, list[ToolCall]]:
         before, _, after = rest.partition(OPEN)
         body, closed, rest = after.partition(CLOSE)
         try:
-            call = _call(json.loads(body.strip()), names) if closed else None
-        except json.JSONDecodeError:
+            call = _call(jsondepth.loads(body.strip()), names) if closed else None
+        except ValueError:
             call = None
         if call is None:
             content.append(before + OPEN + body + (CLOSE if closed else ""))

@@ -8,7 +8,7 @@ import pytest
 
 from appliance.engine.chat import CHATML, ChatTemplate, TemplateError
 from appliance.errors import InvalidRequest
-from appliance.engine.types import ChatMessage
+from appliance.engine.types import ChatMessage, ToolCall
 
 # SmolLM2-135M-Instruct's template as stored in its GGUF (the '\n' are Jinja string escapes)
 SMOLLM2 = (
@@ -88,6 +88,32 @@ def test_render_failure_is_a_template_error():
     t = ChatTemplate("{{ messages[5]['content'] + 1 }}")
     with pytest.raises(TemplateError):
         t.render(msgs(("user", "hi")))
+
+
+# a schema walked by a recursive macro, as gpt-oss's template renders tool parameters
+WALK = ("{%- macro walk(s) -%}{%- if s is mapping -%}{ {%- for k, v in s.items() -%}{{ k }}: {{ walk(v) }}"
+        "{%- endfor -%} }{%- else -%}{{ s }}{%- endif -%}{%- endmacro -%}"
+        "{% for t in tools %}{{ walk(t) }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def test_a_template_out_of_stack_on_deep_tools_is_a_template_error():
+    deep: dict = {"type": "string"}
+    for _ in range(255):        # 511 levels: about the deepest a request may hold (jsondepth.MAX_DEPTH)
+        deep = {"type": "object", "properties": {"a": deep}}
+    t = ChatTemplate(WALK)
+    with pytest.raises(TemplateError) as ei:
+        t.render(msgs(("user", "hi")), tools=[deep])
+    assert "nest too deeply" in ei.value.message
+    assert t.render(msgs(("user", "hi")), tools=[{"type": "object"}]) == "{type: object}hi"
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_tool_call_arguments_nested_too_deep_are_refused_not_a_recursion_error(depth):
+    args = '{"a": ' + "[" * depth + "]" * depth + "}"
+    m = ChatMessage("assistant", None, tool_calls=(ToolCall("c1", "f", args),))
+    with pytest.raises(InvalidRequest) as ei:
+        ChatTemplate(None).render([m])
+    assert ei.value.param == "messages" and "'c1'" in ei.value.message
 
 
 def test_strftime_now():

@@ -5,10 +5,14 @@ import json
 
 import pytest
 
+from appliance import jsondepth
 from appliance.engine import tools
+from appliance.engine.output.parser import OutputParser
 from appliance.engine.types import ChatMessage, ToolCall, ToolSpec
 
 from .test_templates import LLAMA31, MISTRAL_V03, QWEN25
+
+MAX_DEPTH = jsondepth.MAX_DEPTH
 
 NAMES = {"get_weather", "search"}
 WEATHER = ToolSpec("get_weather", "Weather in a city",
@@ -93,3 +97,42 @@ def test_grammars_compile_and_accept_a_valid_call(fmt):
         ok, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(g)
         assert not ok, msgs
     assert '"const": "search"' not in tools.grammar((WEATHER, SEARCH), "get_weather", False, "hermes")
+
+
+# -- a model may write JSON of any depth; the parser's stack cannot take all of it ---------------
+
+def deep_calls(depth: int) -> dict[str, str]:
+    """A call of get_weather in each format whose arguments nest `depth` levels (in an object,
+    and as a string of JSON)."""
+    args = '{"city": ' * depth + '"Paris"' + "}" * depth
+    return {"hermes": f'Checking.\n<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>',
+            "hermes as a string": f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(args)}}}'
+                                  "\n</tool_call>",
+            "llama3": f'<|python_tag|>{{"name": "get_weather", "parameters": {args}}}',
+            "mistral": f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {args}}}]'}
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+@pytest.mark.parametrize("kind", list(deep_calls(1)))
+def test_a_call_nested_too_deep_stays_content_whole_and_streamed(depth, kind):
+    text, fmt = deep_calls(depth)[kind], kind.split()[0]
+    assert tools.parse(text, fmt, NAMES) == (text, [])
+    parser = OutputParser(None, tools.StreamParser(fmt, NAMES))
+    pieces = [parser.feed(text[i:i + 4096]) for i in range(0, len(text), 4096)] + [parser.flush()]
+    assert "".join(p.content for p in pieces) == text and not any(p.calls for p in pieces)
+    assert parser.n_calls == 0
+    # the parser is not left broken: the next call parses
+    assert tools.parse(deep_calls(2)[kind], fmt, NAMES)[1][0].name == "get_weather"
+
+
+def test_the_deepest_call_that_fits_parses_and_one_more_level_does_not():
+    deepest = '<tool_call>\n{"name": "get_weather", "arguments": ' + nested_args(MAX_DEPTH - 1) + "}\n</tool_call>"
+    content, calls = tools.parse(deepest, "hermes", NAMES)
+    assert content == "" and jsondepth.within(json.loads(calls[0].arguments), MAX_DEPTH - 1)
+    too_deep = deepest.replace(nested_args(MAX_DEPTH - 1), nested_args(MAX_DEPTH))
+    assert tools.parse(too_deep, "hermes", NAMES) == (too_deep, [])
+
+
+def nested_args(depth: int) -> str:
+    """An arguments object nesting `depth` levels in all."""
+    return '{"city": ' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"

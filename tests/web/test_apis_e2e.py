@@ -1,7 +1,8 @@
 """The other APIs end to end, each with its official client against one real server on the
 embedded model: Anthropic's Messages (`anthropic` SDK: messages, streaming, stop sequences,
 tools, count_tokens, errors) and Ollama's (`ollama` client: chat streamed and not, generate,
-tags, show, ps, version, format, errors)."""
+tags, show, ps, version, format, errors). And what every API's chat route does with a body no
+client should send: a 4xx in that API's shape, over real HTTP, and the next request answered."""
 from __future__ import annotations
 
 import json
@@ -153,3 +154,38 @@ def test_ollama_errors_and_the_load_request(ol, server):
     assert r.status_code == 400 and set(r.json()) == {"error"} and "context" in r.json()["error"]
     r = requests.post(server.url + "/api/generate", json={"model": "SmolLM2-135M-Instruct-Q4_1"}, timeout=30).json()
     assert r["done"] and r["done_reason"] == "load"
+
+
+# -- a hostile body on every API's chat route ----------------------------------------------------
+MODEL = "SmolLM2-135M-Instruct-Q4_1"
+# each API's chat route, its error shape, and a request it answers
+CHAT_ROUTES = {
+    "openai": ("/v1/chat/completions", "openai", {"messages": ASK, "max_tokens": 4}),
+    "anthropic": ("/v1/messages", "anthropic", {"model": MODEL, "max_tokens": 4, "messages": ASK}),
+    "ollama": ("/api/chat", "ollama", {"model": MODEL, "messages": ASK, "stream": False,
+                                       "options": {"num_predict": 4}}),
+    "responses": ("/v1/responses", "openai", {"model": MODEL, "input": ASK[0]["content"], "max_output_tokens": 4}),
+    "llama-server": ("/completion", "openai", {"prompt": "The capital of France is", "n_predict": 4}),
+}
+
+
+def error_message(body: dict, shape: str) -> str:
+    if shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        return body["error"]["message"]
+    if shape == "ollama":
+        assert set(body) == {"error"}
+        return body["error"]
+    assert set(body["error"]) >= {"message", "type", "param", "code"}
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("api", list(CHAT_ROUTES))
+def test_a_body_nested_100000_deep_is_a_4xx_in_the_apis_shape_and_the_next_is_answered(server, api):
+    path, shape, ok = CHAT_ROUTES[api]
+    deep = '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    r = requests.post(server.url + path, data=deep, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    assert "nests deeper than" in error_message(r.json(), shape)
+    r = requests.post(server.url + path, json=ok, timeout=60)
+    assert r.status_code == 200, r.text[:300]

@@ -5,6 +5,7 @@ whose engine refuses every call with a 503: a body that reaches it passed valida
 from __future__ import annotations
 
 import json
+import re
 
 import llguidance
 import pytest
@@ -66,6 +67,9 @@ class Pool:
 
     def state_of(self, name):
         return "loaded"
+
+    def engine_pids(self):
+        return {}
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +174,85 @@ def test_a_gbnf_grammar_nested_too_deep_is_a_400():
         _grammar("gbnf", "root ::= " + "(" * 5000 + '"a"' + ")" * 5000)
     assert ei.value.param == "grammar" and "nests too deeply" in ei.value.message
     assert _grammar("gbnf", 'root ::= "a"')  # an ordinary one still compiles
+
+
+# -- an error nobody expected ------------------------------------------------------------------
+
+def all_routes(app) -> list[tuple[str, str, str]]:
+    """Every route and method, any path variable filled with "1"."""
+    return [(method, re.sub(r"<[^>]+>", "1", rule.rule), rule.endpoint)
+            for rule in app.url_map.iter_rules() for method in sorted(rule.methods - {"HEAD", "OPTIONS"})]
+
+
+def test_an_unexpected_exception_is_a_500_in_its_apis_shape_and_the_next_is_served(app, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("a bug; its text is not for clients")
+
+    for endpoint in list(app.view_functions):
+        monkeypatch.setitem(app.view_functions, endpoint, boom)
+    client = app.test_client()
+    for method, path, endpoint in all_routes(app):
+        resp = client.open(path, method=method, json={})
+        assert resp.status_code == 500, (method, path)
+        body, family = resp.get_json(), endpoint.split(".")[0]
+        if family == "anthropic":
+            assert body == {"type": "error", "error": {"type": "api_error", "message": "internal server error"}}
+        elif family == "ollama":
+            assert body == {"error": "internal server error"}, (method, path)
+        else:   # OpenAI's, the Responses API's and llama-server's routes included
+            assert body["error"]["type"] == "server_error" and body["error"]["message"] == "internal server error"
+        assert "a bug" not in resp.get_data(as_text=True)
+    monkeypatch.undo()
+    # the same app serves on: each API's next request gets as far as the engine
+    assert client.get("/api/version").status_code == 200
+    resp = client.post("/v1/messages", json={"model": MODEL, "max_tokens": 8, "messages": USER})
+    assert resp.status_code == 503 and resp.get_json()["error"] == {"type": "overloaded_error", "message": REACHED}
+    assert client.post("/api/chat", json={"model": MODEL, "messages": USER}).get_json() == {"error": REACHED}
+    assert client.post("/v1/chat/completions", json={"messages": USER}).get_json()["error"]["message"] == REACHED
+
+
+def test_a_server_side_http_error_stays_a_5xx(app, monkeypatch):
+    from werkzeug.exceptions import ServiceUnavailable, abort
+
+    def unavailable(*args, **kwargs):
+        raise ServiceUnavailable("the backend is down")
+
+    def plain_500(*args, **kwargs):
+        abort(500)
+
+    client = app.test_client()
+    monkeypatch.setitem(app.view_functions, "api.models", unavailable)
+    resp = client.get("/v1/models")
+    assert resp.status_code == 503 and resp.get_json()["error"]["type"] == "server_error"
+    monkeypatch.setitem(app.view_functions, "api.models", plain_500)
+    assert client.get("/v1/models").status_code == 500
+
+
+def test_a_bug_after_the_status_line_ends_the_stream_with_an_error_event(app):
+    from web import api
+    from appliance.engine.types import Delta
+
+    class Stream:
+        id, aborted = "req-1", False
+
+        def get(self, timeout=None):
+            return Delta("req-1", "hi", (1,))
+
+        def abort(self):
+            self.aborted = True
+
+    class Writer:
+        def start(self): return b"start\n"
+        def delta(self, ev): raise KeyError("a bug in a writer")
+        def end(self, done): return b"end\n"
+        def error(self, e): return f"error {e.status} {e.message}\n".encode()
+        def idle(self): return b""
+
+    class Tally:
+        def delta(self, ev): pass
+        def done(self, ev): pass
+
+    sub = api.Submitted(parsed=None, stream=Stream(), gone=lambda: False, fingerprint="", accepted=None)
+    with app.app_context():
+        out = b"".join(api.stream(sub, Writer(), Tally(), keepalive=0))
+    assert out == b"start\nerror 500 internal server error\n" and sub.stream.aborted

@@ -10,11 +10,12 @@ import pytest
 
 from appliance.errors import InvalidRequest
 from web import openapi, params, wire
+from web import openapi_apis
 from web.params import Param
 
 N_CTX = 2048
 SERVED = {"m"}
-DOC = openapi.build("m", N_CTX, n_vocab=1000)
+DOC = openapi_apis.build("m", N_CTX, n_vocab=1000)
 
 
 def _body(path: str) -> dict[str, Any]:

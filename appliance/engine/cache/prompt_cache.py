@@ -11,9 +11,16 @@ engine calls `persist_one` (write-behind to disk while idle). Reuse is always in
 of the prefill grid and never the prompt's last token, and the rest is prefilled on the same
 grid a cold run uses, so a hit gives exactly the cold answer. Positions computed by one-token
 decode steps (an earlier reply) are never kept: a cold run would compute them in a chunk.
+
+A spill costs the step path only the runner's `save` (the llama.cpp context is not
+thread-safe, so it stays on the engine thread): the RAM tier keeps the very bytes it returns,
+and the disk tier queues the same object for its writer thread (disk.py). At shutdown
+`persist` hands every idle slot to that writer and waits, bounded, until it has written them.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,6 +31,10 @@ from ..stats import CacheStats
 from .cost import PrefillCost
 from .disk import DiskTier
 from .ram import RamTier
+
+log = logging.getLogger("appliance.prefix_cache")
+
+PERSIST_TIMEOUT_S = 45.0   # at shutdown (the server gives the engine 60 s to stop)
 
 
 @dataclass(frozen=True)
@@ -86,25 +97,44 @@ class PromptCache:
         self.prefill_cost.observe(start_pos, n_tokens, ms)
 
     # -- write-behind --------------------------------------------------------------------
-    def persist(self) -> None:
-        """Save every idle slot's kept blocks to disk (at shutdown: they survive the restart)."""
-        while self.persist_one():
+    def persist(self, timeout_s: float = PERSIST_TIMEOUT_S) -> bool:
+        """Save every idle slot's kept blocks to disk (at shutdown: they survive the restart)
+        and wait at most `timeout_s` until they are written; False when time ran out first."""
+        if self.disk is None or not self.disk.enabled:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._persist_next(wait_s=deadline - time.monotonic()):
             pass
+        if self.disk.drain(max(0.0, deadline - time.monotonic())):
+            return True
+        log.warning("prompt cache: %.0f s were not enough to write every idle slot's state to disk; "
+                    "the rest is not kept", timeout_s)
+        return False
 
     def persist_one(self) -> bool:
-        """Write one idle slot's kept blocks to disk if they are not there yet (the engine calls
-        this while idle, so little is left to write at shutdown); False when nothing was left."""
-        if self.disk is None or not self.disk.enabled:
+        """Hand one idle slot's kept blocks to the disk tier if they are not there yet (the
+        engine calls this while idle, so little is left to write at shutdown); only while the
+        disk writer has nothing queued, so idle ticks keep one state in flight, not every
+        slot's. False when nothing was handed over."""
+        if self.disk is None or not self.disk.enabled or self.disk.queued_bytes:
             return False
+        return self._persist_next(wait_s=0.0)
+
+    def _persist_next(self, wait_s: float) -> bool:
         for i, kept in enumerate(self.kept):
             if i in self.busy or not kept or self.on_disk[i]:
                 continue
             self.on_disk[i] = True  # the engine asks every idle tick: hash a slot's blocks once
             if not self.disk.holds(kept):
                 self.runner.truncate(i, len(kept))
-                self.disk.put(kept, self.runner.save(i))
+                self.disk.put(kept, self.runner.save(i), wait_s=wait_s)
                 return True
         return False
+
+    def close(self) -> None:
+        """Stop the disk tier's writer (after `persist`, at shutdown)."""
+        if self.disk is not None:
+            self.disk.close()
 
     def stats(self) -> CacheStats:
         ram = self.ram.stats() if self.ram is not None else {}

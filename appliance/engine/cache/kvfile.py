@@ -1,0 +1,75 @@
+"""The file of one saved prompt state on disk, and its checks.
+
+    <key>.kv = MAGIC, a JSON header line (fingerprint, block keys, blob length, sha256), the blob
+
+A file is written to `<key>.tmp`, fsynced and renamed, so a crash leaves either the whole file
+or a temporary one that the next start deletes; a file that is truncated, has another magic or
+fails its checksum is never loaded. The blob is written as it is: joining it to its header
+first would copy the whole state (a few hundred MB for a long context).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+MAGIC = b"APPLIANCE-KV1\n"
+
+
+def header_line(fingerprint: str, keys: list[bytes], blob: bytes) -> bytes:
+    """The JSON header, without its newline; its checksum reads the whole blob."""
+    return _json(fingerprint, keys, len(blob), hashlib.sha256(blob).hexdigest())
+
+
+def file_size(fingerprint: str, keys: list[bytes], blob_len: int) -> int:
+    """A state's file size, known before its checksum (a sha256 is always 64 hex digits)."""
+    return len(MAGIC) + len(_json(fingerprint, keys, blob_len, "0" * 64)) + 1 + blob_len
+
+
+def _json(fingerprint: str, keys: list[bytes], blob_len: int, sha256: str) -> bytes:
+    return json.dumps({"fingerprint": fingerprint, "keys": [k.hex() for k in keys], "blob_len": blob_len,
+                       "sha256": sha256}).encode()
+
+
+def write(path: Path, header: bytes, blob: bytes) -> None:
+    """Write to a temporary name, fsync, rename; on any failure no file is left behind."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + header + b"\n")
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_header(path: Path) -> dict | None:
+    """The header of a complete file (its length matches), or None."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return None
+            line = f.readline()
+            header = json.loads(line)
+            f.seek(0, 2)
+            if f.tell() != len(MAGIC) + len(line) + header["blob_len"]:
+                return None  # truncated
+            return header
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def read_blob(path: Path) -> bytes:
+    """The file's blob, checked against its header; OSError, ValueError or KeyError if not."""
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise ValueError("bad magic")
+        header = json.loads(f.readline())
+        blob = f.read()
+    if len(blob) != header["blob_len"] or hashlib.sha256(blob).hexdigest() != header["sha256"]:
+        raise ValueError("checksum mismatch")
+    return blob
