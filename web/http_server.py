@@ -118,7 +118,6 @@ class Server(TcpWSGIServer):
 
     def __init__(self, *args: Any, request_timeout: float, send_timeout: float, **kw: Any) -> None:
         self.request_timeout, self.send_timeout = request_timeout, send_timeout
-        self.timed_out = {"request": 0, "send": 0, "evicted": 0}
         super().__init__(*args, **kw)
 
     def maintenance(self, now: float) -> None:
@@ -129,14 +128,12 @@ class Server(TcpWSGIServer):
                 continue
             stalled = channel.check_stall(mono)
             if stalled > self.send_timeout:
-                self.timed_out["send"] += 1
                 log.warning("closing the connection from %s: it read nothing for %.0f s (its request, if "
                             "any, is cancelled)", _peer(channel), stalled)
                 channel.will_close = True
                 self.pull_trigger()
             elif (channel.request_started is not None and not channel.busy()
                   and mono - channel.request_started > self.request_timeout):
-                self.timed_out["request"] += 1
                 log.info("408 to %s: its request did not arrive whole within %.0f s",
                          _peer(channel), self.request_timeout)
                 channel.time_out_request()
@@ -154,7 +151,6 @@ class Server(TcpWSGIServer):
         victims = idle[: max(1, self.adj.connection_limit // 8)]
         if not victims:
             return  # every connection is serving a request: waitress stops accepting until one ends
-        self.timed_out["evicted"] += len(victims)
         log.info("at the connection limit (%d): closing %d idle connections (%s first) to admit new ones",
                  self.adj.connection_limit, len(victims), _peer(victims[0]))
         for channel in victims:

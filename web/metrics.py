@@ -53,6 +53,8 @@ class EngineCollector:
             "prompt_cache_disk_entries": ("saved prompt states in the disk tier", c.disk_entries),
             "prompt_cache_disk_pinned_bytes": ("bytes of pinned prompt states in the disk tier",
                                                c.disk_pinned_bytes),
+            "prompt_cache_disk_queued_bytes": ("bytes of prompt states waiting for the disk tier's writer",
+                                               c.disk_queued_bytes),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
@@ -63,6 +65,10 @@ class EngineCollector:
             "prompt_cache_ram_hits": ("requests restored from the RAM tier", c.ram_hits),
             "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", c.disk_hit_tokens),
             "prompt_cache_disk_hits": ("requests restored from the disk tier", c.disk_hits),
+            "prompt_cache_disk_skipped": ("prompt states not written to disk: the writer's queue was full",
+                                          c.disk_skipped),
+            "prompt_cache_disk_write_errors": ("prompt state writes that failed (each loses that state)",
+                                               c.disk_write_errors),
             "draft_tokens_proposed": ("tokens proposed by speculative drafting", sp.draft_proposed),
             "draft_tokens_accepted": ("drafted tokens accepted by verification", sp.draft_accepted),
             "speculative_steps": ("decode steps that verified a draft", sp.spec_steps),

@@ -11,10 +11,11 @@ from appliance.config import EngineConfig
 from appliance.engine.cache.disk import MAX_WRITE_ERRORS, DiskTier
 from appliance.engine.cache.prompt_cache import PromptCache
 from appliance.engine.sched.scheduler import Scheduler
-from appliance.engine.types import Delta, Done, Request, SamplingParams
+from appliance.engine.types import Request, SamplingParams
 
 from .fake_runner import FakeRunner
 from .runner_kinds import make_runner
+from .test_prefix_cache import FOLLOW, OTHER, STORY, greedy
 
 WAIT_S = 30.0   # what a test waits at most for the writer thread: a hang fails, never blocks
 
@@ -174,25 +175,12 @@ def test_a_hit_served_from_the_queue_is_exactly_the_cold_answer(tmp_path):
     events = []
     sched = Scheduler(runner, cfg, events.append, PromptCache.from_config(runner, cfg, disk))
 
-    def go(rid, text, cache=True):
-        events.clear()
-        params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=5)
-        sched.submit(Request(id=rid, params=params, prompt=text, cache_prompt=cache), runner.tokenize(text, True))
-        while sched.has_work():
-            sched.step()
-        deltas = [e for e in events if isinstance(e, Delta)]
-        done = [e for e in events if isinstance(e, Done)][0]
-        return ([t for d in deltas for t in d.token_ids],
-                [(x.token, x.logprob, x.top) for d in deltas for x in d.logprobs], done.usage.cached_tokens)
-
     try:
-        story = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 24
-        go("a", story)
-        go("b", "An unrelated question about the weather in a small mountain village. " * 12)  # spills a
+        greedy(sched, runner, events, "a", STORY)
+        greedy(sched, runner, events, "b", OTHER)  # spills a
         assert disk.writing.wait(WAIT_S) and not disk.files
-        follow = story + "One stormy night a ship came too close to the rocks. What did the keeper do?"
-        warm = go("c", follow)
-        cold = go("d", follow, cache=False)
+        warm = greedy(sched, runner, events, "c", FOLLOW)
+        cold = greedy(sched, runner, events, "d", FOLLOW, cache=False)
         assert warm[2] >= 256 and disk.hits == 1 and cold[2] == 0
         assert warm[0] == cold[0] and warm[1] == cold[1]
     finally:

@@ -71,28 +71,32 @@ def real(request):
     runner.close()
 
 
+STORY = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 24
+OTHER = "An unrelated question about the weather in a small mountain village. " * 12
+FOLLOW = STORY + "One stormy night a ship came too close to the rocks. What did the keeper do?"
+
+
+def greedy(sched: Scheduler, runner, events: list, rid: str, text: str, cache: bool = True):
+    """One greedy request run to its end: its tokens, its logprobs, and its cached prompt tokens."""
+    events.clear()
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=5)
+    sched.submit(Request(id=rid, params=params, prompt=text, cache_prompt=cache), runner.tokenize(text, True))
+    while sched.has_work():
+        sched.step()
+    deltas = [e for e in events if isinstance(e, Delta)]
+    done = [e for e in events if isinstance(e, Done)][0]
+    return ([t for d in deltas for t in d.token_ids],
+            [(x.token, x.logprob, x.top) for d in deltas for x in d.logprobs], done.usage.cached_tokens)
+
+
 def test_restored_from_ram_is_exactly_the_cold_answer(real):
     runner, cfg = real
     events = []
     sched = Scheduler(runner, cfg, events.append)
-
-    def go(rid, text, cache=True):
-        events.clear()
-        params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=5)
-        sched.submit(Request(id=rid, params=params, prompt=text, cache_prompt=cache), runner.tokenize(text, True))
-        while sched.has_work():
-            sched.step()
-        deltas = [e for e in events if isinstance(e, Delta)]
-        done = [e for e in events if isinstance(e, Done)][0]
-        return ([t for d in deltas for t in d.token_ids],
-                [(x.token, x.logprob, x.top) for d in deltas for x in d.logprobs], done.usage.cached_tokens)
-
-    story = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 24
-    go("a", story)
-    go("b", "An unrelated question about the weather in a small mountain village. " * 12)
-    follow = story + "One stormy night a ship came too close to the rocks. What did the keeper do?"
-    warm = go("c", follow)
-    cold = go("d", follow, cache=False)
+    greedy(sched, runner, events, "a", STORY)
+    greedy(sched, runner, events, "b", OTHER)
+    warm = greedy(sched, runner, events, "c", FOLLOW)
+    cold = greedy(sched, runner, events, "d", FOLLOW, cache=False)
     assert warm[2] >= 256 and sched.cache.ram.hits >= 1 and cold[2] == 0
     assert warm[0] == cold[0] and warm[1] == cold[1]
 

@@ -73,3 +73,18 @@ def test_the_app_scrapes_its_pools_engines(engine, tmp_path):
     assert found[("appliance_engine_open_fds", (("model", "SmolLM2"),))] >= 10
     assert found[("appliance_engine_resident_memory_bytes", (("model", "SmolLM2"),))] > 0
     assert found[("process_resident_memory_bytes", ())] > 0 and found[("process_open_fds", ())] > 0
+
+
+def test_the_disk_writers_queue_skips_and_errors_are_exposed():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from appliance.engine.stats import CacheStats, EngineStats
+    from web.metrics import EngineCollector
+
+    registry = CollectorRegistry()
+    stats = EngineStats(cache=CacheStats(disk_queued_bytes=4096, disk_skipped=2, disk_write_errors=1))
+    registry.register(EngineCollector(lambda: stats, lambda: None))
+    got = samples(generate_latest(registry).decode())
+    assert got[("appliance_prompt_cache_disk_queued_bytes", ())] == 4096
+    assert got[("appliance_prompt_cache_disk_skipped_total", ())] == 2
+    assert got[("appliance_prompt_cache_disk_write_errors_total", ())] == 1

@@ -121,13 +121,19 @@ def test_a_request_that_never_arrives_whole_gets_a_408(strict):
     assert _chat(strict.url).status_code == 200
 
 
+def _stream_request(s: socket.socket, content: str, max_tokens: int, close: bool = False) -> None:
+    """Send a streamed chat request over a raw socket (whose reading the test controls)."""
+    body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                       "ignore_eos": True, "stream": True}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              + (b"Connection: close\r\n" if close else b"")
+              + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
 def test_a_stream_whose_client_stops_reading_is_cancelled_and_frees_its_slot(strict):
-    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a very long story."}],
-                       "max_tokens": 900, "ignore_eos": True, "stream": True}).encode()
     s = _connect(strict.url, rcvbuf=4096)
     try:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        _stream_request(s, "Tell me a very long story.", 900)
         # the client reads nothing; the server must give up on it and free the slot
         assert wait_until(lambda: "read nothing for" in strict.log(), timeout=90)
         assert wait_until(lambda: strict.health()["engine"]["slots_busy"] == 0, timeout=10)
@@ -143,12 +149,9 @@ def test_a_stream_whose_client_stops_reading_is_cancelled_and_frees_its_slot(str
 
 
 def test_a_slow_but_steady_reader_gets_the_whole_stream(strict):
-    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story."}],
-                       "max_tokens": 150, "ignore_eos": True, "stream": True}).encode()
     s = _connect(strict.url, rcvbuf=4096)
     try:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        _stream_request(s, "Tell me a story.", 150, close=True)
         received = b""
         while chunk := s.recv(1024):  # a kilobyte at a time, slower than the engine writes
             received += chunk
