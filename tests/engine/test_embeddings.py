@@ -115,8 +115,13 @@ def test_token_ids_are_embedded_as_given(embedding_model):
     _, runner, _ = embedding_model
     embedder, events = embedder_of(runner)
     ids = tuple(runner.tokenize(TEXTS[1], True, True))
-    got = run(embedder, events, Embed("t", (TEXTS[1],)), Embed("i", (ids,)))
-    assert np.array_equal(vectors(got["t"]), vectors(got["i"]))
+    # each in a forward of its own: two equal sequences side by side in one batch sit at other
+    # KV cells, and their mean-pooled vectors can differ in the last bit (seen on a 2-core EPYC)
+    text = run(embedder, events, Embed("t", (TEXTS[1],)))["t"]
+    events.clear()
+    given = run(embedder, events, Embed("i", (ids,)))["i"]
+    assert given.n_tokens == text.n_tokens == (len(ids),)
+    assert np.array_equal(vectors(text), vectors(given))
 
 
 def test_the_chat_model_embeds_beside_generation_without_changing_it(tmp_path):
