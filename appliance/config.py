@@ -83,8 +83,12 @@ class EngineConfig:
     kv_type: str = _opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
                         "flash attention, which llama.cpp needs for them)")
     main_gpu: int = _opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
-    prompt_cache: bool = _opt(True, "keep each slot's prompt KV after a request and reuse its longest "
-                              "common prefix (whole --prefill-chunk blocks, so hits are exact)")
+    prompt_cache: str = _opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse "
+                             "its longest common prefix. on: exactly (to the token where the runner proves "
+                             "at start that any chunk computes as the grid's, else in whole --prefill-chunk "
+                             "blocks), so a hit gives the cold answer; fast: to the token, replies included, "
+                             "as llama-server does, and responses that reused more than exact reuse would "
+                             "say cache_reuse: inexact", switch=True)
     cache_ram_bytes: int = _opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
                                 "is needed for other work (0 = no RAM tier)")
     cache_dir: str | None = _opt(None, "directory of the prompt cache's disk tier, which survives "
@@ -117,6 +121,9 @@ class EngineConfig:
                                             "chat_template_kwargs win key by key")
 
     def __post_init__(self) -> None:
+        if isinstance(self.prompt_cache, bool):  # EngineConfig(prompt_cache=False), as before it had modes
+            object.__setattr__(self, "prompt_cache", "on" if self.prompt_cache else "off")
+        _require(self.prompt_cache in ("on", "off", "fast"), "prompt_cache must be on, off or fast")
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
@@ -141,6 +148,10 @@ class EngineConfig:
         self.template_kwargs()
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
                  and self.n_threads_batch >= 0, "counts must not be negative")
+
+    @property
+    def prompt_cache_on(self) -> bool:
+        return self.prompt_cache != "off"
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_data_dir() / "prompt-cache"
@@ -317,8 +328,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parse_value(kind: Any, raw: str, name: str) -> Any:
+SWITCH_WORDS = {"1": "on", "true": "on", "yes": "on", "on": "on", "0": "off", "false": "off", "no": "off",
+                "off": "off"}
+
+
+def _parse_value(kind: Any, raw: str, name: str, switch: bool = False) -> Any:
     kind = str(kind)
+    if switch:  # a mode that is also a switch: --prompt-cache fast, --no-prompt-cache, APPLIANCE_PROMPT_CACHE=0
+        return SWITCH_WORDS.get(raw.strip().lower(), raw.strip().lower())
     if "bool" in kind:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -344,7 +361,12 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
             env = ENV_PREFIX + f.name.upper()
             default = f"default: {f.default}" if f.default not in (None, "") else "no default"
             help_text = f"{f.metadata['help']} [env {env}; {default}]"
-            if "bool" in str(f.type):
+            if f.metadata.get("switch"):
+                group.add_argument(_flag(f.name), dest=f.name, default=None, nargs="?", const="on",
+                                   metavar="MODE", help=help_text)
+                group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
+                                   const="off", help=argparse.SUPPRESS)
+            elif "bool" in str(f.type):
                 group.add_argument(_flag(f.name), dest=f.name, default=None,
                                    action=argparse.BooleanOptionalAction, help=help_text)
             else:
@@ -356,10 +378,11 @@ def _values(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> dict
     values = {}
     for f in dataclasses.fields(cls):
         given = flags.get(f.name)
+        switch = bool(f.metadata.get("switch"))
         if given is not None:
-            values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name)
+            values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name, switch)
         elif ENV_PREFIX + f.name.upper() in env:
-            values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name)
+            values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name, switch)
     return values
 
 

@@ -140,6 +140,22 @@ def test_serve_help_exits_cleanly(capsys):
     assert "--n-slots" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, env, mode", [
+    ([], {}, "on"), (["--prompt-cache"], {}, "on"), (["--prompt-cache", "fast"], {}, "fast"),
+    (["--no-prompt-cache"], {}, "off"), (["--prompt-cache", "off"], {}, "off"),
+    ([], {"APPLIANCE_PROMPT_CACHE": "0"}, "off"), ([], {"APPLIANCE_PROMPT_CACHE": "Fast"}, "fast"),
+    (["--prompt-cache", "on"], {"APPLIANCE_PROMPT_CACHE": "false"}, "on")])
+def test_prompt_cache_is_a_mode_and_a_switch(argv, env, mode):
+    cfg = config.load(flags_of(argv), env=env).engine
+    assert cfg.prompt_cache == mode and cfg.prompt_cache_on == (mode != "off")
+
+
+def test_prompt_cache_modes_and_the_old_booleans():
+    assert EngineConfig(prompt_cache=False).prompt_cache == "off" and EngineConfig(prompt_cache=True).prompt_cache == "on"
+    with pytest.raises(ValueError, match="on, off or fast"):
+        config.load(flags_of(["--prompt-cache", "sometimes"]), env={})
+
+
 @pytest.mark.parametrize("flags", [{"n_slots": "0"}, {"prefill_chunk": "1024", "n_batch": "512"},
                                    {"port": "70000"}, {"log_level": "loud"}])
 def test_invalid_settings_are_refused(flags):

@@ -61,6 +61,8 @@ class EngineCollector:
         counters = {
             "engine_steps": ("scheduler steps run", s.steps),
             "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", c.cache_hit_tokens),
+            "prompt_cache_inexact_hits": ("requests that --prompt-cache fast served more of than exact reuse "
+                                          "would (their timings say cache_reuse: inexact)", c.inexact_hits),
             "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", c.ram_hit_tokens),
             "prompt_cache_ram_hits": ("requests restored from the RAM tier", c.ram_hits),
             "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", c.disk_hit_tokens),

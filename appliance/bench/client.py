@@ -67,6 +67,24 @@ class Target:
             return None
         return body if isinstance(body, dict) else None
 
+    def restart_with(self, command: str, timeout: float = 600.0) -> None:
+        """Restart a server the bench did not start, by the user's shell command (which must
+        return once the server is stopped or is starting), then wait until /v1/models answers:
+        so a replay can ask what another server's restart costs it."""
+        done = subprocess.run(command, shell=True, timeout=timeout)
+        if done.returncode != 0:
+            raise BenchError(f"--restart-command exited with code {done.returncode}: {command}")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.http.get(self.url + "/v1/models", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.url} did not answer within {timeout:.0f} s of --restart-command")
+            time.sleep(0.5)
+
     def model_ids(self) -> list[str]:
         try:
             r = self.http.get(self.url + "/v1/models", timeout=10)

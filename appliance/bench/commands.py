@@ -95,6 +95,9 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--agent-restart", action="store_true",
                        help="after the replay, restart the server and measure each conversation's next turn "
                             "(restored from the prompt cache's disk tier)")
+    bench.add_argument("--restart-command", default=None, metavar="CMD",
+                       help="with --url and --agent-restart: a shell command that restarts that server "
+                            "(the bench then waits until its /v1/models answers)")
     bench.add_argument("--needle-lengths", type=_ints, default=None,
                        help="needle prompt lengths (default: 1/4, 1/2, 0.9 of the context and one over it)")
     bench.add_argument("--no-needle", action="store_true", help="skip the needle check")
@@ -277,6 +280,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                            agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
                            agent_system_tokens=args.agent_system_tokens,
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
+                           restart_command=args.restart_command,
                            needle_lengths=() if args.no_needle else args.needle_lengths)
     return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
 

@@ -159,6 +159,7 @@ class BenchOptions:
     agent_turn_tokens: int = 300
     agent_reply_tokens: int = 24
     agent_restart: bool = False                # restart the server after the replay, then one more turn each
+    restart_command: str | None = None         # how to restart a --url server for agent_restart
     needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
 
 
@@ -167,7 +168,6 @@ SUPPORTED_MODES = ("serial", "lookup", "draft")
 
 def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
     offers = _offered_modes(ctx, o.modes)
-    sets = [prompt_sets.load(name) for name in o.prompt_sets]
     sets = [prompt_sets.load(name) for name in o.prompt_sets]
     depths = () if o.depths is None else (o.depths or ((ctx.n_ctx // 2,) if ctx.n_ctx else (4096,)))
     for d in depths:
@@ -392,9 +392,12 @@ def _restart_steps(ctx: Context, v: Variant, o: BenchOptions, agents: Callable[[
     """Restart the server (its prompt states go to disk at SIGTERM), then each conversation's
     next turn: what a saved conversation costs after a restart."""
     def restart() -> list[ResultCell]:
-        if v.target.server is None:
-            raise CellFailed("--agent-restart needs a server the bench started (not --url)")
-        v.target.server.restart()
+        if v.target.server is not None:
+            v.target.server.restart()
+        elif o.restart_command:
+            v.target.restart_with(o.restart_command)
+        else:
+            raise CellFailed("--agent-restart against --url needs --restart-command (how to restart that server)")
         return []
     steps = [Step("agent restart", 0, v.label, "served", restart)]
     turn = o.agent_turns

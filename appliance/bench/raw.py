@@ -36,9 +36,10 @@ class RawSettings:
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
         """The server's settings as its /health reports them (prefill_chunk: when it does not)."""
         s = health["settings"]
+        reuse = s.get("prompt_cache_reuse") or {}  # where the server cuts a prompt's last chunk
         return cls(n_ctx=int(health["n_ctx"]), n_slots=int(health["n_slots"]),
                    llamacpp=LlamaCppSettings.from_mapping(s),
-                   grid=Grid(int(s.get("prefill_chunk") or prefill_chunk)))
+                   grid=Grid(int(s.get("prefill_chunk") or prefill_chunk), int(reuse.get("min_chunk") or 0)))
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,10 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
 
     def prefill(seq: int, toks: list[int]) -> int:
         L.llama_memory_seq_rm(mem, seq, -1, -1)
+        start = 0
         for start, end in st.grid.chunks(0, len(toks)):
             decode([(toks[p], p, seq, p == len(toks) - 1) for p in range(start, end)])
-        # the last chunk starts at the grid line before the last token: its row there
-        return argmax(len(toks) - 1 - st.grid.floor(len(toks) - 1))
+        return argmax(len(toks) - 1 - start)  # the last token's row in the last chunk
 
     conn.send(("ready", None))
     while True:

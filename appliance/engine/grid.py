@@ -1,9 +1,20 @@
 """The prefill grid: prompts are computed in chunks cut at fixed absolute positions (multiples of
 `chunk`), whatever else runs. Everything exact about the prompt cache rests on it: a prefix kept
-or restored in whole grid blocks, then prefilled on the same cuts, gives the logits a cold run
-gives. The scheduler, the prompt cache, the draft model and bench's raw reference all cut here.
+or restored, then prefilled the way a cold run prefills, gives the logits a cold run gives. The
+scheduler, the prompt cache, the draft model and bench's raw reference all cut here.
 
     positions   0 .. chunk-1 | chunk .. 2*chunk-1 | ...      a block = one chunk of the grid
+
+Two regimes, chosen at engine start by what the loaded runner proves (cache/invariance.py):
+
+- `min_chunk` 0, grid reuse: nothing is known about chunks of other shapes, so a cached prefix
+  is reused only up to a grid line. A cold and a warm run then compute every chunk past it in
+  the very same shapes, exact by construction, and a follow-up recomputes up to chunk - 1
+  tokens it already had.
+- `min_chunk` m > 0, any-position reuse: the runner computes every position of a chunk of at
+  least m rows exactly as the grid's chunks do (llama.cpp on a CPU with f16 KV and its default
+  attention: m = 2, a one-row chunk takes another matmul path). A prefix is reused to the
+  token, leaving at least m tokens to compute, and no chunk is ever cut shorter than m rows.
 """
 from __future__ import annotations
 
@@ -14,10 +25,17 @@ from typing import Iterator, Sequence
 @dataclass(frozen=True)
 class Grid:
     chunk: int
+    min_chunk: int = 0   # 0: reuse at grid lines only; m: any position, chunks of >= m rows
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
             raise ValueError(f"the prefill grid's chunk must be positive, got {self.chunk}")
+        if self.min_chunk < 0 or (self.min_chunk and 2 * self.min_chunk > self.chunk):
+            raise ValueError(f"min_chunk must be 0 or at most half the chunk ({self.chunk}), got {self.min_chunk}")
+
+    @property
+    def any_position(self) -> bool:
+        return self.min_chunk > 0
 
     def floor(self, n: int) -> int:
         """The last grid line at or before n: the positions of n that fill whole blocks."""
@@ -25,27 +43,50 @@ class Grid:
 
     def chunk_end(self, start: int, end: int) -> int:
         """Where the chunk that starts at `start` ends, for a prompt of `end` positions: the next
-        grid line after `start`, or `end` if that comes first."""
-        return min(end, (start // self.chunk + 1) * self.chunk)
+        grid line after `start`, or `end` if that comes first. With `min_chunk` m, no piece is
+        shorter than m rows (unless the whole rest is) and none longer than `chunk`: a piece
+        after an off-grid start takes m rows, and the prompt's last piece is left m rows."""
+        stop = min(end, (start // self.chunk + 1) * self.chunk)
+        m = self.min_chunk
+        if m:
+            if stop - start < m:
+                stop = min(end, start + m)
+            if 0 < end - stop < m:
+                stop = end - m if end - start >= 2 * m else end
+        return stop
 
     def chunks(self, start: int, end: int) -> Iterator[tuple[int, int]]:
-        """The chunks [a, b) that cover [start, end) on the grid, in order."""
+        """The chunks [a, b) that cover [start, end), in order."""
         while start < end:
             stop = self.chunk_end(start, end)
             yield start, stop
             start = stop
 
     def reusable(self, shared: int, n_prompt: int) -> int:
-        """Of a prompt of `n_prompt` tokens sharing `shared` leading tokens with a cached state,
-        the positions that may be reused: whole blocks, never the prompt's last token (its
-        logits are needed, so it is always computed)."""
+        """Of a prompt of `n_prompt` tokens sharing `shared` leading positions with a cached state
+        (positions that are exact to reuse), how many may be reused: whole blocks, or with
+        `min_chunk` m any number leaving at least m tokens to compute; never the prompt's last
+        token (its logits are needed, so it is always computed)."""
+        if self.min_chunk:
+            return max(0, min(shared, n_prompt - self.min_chunk))
         return self.floor(min(shared, n_prompt - 1))
+
+    def keepable(self, n_computed: int, n_prompt: int) -> int:
+        """Of a prompt whose first `n_computed` positions are in the KV (prefilled on this grid,
+        or reused), how many a later request may reuse exactly: whole blocks, or with `min_chunk`
+        m all of them, unless the prompt was too short to be cut in chunks of m rows."""
+        n = min(n_computed, n_prompt)
+        if self.min_chunk:
+            return n if n_prompt >= self.min_chunk else 0
+        return self.floor(n)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens a and b share. Slices compare in C, and the usual answer (all
     of the shorter, or all but a few at the end) is found in a few of them: the draft model
     asks this of a whole context on every drafting step."""
+    if type(a) is not type(b):  # a tuple never equals a list, slice for slice
+        a, b = list(a), list(b)
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n

@@ -2,7 +2,8 @@
 
     tuned plan -> runner -> warm-up -> prompt builder
                -> speculation: exactness check, measured costs, draft model -> policy
-               -> prompt cache (slot, RAM and disk tiers) -> scheduler
+               -> prefill grid: chunk-invariance check -> prompt cache (slot, RAM and disk tiers)
+               -> scheduler
 
 `start` returns them as one `Engine`; `/health` 200 means all of this has happened (a request
 never pays for graph allocation or page faults of the first forward). What was decided is
@@ -25,7 +26,9 @@ from ..errors import ModelLoadError
 from ..models import resolve
 from . import plan as plan_mod
 from .cache.disk import WRITE_QUEUE_BYTES, DiskTier
+from .cache.invariance import check_chunk_invariance, probe_prompt
 from .cache.prompt_cache import PromptCache
+from .cache.ram import index_block
 from .embed import Embedder, EmbeddingContext
 from .grid import Grid
 from .prompts import PromptBuilder
@@ -72,8 +75,9 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
     prompts = PromptBuilder(runner, info, cfg.template_kwargs())
     warm_up(runner, info)
     spec = speculation(cfg, runner)
-    info = _with_settings(info, speculation=_speculation_report(spec))
-    cache = PromptCache.from_config(runner, cfg, disk_tier(cfg, runner))
+    grid, reuse = prefill_grid(cfg, runner)
+    info = _with_settings(info, speculation=_speculation_report(spec), prompt_cache_reuse=reuse)
+    cache = PromptCache.from_config(runner, cfg, disk_tier(cfg, runner, grid), grid)
     scheduler = Scheduler(runner, cfg, emit, cache, spec)
     embedder = None
     if cfg.embedding_model == "chat":
@@ -139,15 +143,33 @@ def warm_up(runner: ModelRunner, info: RunnerInfo) -> None:
     runner.truncate(0, 0)
 
 
-def disk_tier(cfg: EngineConfig, runner: ModelRunner) -> DiskTier | None:
+def prefill_grid(cfg: EngineConfig, runner: ModelRunner) -> tuple[Grid, dict]:
+    """The grid prompts are cut on, and how finely the prompt cache may reuse: to the token if
+    the loaded runner computes every cut a cache hit makes as the grid does (proven here,
+    bit for bit), else at grid lines. With the cache off nothing is reused and nothing probed."""
+    if not cfg.prompt_cache_on:
+        return Grid(cfg.prefill_chunk), {"mode": "off"}
+    t0 = time.perf_counter()
+    found = check_chunk_invariance(runner, 0, probe_prompt(runner, cfg.prefill_chunk), cfg.prefill_chunk)
+    grid = Grid(cfg.prefill_chunk, found.min_chunk)
+    how = (f"to the token, at least {found.min_chunk} recomputed" if found.min_chunk
+           else f"in whole {cfg.prefill_chunk}-token blocks")
+    log.info("prompt cache: exact reuse %s (chunk invariance: %d cuts compared in %.2f s%s)", how, found.cases,
+             time.perf_counter() - t0, "; " + "; ".join(found.failed) if found.failed else "")
+    return grid, {"mode": cfg.prompt_cache, "exact_reuse": how, **found.as_dict()}
+
+
+def disk_tier(cfg: EngineConfig, runner: ModelRunner, grid: Grid) -> DiskTier | None:
     """The prompt cache's disk tier. A saved state is valid only for what the runner says its
     KV depends on (model file, context, KV type, engine build, batch shapes), this appliance's
-    version and the prefill grid: files of another fingerprint are deleted at start. Its files
-    are written by a thread of their own, behind a queue of at most WRITE_QUEUE_BYTES."""
-    if not cfg.prompt_cache or cfg.cache_disk_bytes <= 0:
+    version and the prefill grid (its chunk, and whether any chunk computes as the grid's):
+    files of another fingerprint are deleted at start. Its files are written by a thread of
+    their own, behind a queue of at most WRITE_QUEUE_BYTES."""
+    if not cfg.prompt_cache_on or cfg.cache_disk_bytes <= 0:
         return None
-    fingerprint = "|".join([runner.kv_fingerprint(), f"appliance={__version__}", f"chunk={cfg.prefill_chunk}"])
-    return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, cfg.prefill_chunk, fingerprint,
+    fingerprint = "|".join([runner.kv_fingerprint(), f"appliance={__version__}", f"chunk={grid.chunk}",
+                            f"min_chunk={grid.min_chunk}"])
+    return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, fingerprint, index_block(grid.chunk),
                     queue_bytes=WRITE_QUEUE_BYTES)
 
 

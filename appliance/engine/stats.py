@@ -17,6 +17,7 @@ class CacheStats:
 
     cached_tokens: int = 0        # prompt positions kept in idle slots for reuse
     cache_hit_tokens: int = 0     # prompt tokens served from any tier
+    inexact_hits: int = 0         # requests --prompt-cache fast served more than exact reuse would
     ram_bytes: int = 0
     ram_entries: int = 0
     ram_hits: int = 0

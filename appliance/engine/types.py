@@ -126,6 +126,7 @@ class Timings:
     draft_n: int = 0              # drafted tokens verified (llama-server's names)
     draft_n_accepted: int = 0     # ... of which accepted
     speculation: str = "off"      # off | lookup | lookup-inexact (the runner is not proven exact)
+    cache_reuse: str = "exact"    # exact (what was reused gives the cold answer) | inexact (--prompt-cache fast)
 
     @property
     def prompt_per_second(self) -> float:
@@ -144,7 +145,7 @@ class Timings:
             "predicted_per_second": round(self.predicted_per_second, 3),
             "queue_ms": round(self.queue_ms, 3), "tokens_per_step": round(self.tokens_per_step, 3),
             "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
-            "speculation": self.speculation,
+            "speculation": self.speculation, "cache_reuse": self.cache_reuse,
             "n_ctx": self.n_ctx, "depth": self.cache_n + self.prompt_n + self.predicted_n + 1,
         }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.config import EngineConfig
-from appliance.engine.cache.ram import RamTier, block_chain
+from appliance.engine.cache.ram import RamTier, block_chain, state_key
 from appliance.engine.cache.prompt_cache import PromptCache
 from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Delta, Done, Request, SamplingParams
@@ -21,17 +21,27 @@ def test_block_chain_keys_depend_on_the_whole_prefix():
     assert block_chain([1, 2, 3, 4, 5, 6, 7, 8], 4) == a
 
 
-def test_lookup_finds_the_longest_whole_block_prefix():
-    ram = RamTier(max_bytes=1000, chunk=4)
+def test_lookup_finds_the_longest_shared_prefix_to_the_token():
+    ram = RamTier(max_bytes=1000, block=4)
     assert ram.put(list(range(12)), b"x" * 100)
     assert ram.lookup(list(range(12)) + [99])[0] == 12
     n, entry = ram.lookup(list(range(6)) + [50, 51])
-    assert n == 4 and entry.n_blocks == 3  # a prefix of an entry hits; the restore is truncated
+    assert n == 6 and entry.tokens == tuple(range(12))  # found by a whole block, then token by token
     assert ram.lookup([7, 7, 7, 7, 7])[0] == 0
+    assert ram.lookup([0, 1, 2])[0] == 0              # less than a block is never looked for
+
+
+def test_states_of_any_length_are_told_apart_by_their_tail():
+    ram = RamTier(max_bytes=1000, block=4)
+    ram.put(list(range(10)), b"a" * 100)             # two whole blocks and a tail of 2
+    ram.put(list(range(9)) + [77, 78], b"b" * 100)    # the same blocks, another tail
+    assert len(ram.entries) == 2 and ram.holds(list(range(10))) and not ram.holds(list(range(9)))
+    found, entry = ram.lookup(list(range(9)) + [77, 78, 5])
+    assert found == 11 and entry.blob == b"b" * 100
 
 
 def test_byte_bound_evicts_the_least_recently_used_of_equals_and_cleans_the_index():
-    ram = RamTier(max_bytes=250, chunk=4)
+    ram = RamTier(max_bytes=250, block=4)
     ram.put([1] * 4, b"a" * 100)
     ram.put([2] * 4, b"b" * 100)
     ram.lookup([1] * 4)                   # touch the first
@@ -76,11 +86,13 @@ OTHER = "An unrelated question about the weather in a small mountain village. " 
 FOLLOW = STORY + "One stormy night a ship came too close to the rocks. What did the keeper do?"
 
 
-def greedy(sched: Scheduler, runner, events: list, rid: str, text: str, cache: bool = True):
-    """One greedy request run to its end: its tokens, its logprobs, and its cached prompt tokens."""
+def greedy(sched: Scheduler, runner, events: list, rid: str, text: str | list[int], cache: bool = True):
+    """One greedy request (a text, or token ids) run to its end: its tokens, its logprobs, and
+    its cached prompt tokens."""
     events.clear()
     params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=5)
-    sched.submit(Request(id=rid, params=params, prompt=text, cache_prompt=cache), runner.tokenize(text, True))
+    ids = runner.tokenize(text, True) if isinstance(text, str) else list(text)
+    sched.submit(Request(id=rid, params=params, prompt="x", cache_prompt=cache), ids)
     while sched.has_work():
         sched.step()
     deltas = [e for e in events if isinstance(e, Delta)]
@@ -107,35 +119,39 @@ from appliance.engine.cache.disk import DiskTier  # noqa: E402
 
 
 def test_disk_round_trip_and_restart(tmp_path):
-    disk = DiskTier(tmp_path, max_bytes=10_000, chunk=4, fingerprint="model-a")
+    disk = DiskTier(tmp_path, max_bytes=10_000, block=4, fingerprint="model-a")
     disk.put(list(range(12)), b"state-bytes" * 10)
     assert not list(tmp_path.glob("*.tmp"))
-    again = DiskTier(tmp_path, max_bytes=10_000, chunk=4, fingerprint="model-a")  # a restart
-    n, blob = again.lookup(list(range(8)) + [99, 98])
-    assert n == 8 and blob == b"state-bytes" * 10
+    again = DiskTier(tmp_path, max_bytes=10_000, block=4, fingerprint="model-a")  # a restart
+    n, tokens, blob, exact = again.lookup(list(range(8)) + [99, 98])
+    assert n == 8 and blob == b"state-bytes" * 10 and tokens == tuple(range(12)) and exact == 12
+    disk.put(list(range(9)), b"nine" * 10, exact=4)    # an off-block length, 4 exact (fast mode)
+    n, tokens, blob, exact = DiskTier(tmp_path, max_bytes=10_000, block=4, fingerprint="model-a").lookup(
+        list(range(9)) + [1])
+    assert (n, tokens, blob, exact) == (9, tuple(range(9)), b"nine" * 10, 4)
 
 
 def test_stale_and_truncated_files_are_deleted_never_loaded(tmp_path, caplog):
-    DiskTier(tmp_path, 10_000, 4, "model-a").put(list(range(8)), b"x" * 100)
-    DiskTier(tmp_path, 10_000, 4, "model-a").put(list(range(100, 108)), b"y" * 100)
+    DiskTier(tmp_path, 10_000, "model-a", 4).put(list(range(8)), b"x" * 100)
+    DiskTier(tmp_path, 10_000, "model-a", 4).put(list(range(100, 108)), b"y" * 100)
     files = sorted(tmp_path.glob("*.kv"))
     assert len(files) == 2
     files[0].write_bytes(files[0].read_bytes()[:-10])  # truncated by a crash
     with caplog.at_level("INFO", logger="appliance.prefix_cache"):
-        other = DiskTier(tmp_path, 10_000, 4, "model-b")  # another model: both are stale
+        other = DiskTier(tmp_path, 10_000, "model-b", 4)  # another model: both are stale
     assert other.files == {} and not list(tmp_path.glob("*.kv"))
     assert "stale fingerprint" in caplog.text or "incomplete" in caplog.text
 
 
 def test_corrupt_blob_is_ignored_with_a_warning(tmp_path, caplog):
-    DiskTier(tmp_path, 10_000, 4, "m").put(list(range(8)), b"z" * 100)
+    DiskTier(tmp_path, 10_000, "m", 4).put(list(range(8)), b"z" * 100)
     path = next(tmp_path.glob("*.kv"))
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF  # same length, wrong content
     path.write_bytes(bytes(data))
-    disk = DiskTier(tmp_path, 10_000, 4, "m")
+    disk = DiskTier(tmp_path, 10_000, "m", 4)
     with caplog.at_level("WARNING", logger="appliance.prefix_cache"):
-        assert disk.lookup(list(range(8)) + [1]) == (0, None)
+        assert disk.lookup(list(range(8)) + [1]) == (0, (), None, 0)
     assert "checksum" in caplog.text and not path.exists()
 
 
@@ -143,9 +159,9 @@ def test_unwritable_directory_turns_the_tier_off_without_failing(tmp_path, caplo
     target = tmp_path / "not-a-dir"
     target.write_text("a file where the directory should be")
     with caplog.at_level("WARNING", logger="appliance.prefix_cache"):
-        disk = DiskTier(target / "cache", 10_000, 4, "m")
+        disk = DiskTier(target / "cache", 10_000, "m", 4)
         disk.put(list(range(8)), b"x" * 10)
-    assert not disk.enabled and disk.lookup(list(range(8))) == (0, None)
+    assert not disk.enabled and disk.lookup(list(range(8))) == (0, (), None, 0)
     assert "disk tier off" in caplog.text
 
 
@@ -153,7 +169,7 @@ def test_byte_bound_evicts_the_least_valuable_file_the_oldest_of_equals(tmp_path
     import os
     import time
 
-    disk = DiskTier(tmp_path, max_bytes=800, chunk=4, fingerprint="m")  # ~376 bytes a file
+    disk = DiskTier(tmp_path, max_bytes=800, block=4, fingerprint="m")  # ~376 bytes a file
     disk.put([1] * 4, b"a" * 200)
     old = next(tmp_path.glob("*.kv"))
     os.utime(old, (time.time() - 100, time.time() - 100))
@@ -181,7 +197,7 @@ def test_a_long_conversation_survives_many_short_ones():
     for start in range(0, 8192, 512):  # per-token prefill cost rising with depth, as measured
         cost.observe(start, 512, 512 * (1 + start / 1024))
     per_token = 24_000  # bytes of KV per token, about SmolLM2's
-    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, chunk=256, cost=cost)
+    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, block=256, cost=cost)
     long_conv = [7] * 8192
     ram.put(long_conv, b"L" * (8192 * per_token))
     for i in range(40):  # forty short conversations arrive after it
@@ -196,7 +212,7 @@ def test_plain_lru_would_have_evicted_it():
     cost.observe(0, 512, 512.0)
     cost.ms_per_token = {b: 1.0 for b in range(64)}
     per_token = 24_000
-    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, chunk=256, cost=cost)
+    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, block=256, cost=cost)
     ram.put([7] * 8192, b"L" * (8192 * per_token))
     for i in range(40):
         ram.put([1000 + i] * 256, b"s" * (256 * per_token))
@@ -208,7 +224,7 @@ def test_disk_eviction_by_value_keeps_a_long_conversation(tmp_path):
     for start in range(0, 8192, 512):
         cost.observe(start, 512, 512 * (1 + start / 1024))
     per_token = 100  # small blobs: the shape matters, not the size
-    disk = DiskTier(tmp_path, max_bytes=8192 * per_token + 20 * 256 * per_token + 40 * 400, chunk=256,
+    disk = DiskTier(tmp_path, max_bytes=8192 * per_token + 20 * 256 * per_token + 40 * 400, block=256,
                     fingerprint="m", cost=cost)
     long_conv = [7] * 8192
     disk.put(long_conv, b"L" * (8192 * per_token))
@@ -227,7 +243,7 @@ def flat_cost() -> PrefillCost:
 
 def test_a_pinned_prefix_is_never_evicted_by_value():
     per_token = 24_000
-    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, chunk=256, cost=flat_cost())
+    ram = RamTier(max_bytes=8192 * per_token + 20 * 256 * per_token, block=256, cost=flat_cost())
     ram.put([7] * 2048, b"L" * (2048 * per_token), pin=True)   # the same arrivals that evict it unpinned
     for i in range(60):
         ram.put([1000 + i] * 256, b"s" * (256 * per_token))
@@ -236,26 +252,26 @@ def test_a_pinned_prefix_is_never_evicted_by_value():
 
 
 def test_pins_hold_at_most_their_share_and_the_oldest_pin_gives_way():
-    ram = RamTier(max_bytes=1000, chunk=4, cost=flat_cost())
+    ram = RamTier(max_bytes=1000, block=4, cost=flat_cost())
     ram.put([1] * 4, b"a" * 300, pin=True)
     ram.put([2] * 4, b"b" * 300, pin=True)     # 600 pinned > 500: the older pin becomes ordinary
     assert [e.pinned for e in ram.entries.values()] == [False, True]
     ram.put([3] * 4, b"c" * 600, pin=True)     # over the share on its own: kept, not pinned
-    assert not ram.entries[block_chain([3] * 4, 4)[-1]].pinned
+    assert not ram.entries[state_key([3] * 4, block_chain([3] * 4, 4), 4)].pinned
     assert ram.lookup([2] * 4)[0] == 4 and ram.bytes <= 1000
 
 
 def test_a_disk_pin_survives_a_restart_and_eviction(tmp_path):
-    disk = DiskTier(tmp_path, max_bytes=2000, chunk=4, fingerprint="m", cost=flat_cost())
+    disk = DiskTier(tmp_path, max_bytes=2000, block=4, fingerprint="m", cost=flat_cost())
     disk.put([1] * 4, b"p" * 300, pin=True)
-    disk = DiskTier(tmp_path, max_bytes=2000, chunk=4, fingerprint="m", cost=flat_cost())   # a restart
+    disk = DiskTier(tmp_path, max_bytes=2000, block=4, fingerprint="m", cost=flat_cost())   # a restart
     assert disk.pinned_bytes > 0
     for i in range(20):
         disk.put([100 + i] * 4, b"s" * 300)
     assert disk.lookup([1] * 4 + [9])[0] == 4 and disk.bytes <= 2000
     assert disk.stats()["disk_pinned_bytes"] == disk.pinned_bytes > 0
     (tmp_path / next(tmp_path.glob("*.pin")).name).with_suffix(".kv").unlink()
-    DiskTier(tmp_path, max_bytes=2000, chunk=4, fingerprint="m")   # a pin without its state is removed
+    DiskTier(tmp_path, max_bytes=2000, block=4, fingerprint="m")   # a pin without its state is removed
     assert not list(tmp_path.glob("*.pin"))
 
 
@@ -289,7 +305,7 @@ def test_a_pinned_request_stays_cached_through_a_flood(pin, cached):
 def test_idle_slots_are_written_behind_one_at_a_time(tmp_path):
     runner = FakeRunner(n_slots=2, n_ctx=256)
     cfg = EngineConfig(n_slots=2, n_ctx=256, prefill_chunk=4, step_token_budget=8)
-    disk = DiskTier(tmp_path, max_bytes=1 << 20, chunk=4, fingerprint="fake")
+    disk = DiskTier(tmp_path, max_bytes=1 << 20, block=4, fingerprint="fake")
     sched = Scheduler(runner, cfg, lambda e: None, PromptCache.from_config(runner, cfg, disk))
     for rid, prompt in (("a", list(range(1, 10))), ("b", list(range(50, 59)))):
         sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=2), prompt="x"), prompt)

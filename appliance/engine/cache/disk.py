@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ..grid import common_prefix
 from . import kvfile
 from .cost import PrefillCost, value
-from .ram import PIN_SHARE, block_chain
+from .ram import INDEX_BLOCK, PIN_SHARE, block_chain, state_key
 
 log = logging.getLogger("appliance.prefix_cache")
 
@@ -43,9 +44,22 @@ WRITER_NICE = 19              # the writer thread yields the CPU to the decode t
 class Queued:
     """A state handed to the writer and not yet in its file: lookups serve `blob` from memory."""
 
-    keys: list[bytes]    # the block chain of its tokens
-    blob: bytes          # the runner's saved state, shared with the RAM tier (not a copy)
+    tokens: tuple[int, ...]  # what the state holds
+    keys: list[bytes]        # the block chain of its tokens
+    blob: bytes              # the runner's saved state, shared with the RAM tier (not a copy)
+    exact: int               # leading positions that are exact to reuse
     pin: bool = False
+
+
+@dataclass(frozen=True)
+class Held:
+    """A state in its file."""
+
+    path: Path
+    tokens: tuple[int, ...]
+    keys: list[bytes]
+    size: int                # of the file
+    exact: int
 
 
 class DiskTier:
@@ -55,14 +69,14 @@ class DiskTier:
     a row turn the tier off. It never fails a request. With `queue_bytes` 0 there is no writer
     thread: `put` writes in the caller's thread."""
 
-    def __init__(self, root: Path, max_bytes: int, chunk: int, fingerprint: str,
+    def __init__(self, root: Path, max_bytes: int, fingerprint: str, block: int = INDEX_BLOCK,
                  cost: PrefillCost | None = None, queue_bytes: int = 0) -> None:
-        self.root, self.max_bytes, self.chunk, self.fingerprint = root, max_bytes, chunk, fingerprint
+        self.root, self.max_bytes, self.block, self.fingerprint = root, max_bytes, block, fingerprint
         self.cost = cost or PrefillCost()   # the scheduler hands in the one it measures
-        self.files: dict[bytes, tuple[Path, list[bytes], int]] = {}   # last key -> (path, keys, size)
-        self.queued: dict[bytes, Queued] = {}                           # last key -> state, oldest first
+        self.files: dict[bytes, Held] = {}       # state key -> its file
+        self.queued: dict[bytes, Queued] = {}    # state key -> state, oldest first
         self.pinned: set[bytes] = set()
-        self.index: dict[bytes, bytes] = {}   # any block key -> the last key of a file or queued state
+        self.index: dict[bytes, bytes] = {}   # any block key -> the state key of a file or queued state
         self.queue_bytes, self.queued_bytes = queue_bytes, 0
         self.enabled = True
         self.hits = self.hit_tokens = 0
@@ -78,7 +92,7 @@ class DiskTier:
 
     @property
     def bytes(self) -> int:
-        return sum(size for _, _, size in self.files.values())
+        return sum(h.size for h in self.files.values())
 
     def _disable(self, why: str) -> None:
         log.warning("prompt cache disk tier off: %s", why)
@@ -98,35 +112,45 @@ class DiskTier:
                          "stale fingerprint" if header else "unreadable or incomplete")
                 path.unlink(missing_ok=True)
                 continue
-            keys = [bytes.fromhex(k) for k in header["keys"]]
-            self._add(path, keys, path.stat().st_size)
+            tokens = tuple(int(t) for t in header["tokens"])
+            exact = int(header.get("exact", len(tokens)))
+            keys = block_chain(tokens, self.block)
+            owner = state_key(tokens, keys, self.block)
+            if not keys or path.stem != owner.hex():
+                path.unlink(missing_ok=True)  # indexed with another block size
+                continue
+            self._add(owner, Held(path, tokens, keys, path.stat().st_size, exact))
             if path.with_suffix(".pin").exists():
-                self.pinned.add(keys[-1])
+                self.pinned.add(owner)
         for pin in self.root.glob("*.pin"):
             if not pin.with_suffix(".kv").exists():
                 pin.unlink(missing_ok=True)
 
-    def _add(self, path: Path, keys: list[bytes], size: int) -> None:
-        self.files[keys[-1]] = (path, keys, size)
-        for k in keys:
-            self.index[k] = keys[-1]
+    def _add(self, owner: bytes, held: Held) -> None:
+        self.files[owner] = held
+        for k in held.keys:
+            self.index[k] = owner
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether this exact state is on disk or queued for it."""
-        keys = block_chain(tokens, self.chunk)
+        keys = block_chain(tokens, self.block)
+        if not keys:
+            return False
+        owner = state_key(tokens, keys, self.block)
         with self._lock:
-            return self.enabled and bool(keys) and (keys[-1] in self.files or keys[-1] in self.queued)
+            return self.enabled and (owner in self.files or owner in self.queued)
 
     # -- writing -----------------------------------------------------------------------------
-    def put(self, tokens: Sequence[int], blob: bytes, pin: bool = False, wait_s: float = 0.0) -> bool:
-        """Save this state (tokens must be whole blocks), pinned if asked. With a writer thread
+    def put(self, tokens: Sequence[int], blob: bytes, pin: bool = False, wait_s: float = 0.0,
+            exact: int | None = None) -> bool:
+        """Save this state (of at least one whole block), pinned if asked. With a writer thread
         it is queued and `put` returns at once, or after waiting at most `wait_s` for room.
         False when it is not kept: the tier is off, the state is larger than the tier, or the
         queue stayed full (counted in `skipped`)."""
-        keys = block_chain(tokens, self.chunk)
+        keys = block_chain(tokens, self.block)
         if not keys:
             return False
-        owner = keys[-1]
+        owner = state_key(tokens, keys, self.block)
         with self._lock:
             if not self.enabled or self._closed:
                 return False
@@ -134,14 +158,14 @@ class DiskTier:
                 if pin:
                     self._pin(owner)
                 return True
-            if kvfile.file_size(self.fingerprint, keys, len(blob)) > self.max_bytes:
+            if kvfile.file_size(self.fingerprint, tokens, len(blob), exact) > self.max_bytes:
                 return False
             if self.queue_bytes and not self._lock.wait_for(lambda: self._room(len(blob)), wait_s):
                 self.skipped += 1
                 return False
             if not self.enabled:
                 return False
-            self._enqueue(owner, Queued(keys, blob, pin))
+            self._enqueue(owner, Queued(tuple(tokens), keys, blob, len(tokens) if exact is None else exact, pin))
         if not self.queue_bytes:
             self._write_one(owner)
         return True
@@ -194,7 +218,7 @@ class DiskTier:
             return  # the tier turned off meanwhile
         path = self.root / f"{owner.hex()}.kv"
         try:
-            header = kvfile.header_line(self.fingerprint, item.keys, item.blob)   # the slow checksum, unlocked
+            header = kvfile.header_line(self.fingerprint, item.tokens, item.blob, item.exact)  # the slow checksum, unlocked
             size = len(kvfile.MAGIC) + len(header) + 1 + len(item.blob)
             with self._lock:
                 doomed = self._make_room(size)
@@ -207,7 +231,7 @@ class DiskTier:
         with self._lock:
             if self.queued.get(owner) is item:
                 self._unqueue(owner)
-                self._add(path, item.keys, size)
+                self._add(owner, Held(path, item.tokens, item.keys, size, item.exact))
                 self._errors_in_row = 0
                 if item.pin:
                     self._pin(owner)
@@ -247,14 +271,14 @@ class DiskTier:
     # -- pinning -----------------------------------------------------------------------------
     @property
     def pinned_bytes(self) -> int:
-        return sum(self.files[k][2] for k in self.pinned)
+        return sum(self.files[k].size for k in self.pinned)
 
     def _pin(self, owner: bytes) -> None:
         """Pin a written state now, a queued one once it is written (under the lock)."""
         if owner in self.queued:
             self.queued[owner].pin = True
             return
-        path, _, size = self.files[owner]
+        path, size = self.files[owner].path, self.files[owner].size
         limit = PIN_SHARE * self.max_bytes
         if size > limit:
             log.warning("prompt cache: %s is over the disk tier's pin share; kept unpinned", path.name)
@@ -266,29 +290,31 @@ class DiskTier:
             return
         self.pinned.add(owner)
         while self.pinned_bytes > limit:
-            self._unpin(min((k for k in self.pinned if k != owner), key=lambda k: _mtime(self.files[k][0])))
+            self._unpin(min((k for k in self.pinned if k != owner), key=lambda k: _mtime(self.files[k].path)))
 
     def _unpin(self, owner: bytes) -> None:
         self.pinned.discard(owner)
-        self.files[owner][0].with_suffix(".pin").unlink(missing_ok=True)
+        self.files[owner].path.with_suffix(".pin").unlink(missing_ok=True)
 
     # -- reading -----------------------------------------------------------------------------
-    def lookup(self, prompt: Sequence[int]) -> tuple[int, bytes | None]:
-        """The longest whole-block prefix held on disk or queued for it, and its blob (a file's
-        checked), or (0, None)."""
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, tuple[int, ...], bytes | None, int]:
+        """The state on disk or queued for it that shares the longest prefix with `prompt`
+        (found by whole blocks, then compared token by token): how many tokens it shares, its
+        tokens, its blob (a file's checked) and how many leading positions are exact; or
+        (0, (), None, 0)."""
         if not self.enabled:
-            return 0, None
-        for n, key in reversed(list(enumerate(block_chain(prompt, self.chunk), start=1))):
+            return 0, (), None, 0
+        for key in reversed(block_chain(prompt, self.block)):
             with self._lock:
                 owner = self.index.get(key)
                 item = self.queued.get(owner) if owner is not None else None
-                path = self.files[owner][0] if item is None and owner in self.files else None
+                held = self.files.get(owner) if item is None and owner is not None else None
             if item is not None:
-                return n * self.chunk, item.blob
-            blob = self._read(owner, path) if path is not None else None
+                return common_prefix(item.tokens, prompt), item.tokens, item.blob, item.exact
+            blob = self._read(owner, held.path) if held is not None else None
             if blob is not None:
-                return n * self.chunk, blob
-        return 0, None
+                return common_prefix(held.tokens, prompt), held.tokens, blob, held.exact
+        return 0, (), None, 0
 
     def _read(self, owner: bytes, path: Path) -> bytes | None:
         """A file's blob, checked; None (and the file dropped) when it fails its checks."""
@@ -296,7 +322,7 @@ class DiskTier:
             blob = kvfile.read_blob(path)
         except (OSError, ValueError, KeyError) as e:
             with self._lock:
-                if owner not in self.files or self.files[owner][0] != path:
+                if owner not in self.files or self.files[owner].path != path:
                     return None  # evicted by the writer meanwhile: not a fault of the file
                 log.warning("prompt cache: ignoring %s (%s)", path.name, e)
                 self._drop(owner)
@@ -311,9 +337,9 @@ class DiskTier:
         """Forget a file (under the lock); the caller deletes the returned path."""
         if owner in self.pinned:
             self._unpin(owner)
-        path, keys, _ = self.files.pop(owner)
-        self._unindex(owner, keys)
-        return path
+        held = self.files.pop(owner)
+        self._unindex(owner, held.keys)
+        return held.path
 
     def _unindex(self, owner: bytes, keys: list[bytes]) -> None:
         """Point the blocks `owner` held at another file or queued state that holds them."""
@@ -327,7 +353,7 @@ class DiskTier:
                 self.index[k] = other
 
     def _entries(self) -> Iterator[tuple[bytes, list[bytes]]]:
-        yield from ((o, ks) for o, (_, ks, _) in self.files.items())
+        yield from ((o, h.keys) for o, h in self.files.items())
         yield from ((o, q.keys) for o, q in self.queued.items())
 
     def _make_room(self, size: int) -> list[Path]:
@@ -341,12 +367,12 @@ class DiskTier:
         now = time.time()
 
         def worth(k: bytes) -> float:
-            _, keys, size = self.files[k]
-            return value(self.cost.cost_ms(len(keys) * self.chunk), size, now - _mtime(self.files[k][0]))
+            held = self.files[k]
+            return value(self.cost.cost_ms(len(held.tokens)), held.size, now - _mtime(held.path))
         unpinned = [k for k in self.files if k not in self.pinned]
         if unpinned:
             return self._drop(min(unpinned, key=worth))
-        return self._drop(min(self.files, key=lambda k: _mtime(self.files[k][0])))
+        return self._drop(min(self.files, key=lambda k: _mtime(self.files[k].path)))
 
     def record_hit(self, n_tokens: int) -> None:
         self.hits += 1

@@ -1,6 +1,7 @@
 """The file of one saved prompt state on disk, and its checks.
 
-    <key>.kv = MAGIC, a JSON header line (fingerprint, block keys, blob length, sha256), the blob
+    <key>.kv = MAGIC, a JSON header line (fingerprint, the state's tokens, blob length, sha256,
+               how many leading positions are exact), the blob
 
 A file is written to `<key>.tmp`, fsynced and renamed, so a crash leaves either the whole file
 or a temporary one that the next start deletes; a file that is truncated, has another magic or
@@ -13,23 +14,25 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
-MAGIC = b"APPLIANCE-KV1\n"
-
-
-def header_line(fingerprint: str, keys: list[bytes], blob: bytes) -> bytes:
-    """The JSON header, without its newline; its checksum reads the whole blob."""
-    return _json(fingerprint, keys, len(blob), hashlib.sha256(blob).hexdigest())
+MAGIC = b"APPLIANCE-KV2\n"   # KV1 files (keyed by grid blocks) are deleted at start as unreadable
 
 
-def file_size(fingerprint: str, keys: list[bytes], blob_len: int) -> int:
+def header_line(fingerprint: str, tokens: Sequence[int], blob: bytes, exact: int | None = None) -> bytes:
+    """The JSON header, without its newline; its checksum reads the whole blob. `exact`: how
+    many leading positions are exact to reuse (all of them unless --prompt-cache fast)."""
+    return _json(fingerprint, tokens, len(blob), hashlib.sha256(blob).hexdigest(), exact)
+
+
+def file_size(fingerprint: str, tokens: Sequence[int], blob_len: int, exact: int | None = None) -> int:
     """A state's file size, known before its checksum (a sha256 is always 64 hex digits)."""
-    return len(MAGIC) + len(_json(fingerprint, keys, blob_len, "0" * 64)) + 1 + blob_len
+    return len(MAGIC) + len(_json(fingerprint, tokens, blob_len, "0" * 64, exact)) + 1 + blob_len
 
 
-def _json(fingerprint: str, keys: list[bytes], blob_len: int, sha256: str) -> bytes:
-    return json.dumps({"fingerprint": fingerprint, "keys": [k.hex() for k in keys], "blob_len": blob_len,
-                       "sha256": sha256}).encode()
+def _json(fingerprint: str, tokens: Sequence[int], blob_len: int, sha256: str, exact: int | None) -> bytes:
+    return json.dumps({"fingerprint": fingerprint, "tokens": list(tokens), "blob_len": blob_len, "sha256": sha256,
+                       "exact": len(tokens) if exact is None else exact}, separators=(",", ":")).encode()
 
 
 def write(path: Path, header: bytes, blob: bytes) -> None:

@@ -1,16 +1,23 @@
 """The prompt cache: one owner for every tier a prompt's KV can be found in.
 
-    slot tier   a finished request's slot keeps the KV of its prompt's whole grid blocks (`kept`)
-    RAM tier    kept blocks saved with the runner's `save` when their slot is needed (ram.py)
+    slot tier   a finished request's slot keeps the KV of its prompt (`kept`)
+    RAM tier    kept positions saved with the runner's `save` when their slot is needed (ram.py)
     disk tier   the same states as files that survive a restart (disk.py)
 
 The scheduler asks it twice in a request's life: `admit` when the request takes a slot (which
 free slot, and how many of its prompt's positions are already there, restored from a tier if
 one beats every slot), and `release` when it ends (what its slot keeps). Between requests the
-engine calls `persist_one` (write-behind to disk while idle). Reuse is always in whole blocks
-of the prefill grid and never the prompt's last token, and the rest is prefilled on the same
-grid a cold run uses, so a hit gives exactly the cold answer. Positions computed by one-token
-decode steps (an earlier reply) are never kept: a cold run would compute them in a chunk.
+engine calls `persist_one` (write-behind to disk while idle).
+
+How much of a shared prefix is reused is the grid's (grid.py): on a runner proven at start to
+compute any chunk of at least m rows as the grid does (invariance.py), to the token, leaving m
+tokens to compute; otherwise in whole grid blocks. Either way the rest is prefilled as a cold
+run prefills, so a hit gives exactly the cold answer. Positions computed by one-token decode
+steps (an earlier reply) are never reused exactly: a cold run would compute them in a chunk.
+
+`--prompt-cache fast` (opt-in) reuses to the token as llama-server does, replies included:
+each state then knows how many of its leading positions are exact (`exact`), and a request
+that reused more than exact reuse would have is labelled inexact in its timings.
 
 A spill costs the step path only the runner's `save` (the llama.cpp context is not
 thread-safe, so it stays on the engine thread): the RAM tier keeps the very bytes it returns,
@@ -30,37 +37,48 @@ from ..runners.base import ModelRunner
 from ..stats import CacheStats
 from .cost import PrefillCost
 from .disk import DiskTier
-from .ram import RamTier
+from .ram import RamTier, index_block
 
 log = logging.getLogger("appliance.prefix_cache")
 
 PERSIST_TIMEOUT_S = 45.0   # at shutdown (the server gives the engine 60 s to stop)
 
 
+MODES = ("on", "off", "fast")
+
+
 @dataclass(frozen=True)
 class Placement:
     slot: int
-    reuse: int      # leading prompt positions already in the slot's KV
+    reuse: int             # leading prompt positions already in the slot's KV
+    inexact: bool = False  # --prompt-cache fast reused more than exact reuse would have
+    exact: int = 0         # then: how many leading positions of the KV are still exact
 
 
 class PromptCache:
-    def __init__(self, runner: ModelRunner, grid: Grid, enabled: bool = True, ram_bytes: int = 0,
+    def __init__(self, runner: ModelRunner, grid: Grid, mode: str = "on", ram_bytes: int = 0,
                  disk: DiskTier | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"prompt cache mode must be one of {', '.join(MODES)}, not {mode!r}")
         n = runner.info.n_slots
-        self.runner, self.grid, self.enabled = runner, grid, enabled
-        self.kept: list[list[int]] = [[] for _ in range(n)]   # reusable prompt blocks per slot
-        self.on_disk = [False] * n                            # kept blocks already checked/written
+        self.runner, self.grid, self.mode = runner, grid, mode
+        self.enabled = mode != "off"
+        self.kept: list[list[int]] = [[] for _ in range(n)]   # the positions each idle slot holds
+        self.exact = [0] * n                                  # ... of which the first n are exact
+        self.on_disk = [False] * n                            # kept positions already checked/written
         self.busy: set[int] = set()
         self.prefill_cost = PrefillCost()
-        self.ram = RamTier(ram_bytes, grid.chunk, self.prefill_cost) if enabled and ram_bytes > 0 else None
-        self.disk = disk if enabled else None
+        self.ram = (RamTier(ram_bytes, index_block(grid.chunk), self.prefill_cost)
+                    if self.enabled and ram_bytes > 0 else None)
+        self.disk = disk if self.enabled else None
         if self.disk is not None:
             self.disk.cost = self.prefill_cost  # disk eviction values entries by the same measured rates
-        self.hit_tokens = 0
+        self.hit_tokens = self.inexact_hits = 0
 
     @classmethod
-    def from_config(cls, runner: ModelRunner, cfg: EngineConfig, disk: DiskTier | None = None) -> PromptCache:
-        return cls(runner, Grid(cfg.prefill_chunk), cfg.prompt_cache, cfg.cache_ram_bytes, disk)
+    def from_config(cls, runner: ModelRunner, cfg: EngineConfig, disk: DiskTier | None = None,
+                    grid: Grid | None = None) -> PromptCache:
+        return cls(runner, grid or Grid(cfg.prefill_chunk), cfg.prompt_cache, cfg.cache_ram_bytes, disk)
 
     # -- a request's life ----------------------------------------------------------------
     def admit(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int]) -> Placement:
@@ -68,21 +86,32 @@ class PromptCache:
         of `prompt`, or a longer one restored from RAM or disk. What the slot kept beyond that
         is saved to the tiers first; its KV is cut to the reused prefix."""
         use = self.enabled and use_cache
-        slot, reuse = self._pick_slot(prompt, use, free)
-        self._spill(slot, reuse)
+        slot, at = self._pick_slot(prompt, use, free)
+        self._spill(slot, at.reuse)
         if use:
-            reuse = self._restore_saved(prompt, slot, reuse)
-        self.runner.truncate(slot, reuse)
+            at = self._restore_saved(prompt, slot, at)
+        self.runner.truncate(slot, at.reuse)
         self.kept[slot] = []  # the slot is being rewritten from position `reuse` on
         self.busy.add(slot)
-        self.hit_tokens += reuse
-        return Placement(slot, reuse)
+        self.hit_tokens += at.reuse
+        self.inexact_hits += at.inexact
+        return at
 
-    def release(self, slot: int, prompt: Sequence[int], n_past: int, pin: bool = False) -> None:
-        """A request left `slot` with `n_past` positions computed: keep its prompt's whole
-        blocks, and save them pinned into both tiers if it asked (`cache_pin`)."""
+    def release(self, slot: int, prompt: Sequence[int], n_past: int, pin: bool = False,
+                output: Sequence[int] = (), exact: int | None = None) -> None:
+        """A request left `slot` with `n_past` positions computed (its prompt, then `output`):
+        keep what a later request may reuse, and save it pinned into both tiers if it asked
+        (`cache_pin`). `exact`: the request itself reused inexactly, and only that many leading
+        positions are exact."""
         self.busy.discard(slot)
-        self.kept[slot] = list(prompt[: self.grid.floor(min(n_past, len(prompt)))])
+        n_exact = self.grid.keepable(n_past, len(prompt))
+        if exact is not None:
+            n_exact = min(n_exact, exact)
+        if self.mode == "fast":
+            self.kept[slot] = (list(prompt) + list(output))[:n_past]
+        else:
+            self.kept[slot] = list(prompt[:n_exact])
+        self.exact[slot] = n_exact
         self.on_disk[slot] = False
         if pin:
             self._pin(slot)
@@ -90,6 +119,7 @@ class PromptCache:
     def forget(self) -> None:
         """The runner failed: trust no KV in any slot."""
         self.kept = [[] for _ in self.kept]
+        self.exact = [0] * len(self.kept)
         self.busy.clear()
 
     def observe_prefill(self, start_pos: int, n_tokens: int, ms: float) -> None:
@@ -127,7 +157,7 @@ class PromptCache:
             self.on_disk[i] = True  # the engine asks every idle tick: hash a slot's blocks once
             if not self.disk.holds(kept):
                 self.runner.truncate(i, len(kept))
-                self.disk.put(kept, self.runner.save(i), wait_s=wait_s)
+                self.disk.put(kept, self.runner.save(i), wait_s=wait_s, exact=self.exact[i])
                 return True
         return False
 
@@ -140,38 +170,52 @@ class PromptCache:
         ram = self.ram.stats() if self.ram is not None else {}
         disk = self.disk.stats() if self.disk is not None else {}
         return CacheStats(cached_tokens=sum(len(k) for k in self.kept), cache_hit_tokens=self.hit_tokens,
-                          **ram, **disk)
+                          inexact_hits=self.inexact_hits, **ram, **disk)
 
     # -- inside ----------------------------------------------------------------------------
-    def _pick_slot(self, prompt: Sequence[int], use: bool, free: Sequence[int]) -> tuple[int, int]:
-        """The free slot with the longest reusable prefix; without a hit, the one keeping least."""
-        best, best_reuse = -1, -1
-        for i in free:
-            reuse = self.grid.reusable(common_prefix(self.kept[i], prompt), len(prompt)) if use else 0
-            if reuse > best_reuse or (reuse == best_reuse and len(self.kept[i]) < len(self.kept[best])):
-                best, best_reuse = i, reuse
-        return best, best_reuse
+    def _place(self, slot: int, prompt: Sequence[int], shared: int, exact: int) -> Placement:
+        """What a request may reuse of a state sharing `shared` leading positions with its
+        prompt, the first `exact` of which are exact: exact reuse (the grid's rule), or in fast
+        mode to the token, labelled inexact when that is more."""
+        n = len(prompt)
+        reuse = self.grid.reusable(min(shared, exact), n)
+        if self.mode == "fast" and min(shared, n - 1) > reuse:
+            fast = min(shared, n - 1)
+            return Placement(slot, fast, True, min(fast, exact))
+        return Placement(slot, reuse)
 
-    def _restore_saved(self, prompt: Sequence[int], slot: int, reuse: int) -> int:
-        """Restore the longest saved prefix (RAM, then disk) if it beats the slot's own."""
+    def _pick_slot(self, prompt: Sequence[int], use: bool, free: Sequence[int]) -> tuple[int, Placement]:
+        """The free slot with the longest reusable prefix; without a hit, the one keeping least."""
+        best: Placement | None = None
+        for i in free:
+            at = self._place(i, prompt, common_prefix(self.kept[i], prompt), self.exact[i]) if use else Placement(i, 0)
+            if best is None or at.reuse > best.reuse or (
+                    at.reuse == best.reuse and len(self.kept[i]) < len(self.kept[best.slot])):
+                best = at
+        return best.slot, best
+
+    def _restore_saved(self, prompt: Sequence[int], slot: int, at: Placement) -> Placement:
+        """Restore the state sharing the longest prefix (RAM, then disk) if it beats the slot's own."""
         found, entry = self.ram.lookup(prompt) if self.ram is not None else (0, None)
-        usable = self.grid.reusable(found, len(prompt))
-        if entry is not None and usable > reuse:
-            self.runner.restore(slot, entry.blob)
-            self.ram.record_hit(usable)
-            return usable
-        found, blob = self.disk.lookup(prompt) if self.disk is not None else (0, None)
-        usable = self.grid.reusable(found, len(prompt))
-        if blob is not None and usable > reuse:
-            self.runner.restore(slot, blob)
-            self.disk.record_hit(usable)
-            if self.ram is not None:
-                self.ram.put(prompt[:found], blob)
-            return usable
-        return reuse
+        if entry is not None:
+            got = self._place(slot, prompt, found, entry.exact)
+            if got.reuse > at.reuse:
+                self.runner.restore(slot, entry.blob)
+                self.ram.record_hit(got.reuse)
+                return got
+        found, tokens, blob, exact = self.disk.lookup(prompt) if self.disk is not None else (0, (), None, 0)
+        if blob is not None:
+            got = self._place(slot, prompt, found, exact)
+            if got.reuse > at.reuse:
+                self.runner.restore(slot, blob)
+                self.disk.record_hit(got.reuse)
+                if self.ram is not None:
+                    self.ram.put(tokens, blob, exact=exact)
+                return got
+        return at
 
     def _spill(self, slot: int, reuse: int) -> None:
-        """Blocks kept in a slot that is about to be overwritten go to the RAM and disk tiers."""
+        """Positions kept in a slot that is about to be overwritten go to the RAM and disk tiers."""
         kept = self.kept[slot]
         if not kept or len(kept) <= reuse:
             return
@@ -179,22 +223,22 @@ class PromptCache:
         want_disk = self.disk is not None and self.disk.enabled and not self.disk.holds(kept)
         if not (want_ram or want_disk):
             return
-        self.runner.truncate(slot, len(kept))  # drop the reply's positions: not reusable
+        self.runner.truncate(slot, len(kept))  # drop what is not kept (a reply, outside fast mode)
         blob = self.runner.save(slot)
         if want_ram:
-            self.ram.put(kept, blob)
+            self.ram.put(kept, blob, exact=self.exact[slot])
         if want_disk:
-            self.disk.put(kept, blob)
+            self.disk.put(kept, blob, exact=self.exact[slot])
 
     def _pin(self, slot: int) -> None:
-        """Save the slot's kept blocks into both tiers now, pinned: a system prompt with tool
-        schemas stays cached whatever else comes through."""
+        """Save the slot's kept positions into both tiers now, pinned: a system prompt with
+        tool schemas stays cached whatever else comes through."""
         kept = self.kept[slot]
         if not kept or (self.ram is None and self.disk is None):
             return
-        self.runner.truncate(slot, len(kept))  # the reply's positions are not reusable
+        self.runner.truncate(slot, len(kept))  # drop what is not kept (a reply, outside fast mode)
         blob = self.runner.save(slot)
         if self.ram is not None:
-            self.ram.put(kept, blob, pin=True)
+            self.ram.put(kept, blob, pin=True, exact=self.exact[slot])
         if self.disk is not None:
-            self.disk.put(kept, blob, pin=True)
+            self.disk.put(kept, blob, pin=True, exact=self.exact[slot])

@@ -22,6 +22,7 @@ class Active:
     n_past: int = 0                    # positions of this request in its slot's KV
     cancelled: bool = False
     cached: int = 0                    # prompt positions reused from the prompt cache
+    cache_exact: int | None = None     # reused inexactly (--prompt-cache fast): leading positions still exact
     t_admit: float = 0.0
     t_prefill: float = 0.0             # start of the first prefill chunk
     prompt_ms: float = 0.0
@@ -51,4 +52,5 @@ class Active:
         return Timings(prompt_n=len(self.prompt) - self.cached, cache_n=self.cached, prompt_ms=self.prompt_ms,
                        predicted_n=self.decode_tokens, predicted_ms=self.decode_ms, queue_ms=queue_ms,
                        n_ctx=n_ctx, tokens_per_step=self.decode_tokens / self.decode_steps if self.decode_steps else 1.0,
-                       draft_n=drafted, draft_n_accepted=accepted, speculation=speculation)
+                       draft_n=drafted, draft_n_accepted=accepted, speculation=speculation,
+                       cache_reuse="exact" if self.cache_exact is None else "inexact")

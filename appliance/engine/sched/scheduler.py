@@ -21,7 +21,7 @@ Each `step()` is one iteration of continuous batching:
      the first token that is not the draft's next, so speculation never changes the output.
 A long prompt therefore never holds other streams for more than one chunk per step, and a new
 request joins the running batch at the next step. When a request ends, `PromptCache.release`
-keeps its prompt's whole blocks in its slot for the next request that shares them.
+keeps its prompt's KV in its slot for the next request that shares it.
 
 The scheduler holds its parts and keeps the queue, the slots and the step; what a token means
 (sampling, stops, tool calls, logprobs) is `RequestOutput`'s, what is cached is `PromptCache`'s,
@@ -41,7 +41,6 @@ import numpy as np
 from ...config import EngineConfig
 from ...errors import ApplianceError, ContextOverflow, QueueFull
 from ..cache.prompt_cache import PromptCache
-from ..grid import Grid
 from ..output.constraints import Matcher
 from ..output.parser import OutputParser
 from ..output.request_output import RequestOutput
@@ -57,8 +56,8 @@ class Scheduler:
     def __init__(self, runner: ModelRunner, cfg: EngineConfig, emit: Callable[[Event], None],
                  cache: PromptCache | None = None, spec: Speculator | None = None) -> None:
         self.runner, self.cfg, self.emit = runner, cfg, emit
-        self.grid = Grid(cfg.prefill_chunk)
         self.cache = cache or PromptCache.from_config(runner, cfg)
+        self.grid = self.cache.grid  # one grid: the chunks prefilled are the ones the cache reuses
         self.spec = spec or Speculator()
         self.n_ctx = runner.info.n_ctx
         self.waiting: deque[Active] = deque()
@@ -189,6 +188,7 @@ class Scheduler:
             free = [i for i, s in enumerate(self.slots) if s is None]
             at = self.cache.admit(act.prompt, act.req.cache_prompt, free)
             act.slot, act.n_past, act.cached, act.t_admit = at.slot, at.reuse, at.reuse, time.perf_counter()
+            act.cache_exact = at.exact if at.inexact else None
             self.slots[at.slot] = act
 
     def _plan(self) -> StepPlan:
@@ -236,7 +236,8 @@ class Scheduler:
                 self.emit(tail)
         if act.slot >= 0 and self.slots[act.slot] is act:
             self.slots[act.slot] = None
-            self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled")
+            self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled",
+                               output=act.out, exact=act.cache_exact)
         self.by_id.pop(act.req.id, None)
         self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec)),
                        act.output.stop_string, act.output.reply))

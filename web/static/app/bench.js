@@ -34,7 +34,8 @@
       none(e.n_batch) ? null : `n_batch ${e.n_batch}`,
       none(e.flash_attn) ? null : `flash-attn ${e.flash_attn ? "on" : "off"}`,
       none(e.kv_type) ? null : `KV ${e.kv_type}`,
-      none(e.prompt_cache) ? null : `prompt cache ${e.prompt_cache ? "on" : "off"}`,
+      // a mode (on, off, fast) since the cache had modes; a boolean in runs stored before
+      none(e.prompt_cache) ? null : `prompt cache ${typeof e.prompt_cache === "string" ? e.prompt_cache : e.prompt_cache ? "on" : "off"}`,
     ];
     return parts.filter(Boolean).join(" · ") || "not recorded";
   }
