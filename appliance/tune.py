@@ -5,8 +5,11 @@ llama.cpp worker (the bench's raw reference: nothing of the server in the path) 
 prompt of each measured depth and decodes after it. Candidates are alternated inside every
 repeat, so drift on a shared machine lands on all of them alike; each figure is the median of
 the repeats. The score at a depth is the time of a typical step of work there: one 512-token
-prompt chunk at the measured prefill rate plus 128 tokens at the measured decode rate. The
-lowest score wins; a candidate within `NEAR_TIE` of the best loses to an earlier one.
+prompt chunk at the measured prefill rate plus 128 tokens at the measured decode rate, plus,
+for a candidate on which the prompt cache can reuse only whole grid blocks (the engine's
+chunk-invariance check fails on it, as it does for flash attention with f16 KV here), the half
+block a follow-up turn then recomputes on average. The lowest score wins; a candidate within
+`NEAR_TIE` of the best loses to an earlier one.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from .config import LlamaCppSettings
 
 NEAR_TIE = 0.02
 CHUNK_TOKENS = 512      # the score: one prompt chunk...
-DECODE_TOKENS = 128     # ...and this many generated tokens, at the depth
+DECODE_TOKENS = 128     # ...and this many generated tokens, at the depth...
+REGRID_TOKENS = CHUNK_TOKENS // 2   # ...and, under grid reuse, what a follow-up recomputes on average
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,12 @@ class Measurement:
     depth: int
     prefill_tps: float
     decode_tps: float
+    grid_reuse: bool = False    # the prompt cache reuses whole grid blocks only on this candidate
 
     @property
     def score_s(self) -> float:
-        return CHUNK_TOKENS / self.prefill_tps + DECODE_TOKENS / self.decode_tps
+        regrid = REGRID_TOKENS / self.prefill_tps if self.grid_reuse else 0.0
+        return CHUNK_TOKENS / self.prefill_tps + DECODE_TOKENS / self.decode_tps + regrid
 
 
 def choose(cands: Sequence[LlamaCppSettings], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
@@ -117,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     ids = _prompt_ids(ref.path, max(depths), prompt_sets)
     print(f"appliance tune: {ref.path.name}, {len(cands)} candidates x {len(depths)} depths x {args.runs} runs",
           file=sys.stderr)
+    try:
+        reuse = [exact_reuse(ref.path, c, args.n_ctx) for c in cands]
+    except ApplianceError as e:
+        print(f"appliance tune: {e.message}", file=sys.stderr)
+        return 1
     workers = []
     measured: list[Measurement] = []
     try:
@@ -128,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
         for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
             res = workers[i].run([ids[:d]], args.tokens)
-            measured.append(Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps))
+            measured.append(Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps, grid_reuse=reuse[i] == 0))
     except RawError as e:
         print(f"appliance tune: {e}", file=sys.stderr)
         return 1
@@ -142,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     entries, table = [], []
     for d, depth_max in zip(depths, depth_ranges(depths)):
         winner, medians = choose(cands, measured, d)
+        for i in medians:
+            medians[i]["min_chunk"] = reuse[i]
         entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, settings=cands[winner], measured={
             "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
@@ -152,6 +165,20 @@ def run(args: argparse.Namespace) -> int:
     print(_render(ref.path.name, table))
     print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
     return 0
+
+
+def exact_reuse(model_path: Path, c: LlamaCppSettings, n_ctx: int) -> int:
+    """The engine's chunk-invariance check on this candidate (one slot of the server's context):
+    the smallest chunk that computes as the grid's, 0 when the cache may reuse whole blocks only."""
+    from .engine.cache.invariance import check_chunk_invariance, probe_prompt
+    from .engine.runners.llamacpp import LlamaCppRunner
+
+    cfg = config.EngineConfig(plan="off", n_slots=1, n_ctx=n_ctx, prefill_chunk=CHUNK_TOKENS).with_llamacpp(c)
+    runner = LlamaCppRunner(cfg, model_path, "tune")
+    try:
+        return check_chunk_invariance(runner, 0, probe_prompt(runner, CHUNK_TOKENS), CHUNK_TOKENS).min_chunk
+    finally:
+        runner.close()
 
 
 def _build_info() -> str:
@@ -200,11 +227,13 @@ def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tup
 def _render(model: str, table: list[tuple[int, int, LlamaCppSettings, dict, bool]]) -> str:
     lines = [f"## Tuned plan for {model}", "",
              f"score = {CHUNK_TOKENS} prompt tokens at the prefill rate + {DECODE_TOKENS} tokens at the decode "
-             f"rate, at the depth (median of the runs; near-ties within {NEAR_TIE:.0%} go to the earlier candidate)",
-             "", "| depth | candidate | threads | n_ubatch | flash attn | prefill tok/s | decode tok/s | score s | chosen |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"rate, at the depth, + {REGRID_TOKENS} more prompt tokens where the prompt cache reuses whole "
+             f"blocks only (median of the runs; near-ties within {NEAR_TIE:.0%} go to the earlier candidate)",
+             "", "| depth | candidate | threads | n_ubatch | flash attn | prompt reuse | prefill tok/s | decode tok/s "
+             "| score s | chosen |", "|---|---|---|---|---|---|---|---|---|---|"]
     for d, i, c, m, won in table:
-        lines.append(f"| {d:,} | {i} | {c.n_threads} | {c.n_ubatch} | {'on' if c.flash_attn else 'off'} | "
+        reuse = f"to the token (min chunk {m['min_chunk']})" if m.get("min_chunk") else "whole blocks"
+        lines.append(f"| {d:,} | {i} | {c.n_threads} | {c.n_ubatch} | {'on' if c.flash_attn else 'off'} | {reuse} | "
                      f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} | "
                      f"{'**yes**' if won else ''} |")
     return "\n".join(lines) + "\n"

@@ -182,6 +182,15 @@ def test_choose_takes_the_lowest_score_and_gives_near_ties_to_the_earlier_candid
     assert depth_ranges([512, 6144, 2048]) == [1280, 4096, 1 << 30]
 
 
+def test_a_candidate_that_keeps_the_cache_to_whole_blocks_pays_the_recompute_in_its_score():
+    # flash attention decodes 5% faster here, but the prompt cache can then reuse whole blocks only:
+    # a follow-up recomputes half a block more on average, which costs more than the decode gains
+    cands = [{"fa": False}, {"fa": True}]
+    measured = [Measurement(0, 512, 1000.0, 95.0), Measurement(1, 512, 1000.0, 100.0, grid_reuse=True)]
+    winner, medians = choose(cands, measured, 512)
+    assert winner == 0 and medians[1]["score_s"] == pytest.approx((512 + 256) / 1000 + 128 / 100)
+
+
 def test_candidates_come_in_a_fixed_order():
     cands = plan_mod.candidates(2, 4)
     assert cands[0].as_dict() == {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512,
@@ -201,8 +210,10 @@ def test_tune_on_a_tiny_model_writes_a_plan_the_engine_uses(tmp_path):
                           capture_output=True, text=True, timeout=600, env={**os.environ})
     assert done.returncode == 0, done.stderr
     assert "| 32 |" in done.stdout and "**yes**" in done.stdout and str(out) in done.stdout
+    assert "| prompt reuse |" in done.stdout
     doc = json.loads(out.read_text())
     (entries,) = doc["llamacpp"].values()
+    assert all("min_chunk" in m for e in entries for k, m in e["measured"].items() if k.isdigit())
     assert [e["depth_max"] for e in entries] == [64, 1 << 30]
     with running_server(tmp_path, "--model", str(tiny), "--n-ctx", "128", "--n-slots", "1",
                         "--plan", str(out)) as server:

@@ -21,6 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+# Fewer shared tokens than this (or than a chunk, if smaller) are not reused: they save less
+# than a block of prefill, and every cold request shares the template's first tokens (BOS,
+# "<|im_start|>system\n") with the last one, which would otherwise count as a cache hit.
+MIN_REUSE = 64
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -36,6 +41,10 @@ class Grid:
     @property
     def any_position(self) -> bool:
         return self.min_chunk > 0
+
+    @property
+    def min_reuse(self) -> int:
+        return min(MIN_REUSE, self.chunk)
 
     def floor(self, n: int) -> int:
         """The last grid line at or before n: the positions of n that fill whole blocks."""
@@ -65,10 +74,11 @@ class Grid:
     def reusable(self, shared: int, n_prompt: int) -> int:
         """Of a prompt of `n_prompt` tokens sharing `shared` leading positions with a cached state
         (positions that are exact to reuse), how many may be reused: whole blocks, or with
-        `min_chunk` m any number leaving at least m tokens to compute; never the prompt's last
-        token (its logits are needed, so it is always computed)."""
+        `min_chunk` m any number of at least `min_reuse` leaving at least m tokens to compute;
+        never the prompt's last token (its logits are needed, so it is always computed)."""
         if self.min_chunk:
-            return max(0, min(shared, n_prompt - self.min_chunk))
+            n = min(shared, n_prompt - self.min_chunk)
+            return n if n >= self.min_reuse else 0
         return self.floor(min(shared, n_prompt - 1))
 
     def keepable(self, n_computed: int, n_prompt: int) -> int:

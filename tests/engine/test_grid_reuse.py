@@ -25,7 +25,9 @@ def test_grid_reuse_stops_at_grid_lines_and_any_position_reuse_leaves_m_tokens()
     grid, fine = Grid(512), Grid(512, 2)
     assert grid.reusable(700, 1000) == 512 and fine.reusable(700, 1000) == 700
     assert grid.reusable(1000, 1000) == 512 and fine.reusable(1000, 1000) == 998
-    assert fine.reusable(5, 6) == 4 and fine.reusable(5, 1) == 0
+    assert fine.reusable(200, 202) == 200 and fine.reusable(5, 1) == 0
+    assert fine.reusable(63, 1000) == 0 and fine.reusable(64, 1000) == 64   # a few template tokens: no hit
+    assert Grid(8, 2).reusable(9, 20) == 9                                   # a small grid: a chunk is enough
     assert grid.keepable(700, 700) == 512 and fine.keepable(700, 700) == 700
     assert fine.keepable(900, 700) == 700 and fine.keepable(1, 1) == 0  # a one-row prompt: never kept
     with pytest.raises(ValueError):

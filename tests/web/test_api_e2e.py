@@ -475,9 +475,9 @@ STORY = "The lighthouse keeper climbed the stairs every evening to light the lam
 
 
 @pytest.mark.parametrize("kind", ["resend", "half prefix", "extended"])
-def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, kind):
+def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, server, kind):
     first = [{"role": "user", "content": STORY}]
-    chat(client, model, STORY, max_tokens=4)  # leaves the prompt's blocks in a slot
+    n_first = chat(client, model, STORY, max_tokens=4).usage.prompt_tokens  # leaves the prompt in a slot
     follow = {"resend": first,
               "half prefix": [{"role": "user", "content": STORY[: len(STORY) // 2]}],
               "extended": first + [{"role": "assistant", "content": "He lit it."},
@@ -487,6 +487,14 @@ def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, kind):
     cold = client.chat.completions.create(**kw, extra_body={"cache_prompt": False})
     assert warm.usage.prompt_tokens_details.cached_tokens >= 128
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    # to the token where the engine proved it exact at start (llama.cpp here: leaving 2 tokens to
+    # compute), else in whole 128-token blocks (torch)
+    m = requests.get(server.url + "/health", timeout=10).json()["settings"]["prompt_cache_reuse"]["min_chunk"]
+    expected = {"resend": n_first - m if m else (n_first - 1) // 128 * 128,
+                "extended": n_first if m else n_first // 128 * 128}.get(kind)
+    if expected is not None:
+        assert warm.usage.prompt_tokens_details.cached_tokens == expected
+    assert warm.model_extra["timings"]["cache_reuse"] == "exact"
     assert warm.model_extra["timings"]["cache_n"] == warm.usage.prompt_tokens_details.cached_tokens
     assert warm.choices[0].message.content == cold.choices[0].message.content
     first_warm, first_cold = warm.choices[0].logprobs.content[0], cold.choices[0].logprobs.content[0]

@@ -179,8 +179,8 @@ class PromptCache:
         mode to the token, labelled inexact when that is more."""
         n = len(prompt)
         reuse = self.grid.reusable(min(shared, exact), n)
-        if self.mode == "fast" and min(shared, n - 1) > reuse:
-            fast = min(shared, n - 1)
+        fast = min(shared, n - 1)
+        if self.mode == "fast" and fast > reuse and fast >= self.grid.min_reuse:
             return Placement(slot, fast, True, min(fast, exact))
         return Placement(slot, reuse)
 
