@@ -8,6 +8,7 @@ when present, so the same bench can measure llama-server or llama_cpp.server sid
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 
 from .timing import StreamTrace
 
@@ -38,13 +40,37 @@ class ServerGone(BenchError):
     """The server stopped answering in the middle of a run."""
 
 
+class _Session(requests.Session):
+    """requests' Session that sends a request once more when the server had closed the kept-alive
+    connection it went out on, without an answer: llama-server's HTTP library closes a
+    connection after a few requests, and the next one on it failed the run. Nothing was
+    answered, so nothing measured is sent twice; a server that is really gone refuses the
+    second try too."""
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        try:
+            return super().request(*args, **kwargs)
+        except requests.ConnectionError as e:
+            if not _dropped_unanswered(e):
+                raise
+        return super().request(*args, **kwargs)
+
+
+def _dropped_unanswered(e: requests.ConnectionError) -> bool:
+    """Whether the connection was closed or reset before any answer (urllib3's ProtocolError
+    around http.client's RemoteDisconnected or a reset), not refused or timed out."""
+    return any(isinstance(arg, urllib3.exceptions.ProtocolError)
+               and any(isinstance(x, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
+                       for x in arg.args) for arg in e.args)
+
+
 class Target:
     """A server speaking the OpenAI API at `url`."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 900.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self.http = requests.Session()
+        self.http = _Session()
         if api_key:
             self.http.headers["Authorization"] = f"Bearer {api_key}"
         self._tokenize_route: str | None = None

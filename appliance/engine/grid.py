@@ -14,7 +14,9 @@ Two regimes, chosen at engine start by what the loaded runner proves (cache/inva
 - `min_chunk` m > 0, any-position reuse: the runner computes every position of a chunk of at
   least m rows exactly as the grid's chunks do (llama.cpp on a CPU with f16 KV and its default
   attention: m = 2, a one-row chunk takes another matmul path). A prefix is reused to the
-  token, leaving at least m tokens to compute, and no chunk is ever cut shorter than m rows.
+  token, leaving at least m tokens to compute; the rest is cut in chunks of `chunk` rows from
+  wherever it starts (no need to come back to the grid's lines: one 449-token follow-up is one
+  forward, not 372 + 77), and no chunk is ever cut shorter than m rows.
 """
 from __future__ import annotations
 
@@ -52,17 +54,15 @@ class Grid:
 
     def chunk_end(self, start: int, end: int) -> int:
         """Where the chunk that starts at `start` ends, for a prompt of `end` positions: the next
-        grid line after `start`, or `end` if that comes first. With `min_chunk` m, no piece is
-        shorter than m rows (unless the whole rest is) and none longer than `chunk`: a piece
-        after an off-grid start takes m rows, and the prompt's last piece is left m rows."""
-        stop = min(end, (start // self.chunk + 1) * self.chunk)
+        grid line after `start`, or `end` if that comes first. With `min_chunk` m: `chunk` rows
+        on from `start` (a cold prompt, starting at 0, is still cut on the grid's lines), but the
+        prompt's last piece is left m rows, so no piece is shorter than m (unless the whole
+        rest is) and none longer than `chunk`."""
         m = self.min_chunk
-        if m:
-            if stop - start < m:
-                stop = min(end, start + m)
-            if 0 < end - stop < m:
-                stop = end - m if end - start >= 2 * m else end
-        return stop
+        if not m:
+            return min(end, (start // self.chunk + 1) * self.chunk)
+        stop = min(end, start + self.chunk)
+        return end - m if 0 < end - stop < m else stop
 
     def chunks(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The chunks [a, b) that cover [start, end), in order."""

@@ -48,3 +48,36 @@ def test_a_failing_command_or_a_server_that_never_returns_is_a_clear_error(serve
         target.restart_with("exit 3", timeout=30)
     with pytest.raises(BenchError, match="did not answer within 2 s"):
         target.restart_with("true", timeout=2)
+
+
+class Closing(http.server.BaseHTTPRequestHandler):
+    """Answers every other request; the others get their connection closed unanswered (as
+    llama-server's HTTP library closes a kept-alive connection after a few requests)."""
+
+    protocol_version = "HTTP/1.1"
+    seen = 0
+
+    def do_GET(self):  # noqa: N802
+        Closing.seen += 1
+        if Closing.seen % 2 == 0:
+            self.close_connection = True
+            return
+        body = b'{"object": "list", "data": [{"id": "m"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_connection_closed_unanswered_is_sent_again_once():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Closing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        target = Target(f"http://127.0.0.1:{srv.server_address[1]}")
+        assert [target.model_ids() for _ in range(3)] == [["m"]] * 3
+        assert Closing.seen == 5      # the second and the fourth were closed unanswered, and sent again
+    finally:
+        srv.shutdown()

@@ -44,15 +44,18 @@ def test_any_position_chunks_are_between_m_and_chunk_rows(chunk, m, start, n):
     assert all(a < b and b == c for (a, b), (c, _) in zip(pieces, pieces[1:] + [(end, None)]))
     if n >= m:
         assert all(m <= b - a <= chunk for a, b in pieces)
-    for a, b in pieces[1:-2]:  # away from the start and the end, the cuts are the grid's
-        assert b % chunk == 0 or b - a == m
+    assert all(b - a == chunk for a, b in pieces[:-2])   # whole chunks from the start, wherever it is
+    if start == 0:
+        assert all(b % chunk == 0 for _, b in pieces[:-2])  # a cold prompt: on the grid's lines
 
 
 def test_a_cold_prompt_is_cut_on_the_grid_but_never_leaves_a_short_last_piece():
     assert list(Grid(512, 2).chunks(0, 1100)) == [(0, 512), (512, 1024), (1024, 1100)]
     assert list(Grid(512, 2).chunks(0, 1025)) == [(0, 512), (512, 1023), (1023, 1025)]
     assert list(Grid(512).chunks(0, 1025)) == [(0, 512), (512, 1024), (1024, 1025)]
-    assert list(Grid(512, 2).chunks(1023, 1100)) == [(1023, 1025), (1025, 1100)]
+    assert list(Grid(512, 2).chunks(1023, 1100)) == [(1023, 1100)]        # a follow-up: one forward
+    assert list(Grid(512, 2).chunks(1676, 2125)) == [(1676, 2125)]
+    assert list(Grid(512, 2).chunks(100, 1125)) == [(100, 612), (612, 1123), (1123, 1125)]
 
 
 # -- the probe ----------------------------------------------------------------------------------
@@ -129,6 +132,16 @@ def test_any_position_reuse_keeps_the_whole_prompt_and_reuses_to_the_token():
     assert done.usage.cached_tokens == 21 and done.timings.cache_reuse == "exact"
     assert run(sched, events, "c", a + [40]).usage.cached_tokens == 20   # m = 2 left to compute
     assert [len(s.tokens) for call in runner.calls[-3:] for s in call][0] == 2  # computed as one 2-row chunk
+
+
+def test_a_follow_up_is_cut_in_whole_chunks_from_where_it_starts():
+    sched, events, runner = scheduler(ram=0)
+    a = list(range(1, 22))
+    run(sched, events, "a", a)
+    n = len(runner.calls)
+    run(sched, events, "b", a + list(range(30, 46)))          # 16 new tokens from position 21
+    prefill = [(s.start_pos, len(s.tokens)) for call in runner.calls[n:] for s in call if s.start_pos < 37]
+    assert prefill[:2] == [(21, 8), (29, 8)]                   # not 21-24, 24-32, 32-37 on the grid
 
 
 def test_grid_reuse_when_the_runner_proved_nothing():

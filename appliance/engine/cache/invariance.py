@@ -12,7 +12,7 @@ logits and its saved state) and then the shapes a hit makes, each compared bit f
 
     pieces    eight m-row chunks in a row, then the rest
     tail      the prompt's last m rows alone, on the reference's KV
-    crossing  an m-row piece that crosses a grid line, then the rest
+    crossing  a piece that starts a row before a grid line and runs across it
     follow-up an earlier prompt ending inside the last block, reused to within 5 tokens of its
               end, the rest cut as a hit cuts it (an off-grid start, then the grid)
 
