@@ -4,6 +4,8 @@ says that it reused more than exact reuse would (timings.cache_reuse, /metrics);
 which mode runs and what the engine proved."""
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 import requests
@@ -40,5 +42,9 @@ def test_the_next_turn_reuses_the_reply_and_is_labelled_inexact(server):
     # was never fed back, and the template closes the turn after it)
     assert first.usage.prompt_tokens < cached < first.usage.prompt_tokens + first.usage.completion_tokens
     assert again.model_extra["timings"]["cache_reuse"] == "inexact"
-    metrics = requests.get(server.url + "/metrics", timeout=10).text
+    # the engine sends its counters about ten times a second: a scrape may precede the latest
+    deadline = time.monotonic() + 10
+    while "appliance_prompt_cache_inexact_hits_total 1.0" not in (
+            metrics := requests.get(server.url + "/metrics", timeout=10).text) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "appliance_prompt_cache_inexact_hits_total 1.0" in metrics
