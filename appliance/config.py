@@ -63,6 +63,14 @@ class EngineConfig:
     torch_int4: bool = _opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit and "
                             "multiply with torch's int4 kernel (off: dequantize them)")
     torch_device: str = _opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
+    expert_cache: str = _opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
+                             "host memory and a device cache of SLOTS experts, shared by the layers, holds "
+                             "the ones the router uses most (auto: a cache only when the experts do not fit "
+                             "on a discrete GPU, sized to what does; off: every expert on the device)")
+    expert_compute: str = _opt("auto", "torch runner with an expert cache: where an expert the cache lacks is "
+                               "computed, auto (the measured cost model: a few rows on the CPU, a long "
+                               "prefill chunk copied in) | cpu | device (always copied in: keeps the "
+                               "runner exact on a GPU)")
     n_ctx: int = _opt(8192, "context positions per slot (prompt + output); 0 = the model's trained context")
     n_slots: int = _opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
     n_threads: int = _opt(0, "threads for decode (0 = physical cores)")
@@ -127,6 +135,13 @@ class EngineConfig:
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
+        from .fit.experts import COMPUTE, parse_setting
+
+        parse_setting(self.expert_cache)  # raises for a value that is no count, auto or off
+        _require(self.expert_compute in COMPUTE, "expert_compute must be auto, cpu or device")
+        _require(self.engine == "torch" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
+                 "--expert-cache and --expert-compute apply to the torch runner (llama.cpp: --n-cpu-moe, "
+                 "--override-tensor)")
         _require(self.speculate in ("auto", "lookup", "draft", "off"), "speculate must be auto, lookup, draft or off")
         _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
         _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")

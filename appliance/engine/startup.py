@@ -205,7 +205,8 @@ def load_draft(cfg: EngineConfig, target: ModelRunner, cost: CostModel, prompt: 
     vocabulary, and measure what its forwards cost against the target's and how often its
     argmax agrees with the target's (the acceptance prior)."""
     ref = resolve(None if cfg.draft_model == "embedded" else cfg.draft_model)
-    dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=target.info.n_ctx)
+    dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=target.info.n_ctx,
+                               expert_cache="auto", expert_compute="auto")   # the served model's
     runner = make_runner(dcfg, ref.path, ref.alias)
     try:
         check_vocab(runner, target, str(ref.path))

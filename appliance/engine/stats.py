@@ -45,6 +45,24 @@ class SpeculationStats:
 
 
 @dataclass(frozen=True)
+class ExpertStats:
+    """The torch runner's expert cache (`runners.torch.experts`): its pool and what it did."""
+
+    slots: int = 0                # expert slots in the device pool
+    experts: int = 0              # routed experts in the model, all layers
+    resident: int = 0             # slots holding an expert
+    lookups: int = 0              # (token, expert) pairs routed
+    hits: int = 0                 # ... whose expert was in the pool
+    copies: int = 0               # experts copied into the pool
+    promotions: int = 0           # ... of which by the policy (the rest: misses copied in to compute)
+    bytes_copied: int = 0
+    host_rows: int = 0            # rows computed on the host from the experts' host copies
+    compute: str = ""             # auto | cpu | device
+    policy: str = ""
+    copy_gb_per_s: float = 0.0    # host -> device copy bandwidth measured at start
+
+
+@dataclass(frozen=True)
 class EngineStats:
     steps: int = 0
     slots_busy: int = 0
@@ -58,9 +76,11 @@ class EngineStats:
     decode_batches: dict[int, int] = field(default_factory=dict)   # decode rows -> steps
     cache: CacheStats = field(default_factory=CacheStats)
     spec: SpeculationStats = field(default_factory=SpeculationStats)
+    experts: ExpertStats | None = None   # the torch runner's expert cache, when it has one
 
     def as_dict(self) -> dict[str, Any]:
         """The flat JSON object of /health's "engine" field."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("cache", "spec", "decode_batches")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("cache", "spec", "decode_batches", "experts")}
         out["decode_batches"] = {str(k): v for k, v in sorted(self.decode_batches.items())}
-        return {**out, **asdict(self.cache), **asdict(self.spec)}
+        experts = {f"expert_{k}": v for k, v in asdict(self.experts).items()} if self.experts else {}
+        return {**out, **asdict(self.cache), **asdict(self.spec), **experts}

@@ -127,6 +127,7 @@ class Timings:
     draft_n_accepted: int = 0     # ... of which accepted
     speculation: str = "off"      # off | lookup | lookup-inexact (the runner is not proven exact)
     cache_reuse: str = "exact"    # exact (what was reused gives the cold answer) | inexact (--prompt-cache fast)
+    expert_hit_rate: float | None = None   # share of its routed experts the expert cache held (None: no cache)
 
     @property
     def prompt_per_second(self) -> float:
@@ -147,6 +148,7 @@ class Timings:
             "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
             "speculation": self.speculation, "cache_reuse": self.cache_reuse,
             "n_ctx": self.n_ctx, "depth": self.cache_n + self.prompt_n + self.predicted_n + 1,
+            **({"expert_hit_rate": round(self.expert_hit_rate, 4)} if self.expert_hit_rate is not None else {}),
         }
 
 

@@ -29,6 +29,7 @@ class Active:
     decode_ms: float = 0.0
     decode_steps: int = 0
     decode_tokens: int = 0             # tokens committed by decode steps (several per verify)
+    expert_base: tuple[int, int] | None = None   # its slot's expert (lookups, hits) at admission
 
     @property
     def prefilling(self) -> bool:
@@ -46,11 +47,19 @@ class Active:
     def usage(self) -> Usage:
         return Usage(len(self.prompt), self.output.n_generated, self.cached)
 
-    def timings(self, n_ctx: int, speculation: str) -> Timings:
+    def timings(self, n_ctx: int, speculation: str, experts: tuple[int, int] | None = None) -> Timings:
+        """`experts`: its slot's expert-cache (lookups, hits) now, when the runner has a cache."""
         queue_ms = 1000.0 * ((self.t_admit or time.perf_counter()) - self.t_submit)
         drafted, accepted = self.spec.totals() if self.spec is not None else (0, 0)
         return Timings(prompt_n=len(self.prompt) - self.cached, cache_n=self.cached, prompt_ms=self.prompt_ms,
                        predicted_n=self.decode_tokens, predicted_ms=self.decode_ms, queue_ms=queue_ms,
                        n_ctx=n_ctx, tokens_per_step=self.decode_tokens / self.decode_steps if self.decode_steps else 1.0,
                        draft_n=drafted, draft_n_accepted=accepted, speculation=speculation,
-                       cache_reuse="exact" if self.cache_exact is None else "inexact")
+                       cache_reuse="exact" if self.cache_exact is None else "inexact",
+                       expert_hit_rate=self._expert_hit_rate(experts))
+
+    def _expert_hit_rate(self, now: tuple[int, int] | None) -> float | None:
+        if now is None or self.expert_base is None:
+            return None
+        lookups, hits = now[0] - self.expert_base[0], now[1] - self.expert_base[1]
+        return hits / lookups if lookups else None

@@ -66,6 +66,9 @@ class Scheduler:
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
         self.tokens_generated = 0
+        # the torch runner's expert cache, when it has one: engine-wide and per-slot counters
+        self._expert_stats = getattr(runner, "expert_stats", lambda: None)
+        self._expert_counts = getattr(runner, "expert_counts", lambda slot: None)
 
     # -- requests in ---------------------------------------------------------------------
     def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None,
@@ -129,7 +132,8 @@ class Scheduler:
             max_decode_batch=max(self.decode_rows_seen, default=0),
             kv_tokens=sum(a.n_past for a in self.slots if a is not None),
             kv_capacity=len(self.slots) * self.n_ctx, kv_bytes=self.runner.info.kv_bytes,
-            decode_batches=dict(self.decode_rows_seen), cache=self.cache.stats(), spec=self.spec.stats())
+            decode_batches=dict(self.decode_rows_seen), cache=self.cache.stats(), spec=self.spec.stats(),
+            experts=self._expert_stats())
 
     # -- one iteration -------------------------------------------------------------------
     def step(self) -> StepPlan | None:
@@ -189,6 +193,7 @@ class Scheduler:
             at = self.cache.admit(act.prompt, act.req.cache_prompt, free)
             act.slot, act.n_past, act.cached, act.t_admit = at.slot, at.reuse, at.reuse, time.perf_counter()
             act.cache_exact = at.exact if at.inexact else None
+            act.expert_base = self._expert_counts(at.slot)
             self.slots[at.slot] = act
 
     def _plan(self) -> StepPlan:
@@ -239,5 +244,6 @@ class Scheduler:
             self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled",
                                output=act.out, exact=act.cache_exact)
         self.by_id.pop(act.req.id, None)
-        self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec)),
+        experts = self._expert_counts(act.slot) if act.slot >= 0 else None
+        self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec), experts),
                        act.output.stop_string, act.output.reply))

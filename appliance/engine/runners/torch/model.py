@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from ....errors import ModelLoadError
-from . import qlinear
+from . import experts, qlinear
+from .rows import pad_rows, padded_rows
 from .kv import KVPool
 from .weights import GGUFWeights
 
@@ -31,7 +32,6 @@ DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) 
 KEY_BLOCK = 64     # ... over the slot's keys padded to a multiple of this (masked past the row)
 MIN_ROWS = 8       # ... with at least this many query rows per KV head in each matmul
 FLOAT32_KEYS = 1024   # ... in float32 up to this many keys, in the KV dtype past it
-ROW_GROUP, ROWS_FREE = 4, 12   # CPU matmuls get a multiple of 4 rows below 12 (padded_rows)
 
 
 @dataclass(frozen=True)
@@ -118,20 +118,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        rows = padded_rows(m) if x.is_cpu else m
-        if rows > m:
-            x = torch.cat((x, x.new_zeros(rows - m, *x.shape[1:])))
-        y = F.linear(x.to(self.weight.dtype), self.weight)[:m].float()
+        y = F.linear(pad_rows(x).to(self.weight.dtype), self.weight)[:m].float()
         return y + self.bias if self.bias is not None else y
-
-
-def padded_rows(m: int) -> int:
-    """How many rows a CPU matmul of m rows is given. On an AVX2 host (measured: float32, 2
-    threads), a call of 1-3, 5-7 or 9-11 rows computes each row unlike a call of a multiple of
-    4 or of 12 or more rows, so a one-row decode step would not equal the same row in a k-row
-    verify; padded to a multiple of ROW_GROUP below ROWS_FREE, every row is computed alike
-    (AVX-512 hosts compute rows alike at any count; the padding costs them little)."""
-    return m if m >= ROWS_FREE or m % ROW_GROUP == 0 else m + (-m % ROW_GROUP)
 
 
 class Rope:
@@ -275,25 +263,25 @@ class MLP:
 
 
 class MoE:
-    """Top-k routing over X experts (softmax router, as llama.cpp's build_moe_ffn)."""
+    """Top-k routing over X experts (softmax router, as llama.cpp's build_moe_ffn); the experts
+    all resident here, or held by an `experts.ExpertCache` (expert offload)."""
 
-    def __init__(self, args: ModelArgs, router: Linear, gate: torch.Tensor, up: torch.Tensor,
-                 down: torch.Tensor) -> None:
-        self.args, self.router = args, router
-        self.gate, self.up, self.down = gate, up, down    # [X, F, D], [X, F, D], [X, D, F]
+    def __init__(self, args: ModelArgs, router: Linear, gate: torch.Tensor | None, up: torch.Tensor | None,
+                 down: torch.Tensor | None, layer: int = 0, offload: experts.ExpertCache | None = None) -> None:
+        self.args, self.router, self.offload = args, router, offload
+        self.layer = layer                                # its index among the model's MoE layers
+        self.gate, self.up, self.down = gate, up, down    # [X, F, D], [X, F, D], [X, D, F]; None if offloaded
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.router(x), dim=-1)                      # [N, X]
         weights, chosen = torch.topk(probs, self.args.n_expert_used, dim=-1)   # [N, k]
         if self.args.spec.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
-        out = torch.zeros_like(x)
-        for e in chosen.unique().tolist():
-            rows, which = (chosen == e).nonzero(as_tuple=True)
-            h = x[rows].to(self.gate.dtype)
-            y = F.linear(F.silu(F.linear(h, self.gate[e])) * F.linear(h, self.up[e]), self.down[e])
-            out.index_add_(0, rows, y.float() * weights[rows, which, None])
-        return out
+        if self.offload is not None:
+            return self.offload.layer(self.layer, x, chosen, weights)
+        groups = experts.group_by_expert(chosen, self.args.n_expert)
+        return experts.moe_ffn(x, weights, groups, lambda e, h: experts.swiglu(
+            h.to(self.gate.dtype), self.gate[e], self.up[e], self.down[e]))
 
 
 class Block:
@@ -312,6 +300,7 @@ class Transformer:
                  output: Linear, rope: Rope) -> None:
         self.args, self.embed, self.blocks = args, embed, blocks
         self.norm, self.output, self.rope = norm, output, rope
+        self.experts: experts.ExpertCache | None = None   # expert offload, when on
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segs: Sequence[Segment],
@@ -326,9 +315,11 @@ class Transformer:
 
 
 # -- loading ---------------------------------------------------------------------------------
-def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool = False) -> Transformer:
+def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool = False,
+         offload: experts.OffloadSpec | None = None) -> Transformer:
     """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32).
-    With `int4`, the Q4_0 / Q4_1 matrices of the layers stay 4-bit (`qlinear.Int4Linear`)."""
+    With `int4`, the Q4_0 / Q4_1 matrices of the layers stay 4-bit (`qlinear.Int4Linear`).
+    With `offload`, the routed experts stay in host memory behind one `experts.ExpertCache`."""
     def mat(name: str, *shape: int) -> torch.Tensor:
         return w.load(name, shape, dtype, device)
 
@@ -349,7 +340,7 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
 
     a = args
     q_dim, kv_dim = a.n_head * a.head_dim, a.n_head_kv * a.head_dim
-    blocks = []
+    blocks, moes, host = [], [], []
     for i in range(a.n_layer):
         p = f"blk.{i}"
         norms = ((vec(f"{p}.attn_q_norm.weight", a.head_dim), vec(f"{p}.attn_k_norm.weight", a.head_dim))
@@ -357,13 +348,8 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         attn = Attention(a, i, lin([f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"], a.dim, q_dim, kv_dim, kv_dim),
                          lin(f"{p}.attn_output", q_dim, a.dim), *norms)
         if a.n_expert:
-            x, f = a.n_expert, a.expert_ff
-            # the router in float32: a near-tie between two experts must not flip on rounding
-            router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, a.dim), torch.float32, device))
-            ffn: MLP | MoE = MoE(a, router,
-                                 mat(f"{p}.ffn_gate_exps.weight", x, f, a.dim),
-                                 mat(f"{p}.ffn_up_exps.weight", x, f, a.dim),
-                                 mat(f"{p}.ffn_down_exps.weight", x, a.dim, f))
+            ffn: MLP | MoE = _moe(w, a, p, dtype, device, len(moes), host if offload is not None else None)
+            moes.append(ffn)
         else:
             ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim))
         blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim), vec(f"{p}.ffn_norm.weight", a.dim)))
@@ -371,4 +357,28 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     # the output matrix stays in `dtype`: it is tied to the embedding in most small models
     output = Linear(mat("output.weight", a.n_vocab, a.dim)) if w.has("output.weight") else Linear(embed)
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
-    return Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
+    model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
+    if offload is not None and moes:
+        model.experts = experts.ExpertCache(host, offload.slots, torch.device(device), offload.compute,
+                                            offload.policy, offload.costs, offload.n_seq)
+        for moe in moes:
+            moe.offload = model.experts
+    return model
+
+
+def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer: int,
+         host: list | None) -> MoE:
+    """A layer's router (float32: a near-tie between two experts must not flip on rounding) and
+    routed experts, gate [X, F, D], up [X, F, D], down [X, D, F]: on the device, or, given the
+    list `host`, appended to it in host memory for an expert cache (pinned beside a CUDA
+    device, for asynchronous copies)."""
+    x, f, d = a.n_expert, a.expert_ff, a.dim
+    router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device))
+    on = "cpu" if host is not None else device
+    exps = (w.load(f"{p}.ffn_gate_exps.weight", (x, f, d), dtype, on),
+            w.load(f"{p}.ffn_up_exps.weight", (x, f, d), dtype, on),
+            w.load(f"{p}.ffn_down_exps.weight", (x, d, f), dtype, on))
+    if host is None:
+        return MoE(a, router, *exps, layer=layer)
+    host.append(tuple(t.pin_memory() for t in exps) if torch.device(device).type == "cuda" else exps)
+    return MoE(a, router, None, None, None, layer=layer)

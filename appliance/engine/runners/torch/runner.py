@@ -24,7 +24,9 @@ from ....errors import ModelLoadError
 from ....models import file_fingerprint
 from ..base import RunnerInfo, Span
 from ..vocab import TextMethods, Vocab, load_model
-from . import model as model_mod, qlinear
+from ....fit.devices import GIB, Device
+from ....fit.experts import ExpertPlan, plan_experts
+from . import experts, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
 
@@ -78,9 +80,15 @@ class TorchRunner(TextMethods):
                                  f"token_embd {args.n_vocab} rows")
         self.int4 = (cfg.torch_int4 and self.device.type == "cpu" and self.dtype == torch.bfloat16
                      and qlinear.available())
-        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4)
-        self.weights, self.args, self.n_batch = weights, args, cfg.n_batch
         n_ctx = cfg.n_ctx or args.n_ctx_train
+        self.expert_plan = plan_offload(cfg, weights, args, self.dtype, self.device, n_ctx)
+        offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
+                   if self.expert_plan.slots is not None else None)
+        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4, offload=offload)
+        self.weights, self.args, self.n_batch = weights, args, cfg.n_batch
+        if self.model.experts is not None:
+            log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
+                     self.model.experts.copy_gb_per_s)
         self.kv_dtype = self.dtype
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
                          self.kv_dtype, self.device)
@@ -91,16 +99,37 @@ class TorchRunner(TextMethods):
             settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": _name(self.dtype),
                       "device": str(self.device), "int4": self.int4, "kv_type": _name(self.kv_dtype),
                       # a str, not torch's TorchVersion: that would import torch where unpickled
-                      "torch": str(torch.__version__)},
+                      "torch": str(torch.__version__), **self._expert_settings()},
             fingerprint=file_fingerprint(model_path))
+
+    def _expert_settings(self) -> dict:
+        if not self.args.n_expert:
+            return {}
+        c = self.model.experts
+        return {"expert_cache": c.slots if c is not None else "off",
+                "expert_compute": c.compute if c is not None else "device",
+                "expert_plan": self.expert_plan.reason}
+
+    def expert_stats(self) -> experts.ExpertStats | None:
+        c = self.model.experts
+        return c.stats() if c is not None else None
+
+    def expert_counts(self, slot: int) -> tuple[int, int] | None:
+        """(lookups, hits) of the expert cache for sequence slot `slot` so far (None: no cache)."""
+        c = self.model.experts
+        return c.seq_counts(slot) if c is not None else None
 
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV dtype,
         torch's version, and the dtype, device, kernels, batch cut and threads that change the
         computed KV (torch's CPU matmuls may split their sums by thread)."""
         s = self.info.settings
-        return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
-                         *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "n_batch", "n_threads"))])
+        parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
+                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "n_batch", "n_threads"))]
+        c = self.model.experts
+        if c is not None and not c.same_memory and c.compute != "device":
+            parts.append("experts=host-computed")   # CPU kernels for some rows: other bits
+        return "|".join(parts)
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
@@ -140,6 +169,8 @@ class TorchRunner(TextMethods):
         # denormal float32 arithmetic on x86 is ~20x slower: flush them while the model runs, and
         # only then (the flag is process state that other code, hypothesis for one, refuses)
         dev = self.device
+        if self.model.experts is not None:
+            self.model.experts.begin(np.repeat([s.slot for s in spans], [len(s.tokens) for s in spans]))
         torch.set_flush_denormal(True)
         try:
             logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
@@ -171,3 +202,25 @@ class TorchRunner(TextMethods):
 
             L.llama_model_free(self._llama)
             self._llama = None
+
+
+def plan_offload(cfg: EngineConfig, w: GGUFWeights, args: model_mod.ModelArgs, dtype: torch.dtype,
+                 device: torch.device, n_ctx: int) -> ExpertPlan:
+    """The expert cache for this model on this device (`fit.experts.plan_experts`), sized from
+    the tensors as this runner holds them (dequantized to `dtype`)."""
+    size = torch.finfo(dtype).bits // 8
+    expert_bytes = 3 * args.expert_ff * args.dim * size
+    other = sum(int(np.prod(t.shape)) for name, t in w.tensors.items() if "_exps." not in name) * size
+    kv = args.n_layer * cfg.n_slots * n_ctx * 2 * args.n_head_kv * args.head_dim * size
+    return plan_experts(cfg.expert_cache, cfg.expert_compute, n_experts=args.n_layer * args.n_expert if args.n_expert else 0,
+                        expert_bytes=expert_bytes, device=_device_budget(device), resident_bytes=other + kv + GIB)
+
+
+def _device_budget(device: torch.device) -> Device | None:
+    """The GPU as the planner sees it: its free memory less a margin (None: a CPU)."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    margin = max(total // 50, GIB // 4)
+    unified = bool(getattr(torch.cuda.get_device_properties(device), "is_integrated", False))
+    return Device(torch.cuda.get_device_name(device), "gpu", max(free - margin, 0), unified=unified)
