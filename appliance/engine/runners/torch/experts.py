@@ -59,12 +59,17 @@ def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Te
     return F.linear(F.silu(F.linear(h, gate)) * F.linear(h, up), down)[:m]
 
 
-def group_by_expert(chosen: torch.Tensor, n_expert: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def group_by_expert(chosen: torch.Tensor, n_expert: int,
+                    host: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """chosen [N, k] -> (rows, which, counts): the (row, choice) pairs sorted by expert, rows
-    ascending within an expert (a stable sort), and each expert's row count [X] on the host."""
+    ascending within an expert (a stable sort), and each expert's row count [X] on the host.
+    `host`, chosen already copied to the host, saves a second device-to-host transfer."""
     k = chosen.shape[1]
     order = torch.argsort(chosen.flatten(), stable=True)
-    counts = torch.bincount(chosen.flatten(), minlength=n_expert).cpu().numpy()
+    if host is None:
+        counts = torch.bincount(chosen.flatten(), minlength=n_expert).cpu().numpy()
+    else:
+        counts = np.bincount(host.ravel(), minlength=n_expert)
     return order // k, order % k, counts
 
 
@@ -173,7 +178,6 @@ class ExpertCounters:
     promotions: int = 0
     bytes_copied: int = 0
     host_rows: int = 0        # rows computed on the host from the host copy
-    copy_s: float = 0.0       # time spent in synchronous copies (CPU pools; a GPU copies async)
 
 
 class ExpertCache:
@@ -213,11 +217,12 @@ class ExpertCache:
     def layer(self, layer: int, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The MoE FFN of `layer` for x [N, D] float32, rows routed to chosen [N, k] with weights
         [N, k] float32 -> [N, D] float32, each expert computed from its slot or its host copy."""
-        groups = group_by_expert(chosen, self.n_expert)
+        ch = chosen.cpu().numpy()                                          # one transfer a layer
+        groups = group_by_expert(chosen, self.n_expert, host=ch)
         counts = groups[2]
         self.policy.observe(layer, counts)
         used = np.flatnonzero(counts)
-        self._account(layer, chosen)
+        self._account(layer, ch)
         dtype = self.pool[0].dtype
 
         def expert(e: int, h: torch.Tensor) -> torch.Tensor:
@@ -245,8 +250,7 @@ class ExpertCache:
             return swiglu(h, gate[e], up[e], down[e])
         return swiglu(h.to("cpu"), gate[e], up[e], down[e]).to(self.device, non_blocking=True)
 
-    def _account(self, layer: int, chosen: torch.Tensor) -> None:
-        ch = chosen.cpu().numpy()                                          # [N, k]
+    def _account(self, layer: int, ch: np.ndarray) -> None:
         hit = self.slot_of[layer][ch] >= 0                                 # [N, k]
         self.counters.lookups += ch.size
         self.counters.hits += int(hit.sum())
@@ -274,7 +278,6 @@ class ExpertCache:
         old = self.owner[slot]
         if old is not None:
             self.slot_of[old] = -1
-        t0 = time.perf_counter()
         stream = self._stream if side and self._stream is not None else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))   # the slot's last readers first
@@ -285,8 +288,6 @@ class ExpertCache:
             self._ready[slot] = ev
         else:
             self._copy(layer, e, slot)
-            if self.same_memory:
-                self.counters.copy_s += time.perf_counter() - t0
         self.owner[slot] = (layer, e)
         self.slot_of[layer, e] = slot
         self.counters.copies += 1
