@@ -101,12 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.commands import add_parsers  # argparse only; the measuring code loads when run
     from .fit.command import add_parser as add_fit
     from .library.command import add_parsers as add_library
+    from .quantize import add_parser as add_quantize
     from .tune import add_parser as add_tune
 
     add_parsers(sub)
     add_tune(sub)
     add_fit(sub)
     add_library(sub)
+    add_quantize(sub)
     return parser
 
 

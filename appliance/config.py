@@ -63,6 +63,10 @@ class EngineConfig:
     torch_int4: bool = _opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit and "
                             "multiply with torch's int4 kernel (off: dequantize them)")
     torch_device: str = _opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
+    torch_kernels: str = _opt("auto", "torch runner: auto | triton | off. GGUF block weights (Q4_0, Q4_1, "
+                              "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
+                              "Triton kernels of kernels/ (auto: on a CUDA device when Triton is installed; "
+                              "triton: required, on a CPU only under TRITON_INTERPRET=1; off: dequantized)")
     expert_cache: str = _opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
                              "host memory and a device cache of SLOTS experts, shared by the layers, holds "
                              "the ones the router uses most (auto: a cache only when the experts do not fit "
@@ -135,6 +139,7 @@ class EngineConfig:
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
+        _require(self.torch_kernels in ("auto", "triton", "off"), "torch_kernels must be auto, triton or off")
         from .fit.experts import COMPUTE, parse_setting
 
         parse_setting(self.expert_cache)  # raises for a value that is no count, auto or off

@@ -11,7 +11,7 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("appliance", "web", "hostcheck")
+PACKAGES = ("appliance", "web", "hostcheck", "kernels")
 ENGINE = ROOT / "appliance" / "engine"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50

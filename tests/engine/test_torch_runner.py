@@ -20,33 +20,13 @@ from appliance.config import EngineConfig  # noqa: E402
 from appliance.engine.runners.base import Span  # noqa: E402
 from appliance.errors import EngineFailure, ModelLoadError  # noqa: E402
 from appliance.models import embedded_model_path  # noqa: E402
+from appliance.quantize import agreement, teacher_forced  # noqa: E402
 
 from .gguf_fixtures import TINY_ARCHS, write_garbage, write_tiny  # noqa: E402
 from .runner_kinds import make_runner  # noqa: E402
 
 TEXT = (Path(__file__).parents[2] / "appliance" / "bench" / "prompts" / "filler.txt").read_text()
-N_TOKENS, CHUNK = 300, 64
-
-
-def teacher_forced(r, ids, chunk: int = CHUNK) -> np.ndarray:
-    """Every position's next-token logits, the text fed in chunks: [len(ids), V]."""
-    r.truncate(0, 0)
-    rows = [r.forward([Span(0, tuple(ids[i:i + chunk]), i, len(ids[i:i + chunk]))])[0]
-            for i in range(0, len(ids), chunk)]
-    return np.concatenate(rows)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def agreement(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
-    """(share of positions with the same argmax, mean KL(ref || got))."""
-    lr, lg = log_softmax(ref), log_softmax(got)
-    kl = (np.exp(lr) * (lr - lg)).sum(-1)
-    return float((ref.argmax(-1) == got.argmax(-1)).mean()), float(kl.mean())
+N_TOKENS = 300
 
 
 def both(path: Path, **cfg):

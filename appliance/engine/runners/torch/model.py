@@ -316,9 +316,10 @@ class Transformer:
 
 # -- loading ---------------------------------------------------------------------------------
 def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool = False,
-         offload: experts.OffloadSpec | None = None) -> Transformer:
+         offload: experts.OffloadSpec | None = None, gemm: qlinear.GemmChoice | None = None) -> Transformer:
     """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32).
-    With `int4`, the Q4_0 / Q4_1 matrices of the layers stay 4-bit (`qlinear.Int4Linear`).
+    With `int4`, the Q4_0 / Q4_1 matrices of the layers stay 4-bit (`qlinear.Int4Linear`); with
+    `gemm`, every matrix in a block format the kernels read stays as stored (`qlinear.BlockLinear`).
     With `offload`, the routed experts stay in host memory behind one `experts.ExpertCache`."""
     def mat(name: str, *shape: int) -> torch.Tensor:
         return w.load(name, shape, dtype, device)
@@ -326,17 +327,15 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     def vec(name: str, n: int) -> torch.Tensor:
         return w.load(name, (n,), torch.float32, device)
 
-    def lin(names: str | Sequence[str], n_in: int, *n_outs: int) -> Linear | qlinear.Int4Linear:
+    def lin(names: str | Sequence[str], n_in: int, *n_outs: int) -> Linear | qlinear.Int4Linear | qlinear.BlockLinear:
         """One matmul for matrices that share their input, stacked along the output."""
         names = [names] if isinstance(names, str) else list(names)
         biases = [vec(f"{n}.bias", o) if w.has(f"{n}.bias") else torch.zeros(o, device=device)
                   for n, o in zip(names, n_outs)]
         bias = torch.cat(biases) if any(w.has(f"{n}.bias") for n in names) else None
         blocks = [w.blocks(f"{n}.weight") for n in names]
-        if int4 and all(b.qtype in qlinear.SUPPORTED and b.shape == (o, n_in)
-                        for b, o in zip(blocks, n_outs)):
-            return qlinear.Int4Linear(blocks, dtype, bias)
-        return Linear(torch.cat([mat(f"{n}.weight", o, n_in) for n, o in zip(names, n_outs)]), bias)
+        kept = qlinear.kept(blocks, [(o, n_in) for o in n_outs], dtype, device, bias, int4, gemm)
+        return kept or Linear(torch.cat([mat(f"{n}.weight", o, n_in) for n, o in zip(names, n_outs)]), bias)
 
     a = args
     q_dim, kv_dim = a.n_head * a.head_dim, a.n_head_kv * a.head_dim

@@ -53,6 +53,26 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def use_kernels(setting: str, device: torch.device) -> bool:
+    """Whether matrices in GGUF block formats go to `kernels.wgemm` (`--torch-kernels`)."""
+    from kernels import available
+
+    if setting == "triton" and not available(device):
+        raise ModelLoadError(f"--torch-kernels triton: no Triton launch on {device} here (Triton missing, "
+                             "or a CPU without TRITON_INTERPRET=1)")
+    return setting == "triton" or (setting == "auto" and device.type == "cuda" and available(device))
+
+
+def gemm_choice(device: torch.device) -> qlinear.GemmChoice:
+    """The GEMM config for each call: the default, with wide tiles under the interpreter (CPU
+    tests), where every program costs Python time."""
+    from kernels import INTERPRET
+    from kernels.wgemm import DEFAULT, GemmConfig
+
+    cfg = GemmConfig(block_m=64, block_n=256, block_k=128) if INTERPRET else DEFAULT
+    return lambda fmt, n, k, m: cfg
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
         return DTYPES[name]
@@ -78,13 +98,15 @@ class TorchRunner(TextMethods):
         if self.text.n_vocab != args.n_vocab:
             raise ModelLoadError(f"{model_path}: the tokenizer has {self.text.n_vocab} tokens and "
                                  f"token_embd {args.n_vocab} rows")
+        self.kernels = use_kernels(cfg.torch_kernels, self.device)
         self.int4 = (cfg.torch_int4 and self.device.type == "cpu" and self.dtype == torch.bfloat16
-                     and qlinear.available())
+                     and qlinear.available() and not self.kernels)
         n_ctx = cfg.n_ctx or args.n_ctx_train
         self.expert_plan = plan_offload(cfg, weights, args, self.dtype, self.device, n_ctx)
         offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
                    if self.expert_plan.slots is not None else None)
-        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4, offload=offload)
+        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4, offload=offload,
+                                    gemm=gemm_choice(self.device) if self.kernels else None)
         self.weights, self.args, self.n_batch = weights, args, cfg.n_batch
         if self.model.experts is not None:
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
@@ -97,7 +119,8 @@ class TorchRunner(TextMethods):
             n_ctx=n_ctx, n_ctx_train=args.n_ctx_train, n_slots=cfg.n_slots, **self.text.facts(),
             kv_bytes=self.kv.nbytes,
             settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": _name(self.dtype),
-                      "device": str(self.device), "int4": self.int4, "kv_type": _name(self.kv_dtype),
+                      "device": str(self.device), "int4": self.int4,
+                      "kernels": "triton" if self.kernels else "off", "kv_type": _name(self.kv_dtype),
                       # a str, not torch's TorchVersion: that would import torch where unpickled
                       "torch": str(torch.__version__), **self._expert_settings()},
             fingerprint=file_fingerprint(model_path))
@@ -125,7 +148,7 @@ class TorchRunner(TextMethods):
         computed KV (torch's CPU matmuls may split their sums by thread)."""
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
-                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "n_batch", "n_threads"))]
+                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "n_batch", "n_threads"))]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":
             parts.append("experts=host-computed")   # CPU kernels for some rows: other bits

@@ -1,0 +1,71 @@
+"""The torch runner with `--torch-kernels triton`: its GGUF block matrices kept as stored and
+multiplied by `kernels.wgemm`. On a machine without a GPU the kernels run under Triton's
+interpreter on CPU tensors, so this proves the wiring (every stacked matrix, every format the
+file holds, the start-up exactness check) against the same runner with the matrices
+dequantized; a GPU run of the same file is in scripts/gpu_check.sh."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from .runner_kinds import HAVE_TORCH
+
+pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed (the torch extra)")
+triton = pytest.importorskip("triton")
+
+from appliance.config import EngineConfig  # noqa: E402
+from appliance.engine.runners.base import Span  # noqa: E402
+from appliance.engine.spec.probe import check_exact  # noqa: E402
+from appliance.errors import ModelLoadError  # noqa: E402
+from appliance.quantize import quantize_file  # noqa: E402
+from kernels import INTERPRET  # noqa: E402
+
+from .gguf_fixtures import write_tiny  # noqa: E402
+from .runner_kinds import make_runner  # noqa: E402
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+
+@pytest.fixture(scope="module")
+def runners(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernels")
+    src = write_tiny(d / "qwen3.gguf", "qwen3", n_layer=2)
+    path = quantize_file(src, d / "qwen3-q8.gguf", "q8_0").output
+    cfg = EngineConfig(n_slots=2, n_ctx=256, torch_dtype="float32", torch_device=DEVICE)
+    on = make_runner("torch", EngineConfig(**{**cfg.__dict__, "torch_kernels": "triton"}), path)
+    off = make_runner("torch", EngineConfig(**{**cfg.__dict__, "torch_kernels": "off"}), path)
+    yield on, off
+    on.close()
+    off.close()
+
+
+def test_the_block_matrices_go_to_the_kernel(runners):
+    on, off = runners
+    assert on.info.settings["kernels"] == "triton" and off.info.settings["kernels"] == "off"
+    kinds = {type(m).__name__ for b in on.model.blocks for m in (b.attn.wqkv, b.attn.wo)}
+    assert kinds == {"BlockLinear"}
+    assert on.kv_fingerprint() != off.kv_fingerprint()   # other kernels, other KV bits
+
+
+def test_logits_equal_the_dequantized_runner(runners):
+    on, off = runners
+    ids = list(range(100, 140))
+    a = on.forward([Span(0, tuple(ids), 0, len(ids))])[0]
+    b = off.forward([Span(0, tuple(ids), 0, len(ids))])[0]
+    # float32 both ways: the kernel's IEEE dot against torch's matmul, summed in other orders
+    assert np.abs(a - b).max() < 1e-4 * np.abs(b).max()
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_exactness_check_passes_with_the_kernels(runners):
+    on, _ = runners
+    assert check_exact(on, 1, list(range(200, 230)), k=6).exact
+
+
+def test_triton_refused_where_it_cannot_launch(tmp_path, monkeypatch):
+    import kernels._triton as kt
+
+    monkeypatch.setattr(kt, "INTERPRET", False)
+    src = write_tiny(tmp_path / "llama.gguf", "llama", n_layer=1)
+    with pytest.raises(ModelLoadError, match="no Triton launch"):
+        make_runner("torch", EngineConfig(n_slots=1, n_ctx=128, torch_kernels="triton", torch_device="cpu"), src)
