@@ -19,6 +19,14 @@ miss: the engine keeps its fixed defaults, counts the miss and records the key i
 
 At engine start `apply` fills the llama.cpp settings that flags and environment left at their
 defaults from the entry for the model.
+
+The optional "gemm" section holds the torch runner's tuned GEMM configs (`kernels.plan`: its
+form, buckets and exactness rule): {"fingerprint": {...the GPU, runtime, torch, Triton, kernel
+sources...}, "entries": [...]}. It has its own fingerprint because it describes the GPU, not
+llama.cpp, and it is judged on that alone: `load_gemm` uses it only when that fingerprint equals
+this GPU's field for field. `Plan` keeps the section as plain JSON (a llama.cpp-only install has
+no torch to build a table with); `load_gemm` validates it into a `GemmTable`. Missed GEMM shapes
+go to the same misses file, as {"op": "wgemm", "fmt", "n", "k", "bucket"}.
 """
 from __future__ import annotations
 
@@ -112,11 +120,14 @@ class Plan:
     llamacpp: Mapping[str, tuple[LlamaCppChoice, ...]]   # model fingerprint -> entries by depth_max
     created_at: str = ""
     version: int = PLAN_VERSION
+    gemm: Mapping[str, Any] | None = None   # the "gemm" section as JSON (`kernels.plan.GemmTable.to_json`)
 
     def to_json(self) -> str:
         body = {"version": self.version, "fingerprint": dict(self.fingerprint), "created_at": self.created_at,
                 "llamacpp": {m: [c.to_entry() for c in cs]
                              for m, cs in sorted(self.llamacpp.items())}}
+        if self.gemm is not None:       # absent, not null: a plan without one reads as it always has
+            body["gemm"] = self.gemm
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @property
@@ -149,9 +160,13 @@ def parse(text: str, source: str = "plan") -> Plan:
             if not choices:
                 raise ValueError(f"no entries for {model}")
             llamacpp[str(model)] = choices
+        gemm = doc.get("gemm")
+        if gemm is not None and not (isinstance(gemm, dict) and isinstance(gemm.get("fingerprint"), dict)
+                                     and isinstance(gemm.get("entries"), list)):
+            raise ValueError('the gemm section must be {"fingerprint": {...}, "entries": [...]}')
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlanRefused(f"{source} is malformed ({e})") from None
-    return Plan(fingerprint=fp, llamacpp=llamacpp, created_at=str(doc.get("created_at", "")))
+    return Plan(fingerprint=fp, llamacpp=llamacpp, created_at=str(doc.get("created_at", "")), gemm=gemm)
 
 
 def differences(plan_fp: Mapping[str, str], here: Mapping[str, str]) -> list[str]:
@@ -159,14 +174,20 @@ def differences(plan_fp: Mapping[str, str], here: Mapping[str, str]) -> list[str
             for k in sorted(set(plan_fp) | set(here)) if plan_fp.get(k) != here.get(k)]
 
 
-def load(path: str | Path, fingerprint: Mapping[str, str]) -> Plan:
-    """Read and check a plan. PlanRefused names what is wrong (the differing fingerprint fields)."""
+def read(path: str | Path) -> Plan:
+    """Read and parse a plan file, checking no fingerprint."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise PlanRefused(f"cannot read {path}: {e.strerror or e}") from None
-    plan = parse(text, str(path))
+    return parse(text, str(path))
+
+
+def load(path: str | Path, fingerprint: Mapping[str, str]) -> Plan:
+    """Read and check a plan. PlanRefused names what is wrong (the differing fingerprint fields)."""
+    path = Path(path)
+    plan = read(path)
     diff = differences(plan.fingerprint, fingerprint)
     if diff:
         raise PlanRefused(f"{path} was tuned for another machine or build: " + "; ".join(diff))
@@ -205,8 +226,18 @@ def record_miss(path: str | Path, key: Mapping[str, Any]) -> None:
 
 def clear_misses(path: str | Path, model: str) -> None:
     """Forget the recorded misses of a model that has just been tuned."""
+    _keep_misses(path, lambda m: m.get("model") != model)
+
+
+def clear_gemm_misses(path: str | Path, covered: Sequence[Mapping[str, Any]]) -> None:
+    """Forget the recorded GEMM misses that `tune --gemm` has just measured."""
+    done = [dict(c) for c in covered]
+    _keep_misses(path, lambda m: m not in done)
+
+
+def _keep_misses(path: str | Path, keep: Any) -> None:
     target = misses_path(path)
-    left = [m for m in read_misses(path) if m.get("model") != model]
+    left = [m for m in read_misses(path) if keep(m)]
     try:
         if left:
             target.write_text(json.dumps(left, indent=1, sort_keys=True))
@@ -222,6 +253,64 @@ def read_misses(path: str | Path) -> list[dict[str, Any]]:
         return [m for m in found if isinstance(m, dict)]
     except (OSError, ValueError):
         return []
+
+
+def gemm_misses(path: str | Path) -> list[dict[str, Any]]:
+    """The recorded misses of GEMM shapes (those with an "op"), in the order they were met."""
+    return [m for m in read_misses(path) if "op" in m]
+
+
+def record_gemm_misses(path: str | Path, table: Any) -> int:
+    """Write the (key, bucket) pairs `table` missed since the last call to the misses file;
+    the count. `table` is a `kernels.plan.GemmTable`."""
+    missed = table.drain_misses()
+    for key, bucket in missed:
+        record_miss(path, key.miss(bucket))
+    return len(missed)
+
+
+def load_gemm(path: str | Path, fingerprint: Mapping[str, str]) -> Any:
+    """The plan's GEMM table (`kernels.plan.GemmTable`), only when its gemm fingerprint equals
+    `fingerprint` field for field; else PlanRefused naming the fields that differ, or the bad
+    entry. The llama.cpp part of the file does not matter here, beyond the file parsing."""
+    return gemm_table(read(path), fingerprint, str(path))
+
+
+def gemm_table(plan: Plan, fingerprint: Mapping[str, str], source: str = "plan") -> Any:
+    """`load_gemm` on a plan already read."""
+    from kernels.plan import GemmTable   # torch: only the torch runner and `tune --gemm` get here
+
+    if plan.gemm is None:
+        raise PlanRefused(f"{source} has no GEMM entries (no gemm section)")
+    diff = differences({str(k): str(v) for k, v in plan.gemm["fingerprint"].items()}, fingerprint)
+    if diff:
+        raise PlanRefused(f"{source}'s GEMM entries were tuned for another GPU or build: " + "; ".join(diff))
+    try:
+        return GemmTable.from_json(plan.gemm)
+    except ValueError as e:
+        raise PlanRefused(f"{source}'s gemm section is malformed ({e})") from None
+
+
+def resolve_gemm(path: str | Path | None, fingerprint: Mapping[str, str], explicit: bool = False) -> tuple[Any, Resolved]:
+    """The runner's GEMM table and what happened. Always a table: the plan's when usable, else
+    an empty one under `fingerprint`, whose lookups all miss (DEFAULT) and are recorded all the
+    same, so the first `tune --gemm` knows what to measure. A refusal is logged with its reason."""
+    from kernels.plan import GemmTable
+
+    empty = GemmTable(fingerprint)
+    if path is None:
+        return empty, Resolved("off")
+    path = Path(path)
+    if not path.exists():
+        return empty, Resolved("absent", str(path), reason="no plan file")
+    try:
+        plan = read(path)
+        table = gemm_table(plan, fingerprint, str(path))
+    except PlanRefused as e:
+        log.log(logging.ERROR if explicit else logging.WARNING, "tuned GEMM plan refused: %s", e)
+        return empty, Resolved("refused", str(path), reason=str(e))
+    log.info("tuned GEMM plan %s (%s): %d shapes", path, plan.hash, len(table.entries))
+    return table, Resolved("used", str(path), plan.hash, choice={"gemm_shapes": len(table.entries)})
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The torch runner with `--torch-kernels triton`: its GGUF block matrices kept as stored and
-multiplied by `kernels.wgemm`. On a machine without a GPU the kernels run under Triton's
+multiplied by `kernels.wgemm`, its norms, Q/K norm + RoPE and decode attention on the fused
+kernels (`runners/torch/fused.py`). On a machine without a GPU the kernels run under Triton's
 interpreter on CPU tensors, so this proves the wiring (every stacked matrix, every format the
 file holds, the start-up exactness check) against the same runner with the matrices
 dequantized; a GPU run of the same file is in scripts/gpu_check.sh."""
@@ -44,6 +45,8 @@ def test_the_block_matrices_go_to_the_kernel(runners):
     assert on.info.settings["kernels"] == "triton" and off.info.settings["kernels"] == "off"
     kinds = {type(m).__name__ for b in on.model.blocks for m in (b.attn.wqkv, b.attn.wo)}
     assert kinds == {"BlockLinear"}
+    assert all(b.attn.fused is not None for b in on.model.blocks)
+    assert all(b.attn.fused is None for b in off.model.blocks)
     assert on.kv_fingerprint() != off.kv_fingerprint()   # other kernels, other KV bits
 
 
@@ -55,6 +58,19 @@ def test_logits_equal_the_dequantized_runner(runners):
     # float32 both ways: the kernel's IEEE dot against torch's matmul, summed in other orders
     assert np.abs(a - b).max() < 1e-4 * np.abs(b).max()
     assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_decode_steps_equal_the_torch_path(runners):
+    """Steps of one row (the fused decode attention, qk norm + RoPE, RMSNorm) after a prompt."""
+    on, off = runners
+    ids = list(range(300, 330))
+    for r in (on, off):
+        r.truncate(1, 0)
+        r.forward([Span(1, tuple(ids), 0, 1)])
+    for i, tok in enumerate((5, 77, 901)):
+        a = on.forward([Span(1, (tok,), len(ids) + i, 1)])[0]
+        b = off.forward([Span(1, (tok,), len(ids) + i, 1)])[0]
+        assert np.abs(a - b).max() < 1e-4 * np.abs(b).max()
 
 
 def test_exactness_check_passes_with_the_kernels(runners):
@@ -69,3 +85,27 @@ def test_triton_refused_where_it_cannot_launch(tmp_path, monkeypatch):
     src = write_tiny(tmp_path / "llama.gguf", "llama", n_layer=1)
     with pytest.raises(ModelLoadError, match="no Triton launch"):
         make_runner("torch", EngineConfig(n_slots=1, n_ctx=128, torch_kernels="triton", torch_device="cpu"), src)
+
+
+def test_gemm_configs_come_from_the_plan_and_misses_are_recorded(tmp_path):
+    """No plan: every shape misses, runs on the default config, and is written once to the
+    plan's misses file for `appliance tune --gemm`; a plan holding a shape's entries is used."""
+    import torch
+
+    from appliance.engine import plan as plan_mod
+    from appliance.engine.runners.torch.runner import TunedGemm
+    from kernels.plan import GemmEntry, GemmKey, GemmTable, gemm_fingerprint
+    from kernels.wgemm import GemmConfig
+
+    plan, device = tmp_path / "plan.json", torch.device(DEVICE)
+    cfg = EngineConfig(plan=str(plan), torch_kernels="triton", torch_device=DEVICE)
+    g = TunedGemm(cfg, device)
+    for _ in range(2):
+        assert g("q8_0", 64, 128, 1) == g.default
+        g.record_misses()
+    assert plan_mod.gemm_misses(plan) == [{"op": "wgemm", "fmt": "q8_0", "n": 64, "k": 128, "bucket": "1-16"}]
+    chosen = GemmConfig(block_m=16, block_n=32, block_k=64)
+    table = GemmTable(gemm_fingerprint(device),
+                      {GemmKey("wgemm", "q8_0", 64, 128): {"1-16": GemmEntry(chosen, median_us=1.0, max_rel_err=0.0)}})
+    plan.write_text(plan_mod.Plan(fingerprint={}, llamacpp={}, gemm=table.to_json()).to_json())
+    assert TunedGemm(cfg, device)("q8_0", 64, 128, 3) == chosen

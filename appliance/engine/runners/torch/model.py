@@ -166,6 +166,7 @@ class Attention:
         self.args, self.layer = args, layer
         self.wqkv, self.wo = wqkv, wo             # wqkv: Q, K and V stacked, one matmul
         self.q_norm, self.k_norm = q_norm, k_norm
+        self.fused = None                         # fused.Fused: the kernels' Q/K and decode attention
 
     def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, rot: torch.Tensor,
                  kv: KVPool) -> torch.Tensor:
@@ -173,9 +174,12 @@ class Attention:
         n, h, g = x.shape[0], a.n_head, a.n_head_kv
         qkv = self.wqkv(x).view(n, h + 2 * g, a.head_dim)               # [N, H + 2G, E]
         qk, v = qkv[:, :h + g], qkv[:, h + g:]                          # [N, H + G, E], [N, G, E]
-        if self.q_norm is not None:
-            qk = torch.cat((rms_norm(qk[:, :h], self.q_norm, a.eps), rms_norm(qk[:, h:], self.k_norm, a.eps)), 1)
-        qk = rope(qk, rot)                                               # Q and K in one call
+        if self.fused is not None:
+            qk = self.fused.qk(qk, rot, self.q_norm, self.k_norm)
+        else:
+            if self.q_norm is not None:
+                qk = torch.cat((rms_norm(qk[:, :h], self.q_norm, a.eps), rms_norm(qk[:, h:], self.k_norm, a.eps)), 1)
+            qk = rope(qk, rot)                                           # Q and K in one call
         q, k = qk[:, :h], qk[:, h:]                                      # [N, H, E], [N, G, E]
         out = torch.empty(x.shape[0], a.n_head * a.head_dim, dtype=torch.float32, device=x.device)
         for s in segs:
@@ -188,6 +192,8 @@ class Attention:
                 kv: KVPool, slot: int) -> torch.Tensor:
         # q: [T, H, E]; keys, values: [G, L, E] in the KV dtype
         t, length = q.shape[0], keys.shape[1]
+        if t <= DECODE_ROWS and self.fused is not None:
+            return self.fused.attend_rows(q, start, kv.k, kv.v, self.layer, slot)
         if t <= DECODE_ROWS:
             return self._attend_rows(q, start, kv, slot)
         mask = (torch.arange(length, device=q.device)[None, :]               # causal, queries at
@@ -289,10 +295,11 @@ class Block:
                  ffn_norm: torch.Tensor) -> None:
         self.args, self.attn, self.ffn = args, attn, ffn
         self.attn_norm, self.ffn_norm = attn_norm, ffn_norm
+        self.norm = rms_norm                      # or the kernels' (fused.Fused.rms_norm)
 
     def __call__(self, x, segs, rope, rot, kv) -> torch.Tensor:
-        h = x + self.attn(rms_norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
-        return h + self.ffn(rms_norm(h, self.ffn_norm, self.args.eps))
+        h = x + self.attn(self.norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
+        return h + self.ffn(self.norm(h, self.ffn_norm, self.args.eps))
 
 
 class Transformer:
@@ -316,11 +323,12 @@ class Transformer:
 
 # -- loading ---------------------------------------------------------------------------------
 def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool = False,
-         offload: experts.OffloadSpec | None = None, gemm: qlinear.GemmChoice | None = None) -> Transformer:
+         offload: experts.OffloadSpec | None = None, gemm: qlinear.GemmChoice | None = None,
+         fused=None) -> Transformer:
     """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32).
-    With `int4`, the Q4_0 / Q4_1 matrices of the layers stay 4-bit (`qlinear.Int4Linear`); with
-    `gemm`, every matrix in a block format the kernels read stays as stored (`qlinear.BlockLinear`).
-    With `offload`, the routed experts stay in host memory behind one `experts.ExpertCache`."""
+    Kept quantized: with `int4` Q4_0/Q4_1 (`qlinear.Int4Linear`), with `gemm` every kernel format
+    (`qlinear.BlockLinear`); `fused` (`fused.Fused`): norms, Q/K and decode attention on the
+    kernels; `offload`: routed experts in host memory behind one `experts.ExpertCache`."""
     def mat(name: str, *shape: int) -> torch.Tensor:
         return w.load(name, shape, dtype, device)
 
@@ -337,9 +345,8 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         kept = qlinear.kept(blocks, [(o, n_in) for o in n_outs], dtype, device, bias, int4, gemm)
         return kept or Linear(torch.cat([mat(f"{n}.weight", o, n_in) for n, o in zip(names, n_outs)]), bias)
 
-    a = args
+    a, blocks, moes, host = args, [], [], []
     q_dim, kv_dim = a.n_head * a.head_dim, a.n_head_kv * a.head_dim
-    blocks, moes, host = [], [], []
     for i in range(a.n_layer):
         p = f"blk.{i}"
         norms = ((vec(f"{p}.attn_q_norm.weight", a.head_dim), vec(f"{p}.attn_k_norm.weight", a.head_dim))
@@ -357,6 +364,8 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     output = Linear(mat("output.weight", a.n_vocab, a.dim)) if w.has("output.weight") else Linear(embed)
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
+    for b in blocks if fused is not None else ():
+        b.norm, b.attn.fused = fused.rms_norm, fused
     if offload is not None and moes:
         model.experts = experts.ExpertCache(host, offload.slots, torch.device(device), offload.compute,
                                             offload.policy, offload.costs, offload.n_seq)

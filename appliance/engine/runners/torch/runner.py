@@ -26,6 +26,7 @@ from ..base import RunnerInfo, Span
 from ..vocab import TextMethods, Vocab, load_model
 from ....fit.devices import GIB, Device
 from ....fit.experts import ExpertPlan, plan_experts
+from .fused import Fused
 from . import experts, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
@@ -63,14 +64,37 @@ def use_kernels(setting: str, device: torch.device) -> bool:
     return setting == "triton" or (setting == "auto" and device.type == "cuda" and available(device))
 
 
-def gemm_choice(device: torch.device) -> qlinear.GemmChoice:
-    """The GEMM config for each call: the default, with wide tiles under the interpreter (CPU
-    tests), where every program costs Python time."""
-    from kernels import INTERPRET
-    from kernels.wgemm import DEFAULT, GemmConfig
+class TunedGemm:
+    """Each block matrix call's GEMM config from the tuned plan's GEMM entries (`kernels.plan`;
+    looked up, never tuned while serving). A shape the plan lacks takes the default config and
+    is written once to the plan's misses file, for the next `appliance tune --gemm`."""
 
-    cfg = GemmConfig(block_m=64, block_n=256, block_k=128) if INTERPRET else DEFAULT
-    return lambda fmt, n, k, m: cfg
+    def __init__(self, cfg: EngineConfig, device: torch.device) -> None:
+        from kernels import INTERPRET
+        from kernels.plan import gemm_fingerprint
+        from kernels.wgemm import DEFAULT, GemmConfig
+
+        from ...plan import resolve_gemm
+
+        self.path, explicit = cfg.resolved_plan()
+        self.table, self.resolved = resolve_gemm(self.path, gemm_fingerprint(device), explicit)
+        # under the interpreter (CPU tests) every program costs Python time: wide tiles
+        self.default = GemmConfig(block_m=64, block_n=256, block_k=128) if INTERPRET else DEFAULT
+        self.recorded: set = set()
+
+    def __call__(self, fmt: str, n: int, k: int, m: int):
+        config, hit = self.table.lookup("wgemm", fmt, n, k, m)
+        from kernels.plan import GemmKey
+
+        return config if hit or GemmKey("wgemm", fmt, n, k) in self.table.entries else self.default
+
+    def record_misses(self) -> None:
+        from ...plan import record_miss
+
+        for key, bucket in self.table.drain_misses():
+            if (key, bucket) not in self.recorded and self.path is not None:
+                self.recorded.add((key, bucket))
+                record_miss(self.path, key.miss(bucket))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -99,6 +123,7 @@ class TorchRunner(TextMethods):
             raise ModelLoadError(f"{model_path}: the tokenizer has {self.text.n_vocab} tokens and "
                                  f"token_embd {args.n_vocab} rows")
         self.kernels = use_kernels(cfg.torch_kernels, self.device)
+        self.gemm = TunedGemm(cfg, self.device) if self.kernels else None
         self.int4 = (cfg.torch_int4 and self.device.type == "cpu" and self.dtype == torch.bfloat16
                      and qlinear.available() and not self.kernels)
         n_ctx = cfg.n_ctx or args.n_ctx_train
@@ -106,7 +131,9 @@ class TorchRunner(TextMethods):
         offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
                    if self.expert_plan.slots is not None else None)
         self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4, offload=offload,
-                                    gemm=gemm_choice(self.device) if self.kernels else None)
+                                    gemm=self.gemm,
+                                    fused=Fused(args.spec.rope, args.rope_dim, args.n_head, args.head_dim,
+                                                args.eps) if self.kernels else None)
         self.weights, self.args, self.n_batch = weights, args, cfg.n_batch
         if self.model.experts is not None:
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
@@ -165,6 +192,8 @@ class TorchRunner(TextMethods):
         for i, s in enumerate(spans):
             if len(s.tokens) > model_mod.DECODE_ROWS:
                 self._run_long(s, i, out)
+        if self.gemm is not None and self.gemm.table.misses:
+            self.gemm.record_misses()
         return out  # type: ignore[return-value]
 
     def _run_long(self, s: Span, i: int, out: list) -> None:

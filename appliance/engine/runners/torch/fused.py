@@ -1,0 +1,42 @@
+"""The forward's small ops on the kernels of `kernels/` (the torch runner with its Triton
+kernels on): RMSNorm of the residual, the Q/K norm and RoPE in one pass, and decode attention
+(spans of up to `model.DECODE_ROWS` rows) over the slot KV pool, split over keys.
+
+Each replaces the torch code of `model` that computes the same thing, with the same contract
+(float32 in, float32 out), and keeps the runner's exactness property: every kernel computes a
+row from that row's inputs and position alone (kernels/ proves it per kernel; the runner's
+start-up check proves it for the whole forward)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import decode_attention, norm_rope
+
+
+class Fused:
+    def __init__(self, kind: str, rope_dim: int, n_head: int, head_dim: int, eps: float) -> None:
+        self.kind, self.rope_dim, self.n_head, self.eps = kind, rope_dim, n_head, eps
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return norm_rope.rms_norm(x, weight, eps)
+
+    def qk(self, qk: torch.Tensor, rot: torch.Tensor, q_norm: torch.Tensor | None,
+           k_norm: torch.Tensor | None) -> torch.Tensor:
+        """qk [N, H + G, E] float32 (a view of the stacked projection) -> normed (qwen3) and
+        rotated, a new tensor; rot is the model's [N, 1, E/2] complex rotation."""
+        cos, sin = rot.real[:, 0].contiguous(), rot.imag[:, 0].contiguous()
+        return norm_rope.qk_norm_rope(qk, self.n_head, cos, sin, self.kind, self.rope_dim,
+                                      q_norm, k_norm, self.eps)
+
+    def attend_rows(self, q: torch.Tensor, start: int, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    layer: int, slot: int) -> torch.Tensor:
+        """Rows at positions start.. of `slot`, q [T, H, E] -> [T, H * E] float32."""
+        t = q.shape[0]
+        positions = torch.arange(start, start + t, device=q.device)
+        slots = torch.full((t,), slot, dtype=torch.long, device=q.device)
+        out = decode_attention.decode_attention(q.contiguous(), k_pool, v_pool, layer, slots, positions,
+                                                self.scale)
+        return out.reshape(t, -1)
