@@ -41,6 +41,7 @@ from . import norm_rope as nr
 from . import wgemm as wg
 from ._triton import INTERPRET, triton
 from .formats import format_of
+from .plan import rel_error
 
 # The vendors' published memory bandwidth, TB/s: (pattern on the device's name, figure, what).
 # The first match wins, so the narrower names come first; \b keeps "GH200" off "H200".
@@ -159,15 +160,6 @@ class Entry:
     frac_limit: float | None = None
     config: dict = field(default_factory=dict)
     note: str = ""
-
-
-def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    if got.shape != want.shape:
-        return float("inf")
-    got, want = got.float(), want.float()
-    scale = want.abs().max().item()
-    err = (got - want).abs().max().item()
-    return err / scale if scale > 0 else err
 
 
 def run_case(case: Case, timer: Timer, reps: Repeats, limit_gb_s: float) -> Entry:

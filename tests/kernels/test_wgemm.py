@@ -55,11 +55,10 @@ def test_decode_in_registers_is_gguf_bit_for_bit(name):
     """x = I gives y = W^T exactly (one nonzero term per sum): the kernel's decode of every
     block, scales included, equals gguf's dequantization (a sum of zeros is +0 where gguf's
     d * 0 can be -0: equal as numbers, every nonzero value equal to the bit)."""
-    if not INTERPRET:
-        pytest.skip("exact only with IEEE float32 dots (the interpreter)")
     k = 128
     _, raw = blocks(name, 24, k, seed=3)
-    y = wgemm(torch.eye(k), raw, name, k, GemmConfig(block_m=64, block_n=32, block_k=64))
+    cfg = GemmConfig(block_m=64, block_n=32, block_k=64, dot="fp32")   # IEEE float32 dots
+    y = wgemm(torch.eye(k).to(DEVICE), raw.to(DEVICE), name, k, cfg).cpu()
     ref = quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[name.upper()])
     got = y.T.numpy()
     assert np.array_equal(got, ref)

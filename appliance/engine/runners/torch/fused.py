@@ -19,6 +19,10 @@ class Fused:
     def __init__(self, kind: str, rope_dim: int, n_head: int, head_dim: int, eps: float) -> None:
         self.kind, self.rope_dim, self.n_head, self.eps = kind, rope_dim, n_head, eps
         self.scale = 1.0 / math.sqrt(head_dim)
+        # what every layer of one forward shares, made once: the rotation's cos/sin, and each
+        # span's positions and slot indices
+        self._rot: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._rows: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return norm_rope.rms_norm(x, weight, eps)
@@ -27,7 +31,9 @@ class Fused:
            k_norm: torch.Tensor | None) -> torch.Tensor:
         """qk [N, H + G, E] float32 (a view of the stacked projection) -> normed (qwen3) and
         rotated, a new tensor; rot is the model's [N, 1, E/2] complex rotation."""
-        cos, sin = rot.real[:, 0].contiguous(), rot.imag[:, 0].contiguous()
+        if self._rot is None or self._rot[0] is not rot:
+            self._rot = (rot, rot.real[:, 0].contiguous(), rot.imag[:, 0].contiguous())
+        _, cos, sin = self._rot
         return norm_rope.qk_norm_rope(qk, self.n_head, cos, sin, self.kind, self.rope_dim,
                                       q_norm, k_norm, self.eps)
 
@@ -35,8 +41,10 @@ class Fused:
                     layer: int, slot: int) -> torch.Tensor:
         """Rows at positions start.. of `slot`, q [T, H, E] -> [T, H * E] float32."""
         t = q.shape[0]
-        positions = torch.arange(start, start + t, device=q.device)
-        slots = torch.full((t,), slot, dtype=torch.long, device=q.device)
+        if self._rows is None or self._rows[0] != (start, t, slot):
+            self._rows = ((start, t, slot), torch.arange(start, start + t, device=q.device),
+                          torch.full((t,), slot, dtype=torch.long, device=q.device))
+        _, positions, slots = self._rows
         out = decode_attention.decode_attention(q.contiguous(), k_pool, v_pool, layer, slots, positions,
                                                 self.scale)
         return out.reshape(t, -1)

@@ -364,14 +364,20 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     output = Linear(mat("output.weight", a.n_vocab, a.dim)) if w.has("output.weight") else Linear(embed)
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
-    for b in blocks if fused is not None else ():
-        b.norm, b.attn.fused = fused.rms_norm, fused
+    _fuse(blocks, fused)
     if offload is not None and moes:
         model.experts = experts.ExpertCache(host, offload.slots, torch.device(device), offload.compute,
                                             offload.policy, offload.costs, offload.n_seq)
         for moe in moes:
             moe.offload = model.experts
     return model
+
+
+def _fuse(blocks: Sequence[Block], fused) -> None:
+    """Each block's norms, Q/K and decode attention on the kernels (`fused.Fused`), if given."""
+    if fused is not None:
+        for b in blocks:
+            b.norm, b.attn.fused = fused.rms_norm, fused
 
 
 def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer: int,

@@ -66,12 +66,13 @@ def use_kernels(setting: str, device: torch.device) -> bool:
 
 class TunedGemm:
     """Each block matrix call's GEMM config from the tuned plan's GEMM entries (`kernels.plan`;
-    looked up, never tuned while serving). A shape the plan lacks takes the default config and
-    is written once to the plan's misses file, for the next `appliance tune --gemm`."""
+    looked up, never tuned while serving), remembered per (format, N, K, batch bucket), so a
+    forward's hundreds of calls cost a dict lookup each. A shape the plan lacks takes the
+    default config and is written once to the plan's misses file, for the next `tune --gemm`."""
 
     def __init__(self, cfg: EngineConfig, device: torch.device) -> None:
         from kernels import INTERPRET
-        from kernels.plan import gemm_fingerprint
+        from kernels.plan import GemmKey, bucket, gemm_fingerprint
         from kernels.wgemm import DEFAULT, GemmConfig
 
         from ...plan import resolve_gemm
@@ -80,20 +81,24 @@ class TunedGemm:
         self.table, self.resolved = resolve_gemm(self.path, gemm_fingerprint(device), explicit)
         # under the interpreter (CPU tests) every program costs Python time: wide tiles
         self.default = GemmConfig(block_m=64, block_n=256, block_k=128) if INTERPRET else DEFAULT
-        self.recorded: set = set()
+        self._key, self._bucket = GemmKey, bucket
+        self.chosen: dict[tuple[str, int, int, str], GemmConfig] = {}
 
     def __call__(self, fmt: str, n: int, k: int, m: int):
-        config, hit = self.table.lookup("wgemm", fmt, n, k, m)
-        from kernels.plan import GemmKey
-
-        return config if hit or GemmKey("wgemm", fmt, n, k) in self.table.entries else self.default
+        memo = (fmt, n, k, self._bucket(m))
+        config = self.chosen.get(memo)
+        if config is None:   # first sight: the table's answer (a miss is remembered there)
+            config, hit = self.table.lookup("wgemm", fmt, n, k, m)
+            if not hit and self._key("wgemm", fmt, n, k) not in self.table.entries:
+                config = self.default
+            self.chosen[memo] = config
+        return config
 
     def record_misses(self) -> None:
         from ...plan import record_miss
 
         for key, bucket in self.table.drain_misses():
-            if (key, bucket) not in self.recorded and self.path is not None:
-                self.recorded.add((key, bucket))
+            if self.path is not None:
                 record_miss(self.path, key.miss(bucket))
 
 
