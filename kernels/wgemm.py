@@ -18,8 +18,12 @@ Exactness. A row of y is computed from its own row of x only, in an order fixed 
 split_k; the tuned plan keeps those two fixed per (format, N, K) across batch buckets, so a
 one-token step and a verify row agree (the runner's start-up check proves it on the device).
 
-Under TRITON_INTERPRET=1 the operands are float32 and the dot is IEEE float32 (bfloat16 does
-not work in the interpreter); on a GPU `GemmConfig.dot` picks the operand type.
+Under TRITON_INTERPRET=1 the operands are float32 (bfloat16 does not work in the interpreter)
+and the dot is the products summed over K, not `tl.dot`: the interpreter's `tl.dot` is numpy's
+matmul, and OpenBLAS's sgemm on an AMD Zen 5 host computes a row of a tile differently by
+where the row sits in it (measured: a 7-row call's last row is 4e-7 off the same row alone),
+which would fail the runner's exactness check for a reason no GPU has. On a GPU
+`GemmConfig.dot` picks the operand type.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from ._triton import INTERPRET, available, jit, tl, triton
 from .formats import FORMATS, Format, dequantize_torch, format_of, row_bytes
 
 DOT_TYPES = ("bf16", "fp16", "fp32")
+INTERPRET_NUMEL = 1 << 20   # the interpreter's largest tensor
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,9 @@ def _wgemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, sys_, sym, k_per,
         x = tl.load(x_ptr + rm[:, None].to(tl.int64) * sxm + kk[None, :] * sxk,
                     (rm < M)[:, None] & (kk < k_hi)[None, :], 0).to(tl.float32)
         w = _decode(w_ptr, rn, kk, swn, N, k_hi, FMT, QB, NB)
-        if DOT == 0:
+        if DOT == 3:   # the interpreter: products summed over K, in one order for every row
+            acc += tl.sum(x[:, :, None] * tl.trans(w)[None, :, :], axis=1)
+        elif DOT == 0:
             acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         elif DOT == 1:
             acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
@@ -156,17 +163,29 @@ def wgemm(x: torch.Tensor, raw: torch.Tensor, fmt, k: int, config: GemmConfig | 
     if not available(x.device):
         raise RuntimeError(f"no Triton launch on {x.device} here: use wgemm_torch")
     m, n = x.shape[0], raw.shape[0]
+    if INTERPRET:
+        cfg = _interpreted(cfg)
     # split ranges hold whole BLOCK_K slices, so a block never straddles two programs
     k_per = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(k, k_per)
     y = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
-    dot = 0 if INTERPRET or cfg.dot == "fp32" else (1 if cfg.dot == "bf16" else 2)
+    dot = 3 if INTERPRET else (0 if cfg.dot == "fp32" else (1 if cfg.dot == "bf16" else 2))
     _wgemm_kernel[grid](x, raw, y, m, n, k, x.stride(0), x.stride(1), raw.stride(0), y.stride(0),
                         y.stride(1), k_per, FMT=fmt.code, QB=fmt.block, NB=fmt.nbytes,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=dot,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y[0] if splits == 1 else y.sum(0)
+
+
+def _interpreted(cfg: GemmConfig) -> GemmConfig:
+    """The config launched under the interpreter: the tile narrowed until its [BLOCK_M, BLOCK_K,
+    BLOCK_N] products fit the interpreter's 2^20 elements. A row's sums there depend on
+    block_k and split_k only, so the result is the config's, bit for bit."""
+    bm, bn = cfg.block_m, cfg.block_n
+    while bm * bn * cfg.block_k > INTERPRET_NUMEL and max(bm, bn) > 16:
+        bm, bn = (bm // 2, bn) if bm > bn else (bm, bn // 2)
+    return GemmConfig(bm, bn, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.dot)
 
 
 def bytes_moved(m: int, n: int, k: int, fmt, x_bytes: int = 2) -> int:

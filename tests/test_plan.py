@@ -117,6 +117,12 @@ def test_a_corrupt_file_is_refused_with_a_clear_message(tmp_path, text, words):
         plan_mod.load(path, FP)
 
 
+def test_a_miss_is_recorded_on_a_first_start_before_the_data_directory_exists(tmp_path):
+    path = tmp_path / "not-yet" / "appliance" / "plan.json"      # no plan: the default location
+    plan_mod.record_miss(path, {"backend": "llama.cpp", "model": "77:new", "depth": 512})
+    assert plan_mod.read_misses(path) == [{"backend": "llama.cpp", "model": "77:new", "depth": 512}]
+
+
 def test_a_miss_keeps_the_defaults_and_records_its_key(tmp_path):
     path = tmp_path / "plan.json"
     plan_mod.save(PLAN, path)

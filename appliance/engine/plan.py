@@ -217,6 +217,7 @@ def record_miss(path: str | Path, key: Mapping[str, Any]) -> None:
         known = json.loads(target.read_text()) if target.exists() else []
         if dict(key) not in known:
             known.append(dict(key))
+            target.parent.mkdir(parents=True, exist_ok=True)   # a first start: no data dir yet
             tmp = target.with_name(target.name + ".tmp")
             tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
             os.replace(tmp, target)
