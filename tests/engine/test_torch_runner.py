@@ -1,7 +1,7 @@
 """The torch runner against llama.cpp, an independent implementation of the same models:
 teacher-forced next-token distributions on every tiny architecture and on the embedded model,
-greedy generation, the 4-bit weight mapping against gguf's own dequantization, the KV state
-format, and the files it refuses."""
+greedy generation, a prompt's bits whatever its chunks, the 4-bit weight mapping against gguf's
+own dequantization, the KV state format, and the files it refuses."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -138,6 +138,62 @@ def test_embedded_model_agrees_with_llama_cpp(smol, dtype):
     # greedy replies stay with llama.cpp's at least as long as its own other kernel does
     assert sum(p == N_GREEDY for p in prefixes) >= sum(p == N_GREEDY for p in smol.fa_prefixes)
     assert np.mean(prefixes) >= np.mean(smol.fa_prefixes) - 2
+
+
+# -- chunk invariance ---------------------------------------------------------------------------
+# Every span attends row-wise (model.Attention._attend_rows), a prompt chunk as a decode step
+# does, so a prompt's KV and last logits are the same bits however it is cut: the prompt cache
+# may then reuse a prefix to the token (cache/invariance.py proves it again at engine start).
+
+def prefill(r, ids: list[int], cuts: tuple[int, ...]) -> tuple[np.ndarray, bytes]:
+    r.truncate(0, 0)
+    out = None
+    for a, b in zip((0, *cuts), (*cuts, len(ids))):
+        (out,) = r.forward([Span(0, tuple(ids[a:b]), a, 1)])
+    return out[-1], r.save(0)
+
+
+CUTS = [(64,), (100,), (63, 64, 65), (17, 33, 250), (128, 129, 130, 131, 300)]
+
+
+def assert_chunk_invariant(r, ids: list[int]) -> None:
+    from appliance.engine.cache.invariance import check_chunk_invariance, probe_prompt
+
+    logits, state = prefill(r, ids, ())
+    for cuts in CUTS:
+        got_logits, got_state = prefill(r, ids, cuts)
+        assert np.array_equal(got_logits, logits), cuts
+        assert got_state == state, cuts
+    found = check_chunk_invariance(r, 0, probe_prompt(r, 128), 128)
+    assert found.min_chunk == 1 and not found.failed, found
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_a_prompt_cut_anywhere_computes_the_same_bits(tmp_path, arch):
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype="float32"),
+                    write_tiny(tmp_path / f"{arch}.gguf", arch))
+    try:
+        assert_chunk_invariant(r, r.tokenize(TEXT, add_special=True)[:N_TOKENS + 40])
+    finally:
+        r.close()
+
+
+def test_the_embedded_model_cut_anywhere_computes_the_same_bits():
+    """In its serving dtype (bfloat16 on a CPU with bf16 instructions), past FLOAT32_KEYS keys
+    too, where the attention matmuls switch to the KV dtype."""
+    from appliance.engine.runners.torch import model as model_mod
+
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=2048), embedded_model_path())
+    try:
+        ids = r.tokenize(TEXT * 3, add_special=True)
+        assert len(ids) > model_mod.FLOAT32_KEYS + 200
+        logits, state = prefill(r, ids[:1300], (1000,))
+        for cuts in ((512, 1024), (700, 1100, 1101), (1023, 1025)):
+            got_logits, got_state = prefill(r, ids[:1300], cuts)
+            assert np.array_equal(got_logits, logits) and got_state == state, cuts
+        assert_chunk_invariant(r, ids[:N_TOKENS + 40])
+    finally:
+        r.close()
 
 
 # -- 4-bit weights ------------------------------------------------------------------------------

@@ -488,7 +488,7 @@ def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, server, kind
     assert warm.usage.prompt_tokens_details.cached_tokens >= 128
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     # to the token where the engine proved it exact at start (llama.cpp here: leaving 2 tokens to
-    # compute), else in whole 128-token blocks (torch)
+    # compute; torch: 1), else in whole 128-token blocks
     m = requests.get(server.url + "/health", timeout=10).json()["settings"]["prompt_cache_reuse"]["min_chunk"]
     expected = {"resend": n_first - m if m else (n_first - 1) // 128 * 128,
                 "extended": n_first if m else n_first // 128 * 128}.get(kind)

@@ -28,8 +28,8 @@ from .kv import KVPool
 from .weights import GGUFWeights
 
 
-DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) attend row-wise
-KEY_BLOCK = 64     # ... over the slot's keys padded to a multiple of this (masked past the row)
+DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) share a forward
+KEY_BLOCK = 64     # a row attends over the slot's keys padded to a multiple of this (masked past it)
 MIN_ROWS = 8       # ... with at least this many query rows per KV head in each matmul
 FLOAT32_KEYS = 1024   # ... in float32 up to this many keys, in the KV dtype past it
 
@@ -190,12 +190,17 @@ class Attention:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                 kv: KVPool, slot: int) -> torch.Tensor:
-        # q: [T, H, E]; keys, values: [G, L, E] in the KV dtype
+        """q: [T, H, E]; keys, values: [G, L, E] in the KV dtype. Every span on the torch ops
+        attends row-wise (_attend_rows), a prompt chunk as a decode step does, so a row's result
+        depends on its position alone, whatever chunk it sits in (chunk invariance: the prompt
+        cache then reuses a prefix to the token). With the kernels, spans of up to DECODE_ROWS
+        rows take the fused decode attention and longer ones SDPA, which are not invariant to
+        one another: the start-up probe then keeps reuse on the grid."""
         t, length = q.shape[0], keys.shape[1]
-        if t <= DECODE_ROWS and self.fused is not None:
-            return self.fused.attend_rows(q, start, kv.k, kv.v, self.layer, slot)
-        if t <= DECODE_ROWS:
+        if self.fused is None:
             return self._attend_rows(q, start, kv, slot)
+        if t <= DECODE_ROWS:
+            return self.fused.attend_rows(q, start, kv.k, kv.v, self.layer, slot)
         mask = (torch.arange(length, device=q.device)[None, :]               # causal, queries at
                 <= torch.arange(start, start + t, device=q.device)[:, None])  # start .. start+t-1
         o = F.scaled_dot_product_attention(
@@ -204,11 +209,13 @@ class Attention:
         return o[0].transpose(0, 1).reshape(t, -1).float()               # [T, H*E]
 
     def _attend_rows(self, q: torch.Tensor, start: int, kv: KVPool, slot: int) -> torch.Tensor:
-        """Decode steps and verify spans, exact by construction: the row at position p attends
-        over the first ceil((p + 1) / KEY_BLOCK) key blocks, later positions masked, whatever
-        other rows share the call. So a row's arithmetic (matmul shapes, softmax length) is the
-        same in a one-token step and in a k-token verify; the kernels used compute each row
-        independently of the others (checked at start-up by probe.check_exact)."""
+        """Any span, exact by construction: the row at position p attends over the first
+        ceil((p + 1) / KEY_BLOCK) key blocks, later positions masked, whatever other rows share
+        the call. So a row's arithmetic (matmul shapes, softmax length) is the same in a
+        one-token step, a k-token verify and any prompt chunk; the kernels used compute each
+        row independently of the others (checked at start-up by probe.check_exact, and for
+        prompt chunks by cache.invariance). Rows are grouped by their padded key length: a
+        prompt chunk of n rows makes about n / KEY_BLOCK groups, a decode span at most two."""
         t = q.shape[0]
         ends = [min(kv.n_ctx, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK) for p in range(start, start + t)]
         out = torch.empty(t, self.args.n_head * self.args.head_dim, device=q.device)
@@ -223,39 +230,40 @@ class Attention:
         return out
 
     def _attend_block(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Rows at positions start.. over keys [G, L, E]: two matmuls over the KV heads (on CPU
-        several times faster than SDPA for a handful of query rows).
+        """Rows at positions start.. over keys [G, L, E], L the rows' common padded key length:
+        two matmuls over the KV heads (on CPU several times faster than SDPA for a handful of
+        query rows), the scale folded into Q, the causal mask applied to the last key block
+        only (the rows all sit in it).
 
         Up to FLOAT32_KEYS keys (and always on a GPU), the keys are taken in float32 and each
         head's query rows padded to at least MIN_ROWS: CPU float32 matmuls take another kernel
         below 6 rows, which would make a one-token step differ from a verify row, and tiny
         bfloat16 matmuls are 3x slower there. Past it, reading the KV is what costs, so the
-        matmuls stay in the pool's dtype (scores one per head: a batched matmul over the
-        pool's strided heads copied K first). Which path a row takes depends only on its position."""
+        matmuls stay in the pool's dtype, query rows padded as a linear layer's (padded_rows),
+        and the scores are one matmul per head (a batched matmul over the pool's strided heads
+        copied K first). Which path a row takes depends only on its position."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
         per, g = a.n_head // a.n_head_kv, a.n_head_kv
         m = per * t
-        # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
-        qg = q.view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, m, a.head_dim)
         small = length <= FLOAT32_KEYS or keys.device.type != "cpu"
+        dtype = torch.float32 if small else keys.dtype
+        rows = max(m, MIN_ROWS) if small else padded_rows(m)
+        # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
+        qg = q.new_zeros(g, rows, a.head_dim, dtype=dtype)
+        qg[:, :m] = (q * (1.0 / math.sqrt(a.head_dim))).view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, m, a.head_dim)
         if small:
             keys, values = keys.float(), values.float()
-            qg = torch.cat((qg, qg.new_zeros(g, MIN_ROWS - m, a.head_dim)), 1) if m < MIN_ROWS else qg
-            scores = torch.bmm(qg, keys.transpose(1, 2))[:, :m]
-        else:  # query rows padded as a linear layer's (padded_rows): a row's result is its own
-            qg = qg.to(keys.dtype)
-            qg = torch.cat((qg, qg.new_zeros(g, padded_rows(m) - m, a.head_dim)), 1)
-            scores = torch.stack([qg[h] @ keys[h].T for h in range(g)])[:, :m].float()
-        hidden = (torch.arange(length, device=q.device)[None, :]       # [T, L]: row i sees
-                  > torch.arange(start, start + t, device=q.device)[:, None])   # positions <= start + i
-        scores = (scores / math.sqrt(a.head_dim)).view(g, per, t, length).masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores.view(g, m, length), dim=-1)
-        if small:
-            probs = torch.cat((probs, probs.new_zeros(g, MIN_ROWS - m, length)), 1) if m < MIN_ROWS else probs
-            o = torch.bmm(probs, values)[:, :m]                                       # [G, per*T, E]
+            scores = torch.bmm(qg, keys.transpose(1, 2))                          # [G, rows, L]
         else:
-            probs = torch.cat((probs, probs.new_zeros(g, padded_rows(m) - m, length)), 1)
-            o = torch.bmm(probs.to(values.dtype), values)[:, :m].float()
+            scores = qg.new_empty(g, rows, length)
+            for h in range(g):
+                torch.matmul(qg[h], keys[h].T, out=scores[h])
+        tail = min(KEY_BLOCK, length)                   # row i sees positions <= start + i
+        hidden = (torch.arange(length - tail, length, device=q.device)[None, :]
+                  > torch.arange(start, start + t, device=q.device)[:, None])      # [T, tail]
+        scores[:, :m].view(g, per, t, length)[..., length - tail:].masked_fill_(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)              # [G, rows, L]
+        o = torch.bmm(probs if small else probs.to(values.dtype), values)[:, :m].float()
         return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
 

@@ -5,10 +5,10 @@ vocab-only load of the same file, so both runners turn the same text into the sa
 
 Shapes: spans of up to DECODE_ROWS tokens (decode steps, speculative verifies) run together
 in one forward, and every longer span (a prompt chunk) in a forward of its own, cut at
-n_batch. The matmul kernels used compute each row independently of the others, and a short
-span's attention is padded per row (model.Attention._attend_rows), so a row's logits are the
-same whatever else runs and however many rows its span has (probe.check_exact proves it
-on the loaded model at start-up).
+n_batch. The matmul kernels used compute each row independently of the others, and every
+span's attention is padded per row (model.Attention._attend_rows), so a row's logits and KV
+are the same whatever else runs, however many rows its span has and wherever its prompt was
+cut (probe.check_exact and cache.invariance prove both on the loaded model at start-up).
 """
 from __future__ import annotations
 
