@@ -190,12 +190,9 @@ class Attention:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                 kv: KVPool, slot: int) -> torch.Tensor:
-        """q: [T, H, E]; keys, values: [G, L, E] in the KV dtype. Every span on the torch ops
-        attends row-wise (_attend_rows), a prompt chunk as a decode step does, so a row's result
-        depends on its position alone, whatever chunk it sits in (chunk invariance: the prompt
-        cache then reuses a prefix to the token). With the kernels, spans of up to DECODE_ROWS
-        rows take the fused decode attention and longer ones SDPA, which are not invariant to
-        one another: the start-up probe then keeps reuse on the grid."""
+        """q: [T, H, E]; keys, values: [G, L, E]. Every span attends row-wise (_attend_rows), so
+        a row depends on its position alone, whatever chunk it is in; with the kernels, short
+        spans take the fused decode attention and chunks SDPA (not chunk-invariant)."""
         t, length = q.shape[0], keys.shape[1]
         if self.fused is None:
             return self._attend_rows(q, start, kv, slot)
@@ -214,8 +211,7 @@ class Attention:
         the call. So a row's arithmetic (matmul shapes, softmax length) is the same in a
         one-token step, a k-token verify and any prompt chunk; the kernels used compute each
         row independently of the others (checked at start-up by probe.check_exact, and for
-        prompt chunks by cache.invariance). Rows are grouped by their padded key length: a
-        prompt chunk of n rows makes about n / KEY_BLOCK groups, a decode span at most two."""
+        prompt chunks by cache.invariance). Rows are grouped by their padded key length."""
         t = q.shape[0]
         ends = [min(kv.n_ctx, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK) for p in range(start, start + t)]
         out = torch.empty(t, self.args.n_head * self.args.head_dim, device=q.device)
@@ -239,9 +235,8 @@ class Attention:
         head's query rows padded to at least MIN_ROWS: CPU float32 matmuls take another kernel
         below 6 rows, which would make a one-token step differ from a verify row, and tiny
         bfloat16 matmuls are 3x slower there. Past it, reading the KV is what costs, so the
-        matmuls stay in the pool's dtype, query rows padded as a linear layer's (padded_rows),
-        and the scores are one matmul per head (a batched matmul over the pool's strided heads
-        copied K first). Which path a row takes depends only on its position."""
+        matmuls stay in the pool's dtype, rows padded as a linear layer's, scores one matmul
+        per head (a batched one copied K). The path depends only on the row's position."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
         per, g = a.n_head // a.n_head_kv, a.n_head_kv
         m = per * t
@@ -258,9 +253,8 @@ class Attention:
             scores = qg.new_empty(g, rows, length)
             for h in range(g):
                 torch.matmul(qg[h], keys[h].T, out=scores[h])
-        tail = min(KEY_BLOCK, length)                   # row i sees positions <= start + i
-        hidden = (torch.arange(length - tail, length, device=q.device)[None, :]
-                  > torch.arange(start, start + t, device=q.device)[:, None])      # [T, tail]
+        tail, dev = min(KEY_BLOCK, length), q.device     # row i sees positions <= start + i
+        hidden = torch.arange(length - tail, length, device=dev)[None, :] > torch.arange(start, start + t, device=dev)[:, None]
         scores[:, :m].view(g, per, t, length)[..., length - tail:].masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)              # [G, rows, L]
         o = torch.bmm(probs if small else probs.to(values.dtype), values)[:, :m].float()
