@@ -27,7 +27,7 @@ which would fail the runner's exactness check for a reason no GPU has. On a GPU
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -185,7 +185,7 @@ def _interpreted(cfg: GemmConfig) -> GemmConfig:
     bm, bn = cfg.block_m, cfg.block_n
     while bm * bn * cfg.block_k > INTERPRET_NUMEL and max(bm, bn) > 16:
         bm, bn = (bm // 2, bn) if bm > bn else (bm, bn // 2)
-    return GemmConfig(bm, bn, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.dot)
+    return replace(cfg, block_m=bm, block_n=bn)
 
 
 def bytes_moved(m: int, n: int, k: int, fmt, x_bytes: int = 2) -> int:

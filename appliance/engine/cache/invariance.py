@@ -20,8 +20,8 @@ Measured here (llama.cpp 0.3.36, SmolLM2-135M Q4_1, 2 threads): with f16 KV and 
 attention every chunk of 2 or more rows agrees with the grid's and a one-row chunk does not
 (another matmul path): m = 2. Flash attention with f16 KV agrees for no cut at all: grid
 reuse only. The torch runner on its own ops (row-wise attention for every span) agrees for
-every cut, one row included: m = 1. A sample of cuts is a test, not a proof of every cut; the cuts are the ones a hit
-makes, and a difference anywhere sends the cache back to grid reuse.
+every cut, one row included: m = 1. A sample of cuts is a test, not a proof of every cut; the
+cuts are the ones a hit makes, and a difference anywhere sends the cache back to grid reuse.
 """
 from __future__ import annotations
 

@@ -226,17 +226,14 @@ class Attention:
         return out
 
     def _attend_block(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Rows at positions start.. over keys [G, L, E], L the rows' common padded key length:
-        two matmuls over the KV heads (on CPU several times faster than SDPA for a handful of
-        query rows), the scale folded into Q, the causal mask applied to the last key block
-        only (the rows all sit in it).
-
-        Up to FLOAT32_KEYS keys (and always on a GPU), the keys are taken in float32 and each
-        head's query rows padded to at least MIN_ROWS: CPU float32 matmuls take another kernel
-        below 6 rows, which would make a one-token step differ from a verify row, and tiny
-        bfloat16 matmuls are 3x slower there. Past it, reading the KV is what costs, so the
-        matmuls stay in the pool's dtype, rows padded as a linear layer's, scores one matmul
-        per head (a batched one copied K). The path depends only on the row's position."""
+        """Rows at positions start.. over keys [G, L, E], L their common padded key length: two
+        matmuls over the KV heads (on CPU several times faster than SDPA for a few rows), the
+        scale folded into Q, the causal mask on the last key block only (the rows all sit in it).
+        Up to FLOAT32_KEYS keys (and always on a GPU) in float32, each head's query rows padded
+        to at least MIN_ROWS (CPU float32 matmuls take another kernel below 6 rows, which would
+        make a step differ from a verify row; tiny bfloat16 ones are 3x slower there); past it,
+        where reading the KV is the cost, in the pool's dtype, rows padded as a linear layer's,
+        scores one matmul per head (a batched one copied K). The path depends on position only."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
         per, g = a.n_head // a.n_head_kv, a.n_head_kv
         m = per * t
@@ -244,8 +241,10 @@ class Attention:
         dtype = torch.float32 if small else keys.dtype
         rows = max(m, MIN_ROWS) if small else padded_rows(m)
         # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
-        qg = q.new_zeros(g, rows, a.head_dim, dtype=dtype)
-        qg[:, :m] = (q * (1.0 / math.sqrt(a.head_dim))).view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, m, a.head_dim)
+        qg = q.new_empty(g, rows, a.head_dim, dtype=dtype)
+        qg[:, m:] = 0                                  # the padding rows only: decode is the hot path
+        scale = 1.0 / math.sqrt(a.head_dim)
+        qg[:, :m] = (q * scale).view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, m, a.head_dim)
         if small:
             keys, values = keys.float(), values.float()
             scores = torch.bmm(qg, keys.transpose(1, 2))                          # [G, rows, L]
@@ -254,7 +253,8 @@ class Attention:
             for h in range(g):
                 torch.matmul(qg[h], keys[h].T, out=scores[h])
         tail, dev = min(KEY_BLOCK, length), q.device     # row i sees positions <= start + i
-        hidden = torch.arange(length - tail, length, device=dev)[None, :] > torch.arange(start, start + t, device=dev)[:, None]
+        hidden = (torch.arange(length - tail, length, device=dev)[None, :]
+                  > torch.arange(start, start + t, device=dev)[:, None])               # [T, tail]
         scores[:, :m].view(g, per, t, length)[..., length - tail:].masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)              # [G, rows, L]
         o = torch.bmm(probs if small else probs.to(values.dtype), values)[:, :m].float()
