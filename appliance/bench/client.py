@@ -136,7 +136,7 @@ class Target:
             try:
                 r = self.http.post(self.url + route, json=body, timeout=60)
             except requests.RequestException as e:
-                raise ServerGone(f"{self.url}{route}: {_reason(e)}") from None
+                raise self._gone(route, e) from None
             if r.status_code == 200:
                 self._tokenize_route = route
                 return list(r.json()["tokens"])
@@ -150,7 +150,7 @@ class Target:
             try:
                 r = self.http.post(self.url + route, json={"tokens": list(ids)}, timeout=60)
             except requests.RequestException as e:
-                raise ServerGone(f"{self.url}{route}: {_reason(e)}") from None
+                raise self._gone(route, e) from None
             if r.status_code == 200:
                 return r.json().get(key)
         return None
@@ -164,7 +164,7 @@ class Target:
                 r = self.http.post(self.url + "/v1/completions", timeout=60,
                                    json={"model": model_id, "prompt": ids, "max_tokens": 1})
             except requests.RequestException as e:
-                raise ServerGone(f"{self.url}/v1/completions: {_reason(e)}") from None
+                raise self._gone("/v1/completions", e) from None
             self._token_prompts = r.status_code == 200
         return self._token_prompts
 
@@ -204,8 +204,13 @@ class Target:
                     if on_first is not None and not had and trace.chunks:
                         on_first()
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            raise ServerGone(f"the server at {self.url} stopped answering: {_reason(e)}") from None
+            raise self._gone(route, e) from None
         return trace
+
+    def _gone(self, route: str, e: BaseException) -> ServerGone:
+        """One wording for a server lost mid-run, whichever request found it gone (the next
+        /tokenize may find it before a stream does)."""
+        return ServerGone(f"the server at {self.url} stopped answering ({route}: {_reason(e)})")
 
     def close(self) -> None:
         self.http.close()

@@ -1,5 +1,5 @@
 """`--restart-command`: how an agent replay restarts a server it did not start (llama-server
-behind --url), then waits for it to answer again."""
+behind --url), then waits for it to answer again; and how a server lost mid-run is named."""
 from __future__ import annotations
 
 import http.server
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from appliance.bench.client import BenchError, Target
+from appliance.bench.client import BenchError, ServerGone, Target, free_port
 
 
 class Models(http.server.BaseHTTPRequestHandler):
@@ -81,3 +81,12 @@ def test_a_connection_closed_unanswered_is_sent_again_once():
         assert Closing.seen == 5      # the second and the fourth were closed unanswered, and sent again
     finally:
         srv.shutdown()
+
+
+def test_a_server_gone_mid_run_reads_the_same_whichever_request_finds_it():
+    target = Target(f"http://127.0.0.1:{free_port()}")     # nothing listens there
+    calls = [lambda: target.tokenize("Hello"), lambda: target.detokenize([1, 2]),
+             lambda: target.stream("/v1/completions", {"prompt": "x"})]
+    for call in calls:
+        with pytest.raises(ServerGone, match="stopped answering"):
+            call()
