@@ -121,6 +121,10 @@ def test_embedded_model_agrees_with_llama_cpp(smol, dtype):
         return
     r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype=dtype), embedded_model_path())
     try:
+        if r.int4:   # its Q8_0 output as int4 halves, its embeddings looked up in the file's blocks
+            from appliance.engine.runners.torch import qlinear
+            assert isinstance(r.model.output, qlinear.Int4Linear) and r.model.output.doubled
+            assert isinstance(r.model.embed, qlinear.BlockEmbedding)
         got = teacher_forced(r, smol.ids)
         prefixes = [common_prefix(ref, greedy(r, c)) for ref, c in zip(smol.replies, smol.chats)]
     finally:
@@ -218,6 +222,35 @@ def test_int4_codes_reproduce_gguf_dequantization(qtype):
     got = qlinear.Int4Linear(blocks, torch.bfloat16)(x)
     assert got.dtype == torch.float32 and got.shape == (5, 48)
     assert torch.allclose(got, dense, rtol=0.03, atol=0.15)          # bf16 operands and output
+
+
+def test_a_q8_0_output_matrix_is_two_int4_halves_of_its_codes():
+    """split_q8_0: every code q = 16 h + l, so the int4 matrix [N, 2K] times [x, x] is the Q8_0
+    matrix times x (the agreement test above checks the embedded model is served that way)."""
+    import torch
+
+    from appliance.engine.runners.torch import qlinear
+    from appliance.engine.runners.torch.weights import QuantBlocks
+
+    qtype = gguf.GGMLQuantizationType.Q8_0
+    w = (np.random.default_rng(1).standard_normal((48, 128)) * np.linspace(0.01, 3, 128)).astype(np.float32)
+    raw = gguf.quants.quantize(w, qtype)
+    blocks = QuantBlocks(raw, qtype, (48, 128))
+    codes, scale, zero = qlinear.split_q8_0(blocks)
+    assert codes.shape == (48, 256) and codes.max() <= 15
+    halves = (codes.astype(np.float32) - 8) * np.repeat(scale, 32, 1) + np.repeat(zero, 32, 1)
+    np.testing.assert_array_equal(halves[:, :128] + halves[:, 128:], gguf.quants.dequantize(raw, qtype))
+    if not qlinear.available():
+        return
+    x = torch.randn(5, 128)
+    dense = (x.double() @ torch.from_numpy(gguf.quants.dequantize(raw, qtype)).double().T)
+    got = qlinear.Int4Linear(blocks, torch.bfloat16)(x)
+    assert got.shape == (5, 48) and got.dtype == torch.float32
+    assert ((got.double() - dense).norm() / dense.norm()) < 0.01          # bf16 operands and output
+    assert torch.equal(qlinear.Int4Linear(blocks, torch.bfloat16)(x[:1]), got[:1])   # a row alone alike
+    embedded = qlinear.BlockEmbedding(blocks, "cpu")
+    assert torch.equal(embedded[torch.tensor([3, 0, 3])],
+                       torch.from_numpy(gguf.quants.dequantize(raw, qtype)[[3, 0, 3]]))
 
 
 # -- KV states and refusals ---------------------------------------------------------------------

@@ -30,6 +30,8 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.n_ctx, self.length = n_ctx, [0] * n_slots
+        # each (layer, slot)'s [G, n_ctx, E] views, made once: a step indexes them 60 times
+        self._at = [[(self.k[i, s], self.v[i, s]) for s in range(n_slots)] for i in range(n_layer)]
 
     @property
     def nbytes(self) -> int:
@@ -42,15 +44,17 @@ class KVPool:
         if start > self.length[slot] or end > self.n_ctx:
             raise EngineFailure(f"KV write at positions [{start}, {end}) of slot {slot}, which "
                                 f"holds {self.length[slot]} of {self.n_ctx}")
-        self.k[layer, slot, :, start:end] = k.transpose(0, 1)
-        self.v[layer, slot, :, start:end] = v.transpose(0, 1)
-        if layer == self.k.shape[0] - 1:
+        keys, values = self._at[layer][slot]
+        keys[:, start:end] = k.transpose(0, 1)
+        values[:, start:end] = v.transpose(0, 1)
+        if layer == len(self._at) - 1:
             self.length[slot] = end
-        return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+        return keys[:, :end], values[:, :end]
 
     def view(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of positions [0, end) of the slot, [G, end, E] (past its length: stale or zero)."""
-        return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+        keys, values = self._at[layer][slot]
+        return keys[:, :end], values[:, :end]
 
     def truncate(self, slot: int, n_keep: int) -> None:
         self.length[slot] = min(self.length[slot], max(0, n_keep))

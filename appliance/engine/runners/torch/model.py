@@ -14,6 +14,7 @@ X experts, F MLP width, V vocabulary, L positions of a slot's KV in use.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -181,12 +182,12 @@ class Attention:
                 qk = torch.cat((rms_norm(qk[:, :h], self.q_norm, a.eps), rms_norm(qk[:, h:], self.k_norm, a.eps)), 1)
             qk = rope(qk, rot)                                           # Q and K in one call
         q, k = qk[:, :h], qk[:, h:]                                      # [N, H, E], [N, G, E]
-        out = torch.empty(x.shape[0], a.n_head * a.head_dim, dtype=torch.float32, device=x.device)
+        outs = []   # segments are the call's rows in order
         for s in segs:
-            rows = slice(s.row, s.row + s.n)
-            keys, values = kv.write(self.layer, s.slot, s.start, k[rows], v[rows])   # [G, L, E]
-            out[rows] = self._attend(q[rows], keys, values, s.start, kv, s.slot)
-        return self.wo(out)
+            qs, ks, vs = (q, k, v) if s.n == n else (q[s.row:s.row + s.n], k[s.row:s.row + s.n], v[s.row:s.row + s.n])
+            keys, values = kv.write(self.layer, s.slot, s.start, ks, vs)   # [G, L, E]
+            outs.append(self._attend(qs, keys, values, s.start, kv, s.slot))
+        return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                 kv: KVPool, slot: int) -> torch.Tensor:
@@ -214,16 +215,15 @@ class Attention:
         prompt chunks by cache.invariance). Rows are grouped by their padded key length."""
         t = q.shape[0]
         ends = [min(kv.n_ctx, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK) for p in range(start, start + t)]
-        out = torch.empty(t, self.args.n_head * self.args.head_dim, device=q.device)
-        i = 0
+        outs, i = [], 0
         while i < t:  # rows sharing a padded key length, at most two groups for t <= KEY_BLOCK
             j = i
             while j < t and ends[j] == ends[i]:
                 j += 1
             keys, values = kv.view(self.layer, slot, ends[i])
-            out[i:j] = self._attend_block(q[i:j], keys, values, start + i)
+            outs.append(self._attend_block(q[i:j], keys, values, start + i))
             i = j
-        return out
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _attend_block(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
         """Rows at positions start.. over keys [G, L, E], L their common padded key length: two
@@ -235,16 +235,13 @@ class Attention:
         where reading the KV is the cost, in the pool's dtype, rows padded as a linear layer's,
         scores one matmul per head (a batched one copied K). The path depends on position only."""
         a, t, length = self.args, q.shape[0], keys.shape[1]
-        per, g = a.n_head // a.n_head_kv, a.n_head_kv
-        m = per * t
+        per, g, m = a.n_head // a.n_head_kv, a.n_head_kv, a.n_head // a.n_head_kv * t
         small = length <= FLOAT32_KEYS or keys.device.type != "cpu"
         dtype = torch.float32 if small else keys.dtype
         rows = max(m, MIN_ROWS) if small else padded_rows(m)
         # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
-        qg = q.new_empty(g, rows, a.head_dim, dtype=dtype)
-        qg[:, m:] = 0                                  # the padding rows only: decode is the hot path
-        scale = 1.0 / math.sqrt(a.head_dim)
-        qg[:, :m] = (q * scale).view(t, g, per, a.head_dim).permute(1, 2, 0, 3).reshape(g, m, a.head_dim)
+        qg = F.pad((q * (1.0 / math.sqrt(a.head_dim))).view(t, g, per, a.head_dim).permute(1, 2, 0, 3)
+                   .reshape(g, m, a.head_dim).to(dtype), (0, 0, 0, rows - m))            # [G, rows, E]
         if small:
             keys, values = keys.float(), values.float()
             scores = torch.bmm(qg, keys.transpose(1, 2))                          # [G, rows, L]
@@ -252,13 +249,18 @@ class Attention:
             scores = qg.new_empty(g, rows, length)
             for h in range(g):
                 torch.matmul(qg[h], keys[h].T, out=scores[h])
-        tail, dev = min(KEY_BLOCK, length), q.device     # row i sees positions <= start + i
-        hidden = (torch.arange(length - tail, length, device=dev)[None, :]
-                  > torch.arange(start, start + t, device=dev)[:, None])               # [T, tail]
+        tail = min(KEY_BLOCK, length)     # row i sees positions <= start + i
+        hidden = _hidden(start - (length - tail), tail, t, q.device)
         scores[:, :m].view(g, per, t, length)[..., length - tail:].masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)              # [G, rows, L]
         o = torch.bmm(probs if small else probs.to(values.dtype), values)[:, :m].float()
         return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hidden(first: int, tail: int, t: int, device) -> torch.Tensor:
+    """[T, tail] bool: key j of the last `tail` is past row i, at position first + i among them."""
+    return torch.arange(tail, device=device)[None, :] > torch.arange(first, first + t, device=device)[:, None]
 
 
 class MLP:
@@ -295,8 +297,7 @@ class MoE:
 class Block:
     def __init__(self, args: ModelArgs, attn: Attention, ffn: MLP | MoE, attn_norm: torch.Tensor,
                  ffn_norm: torch.Tensor) -> None:
-        self.args, self.attn, self.ffn = args, attn, ffn
-        self.attn_norm, self.ffn_norm = attn_norm, ffn_norm
+        self.args, self.attn, self.ffn, self.attn_norm, self.ffn_norm = args, attn, ffn, attn_norm, ffn_norm
         self.norm = rms_norm                      # or the kernels' (fused.Fused.rms_norm)
 
     def __call__(self, x, segs, rope, rot, kv) -> torch.Tensor:
@@ -361,9 +362,10 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         else:
             ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim))
         blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim), vec(f"{p}.ffn_norm.weight", a.dim)))
-    embed = mat("token_embd.weight", a.n_vocab, a.dim)
-    # the output matrix stays in `dtype`: it is tied to the embedding in most small models
-    output = Linear(mat("output.weight", a.n_vocab, a.dim)) if w.has("output.weight") else Linear(embed)
+    out_name = "output.weight" if w.has("output.weight") else "token_embd.weight"   # tied in small models
+    output, embed = qlinear.output_and_embedding(w.blocks(out_name), w.blocks("token_embd.weight"), (a.n_vocab, a.dim),
+                                                 dtype, device, int4, lambda: mat("token_embd.weight", a.n_vocab, a.dim))
+    output = output or Linear(embed if out_name == "token_embd.weight" else mat(out_name, a.n_vocab, a.dim))
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
     _fuse(blocks, fused)
@@ -377,17 +379,15 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
 
 def _fuse(blocks: Sequence[Block], fused) -> None:
     """Each block's norms, Q/K and decode attention on the kernels (`fused.Fused`), if given."""
-    if fused is not None:
-        for b in blocks:
-            b.norm, b.attn.fused = fused.rms_norm, fused
+    for b in blocks if fused is not None else ():
+        b.norm, b.attn.fused = fused.rms_norm, fused
 
 
 def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer: int,
          host: list | None) -> MoE:
-    """A layer's router (float32: a near-tie between two experts must not flip on rounding) and
-    routed experts, gate [X, F, D], up [X, F, D], down [X, D, F]: on the device, or, given the
-    list `host`, appended to it in host memory for an expert cache (pinned beside a CUDA
-    device, for asynchronous copies)."""
+    """A layer's router (float32: a near-tie of two experts must not flip on rounding) and routed
+    experts, gate [X, F, D], up [X, F, D], down [X, D, F]: on the device, or appended to `host`
+    for an expert cache (pinned beside a CUDA device, for asynchronous copies)."""
     x, f, d = a.n_expert, a.expert_ff, a.dim
     router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device))
     on = "cpu" if host is not None else device

@@ -10,7 +10,9 @@ nibbles); byte j holds element j in its low nibble and element j + 16 in its hig
 torch's kernel computes w = (q - 8) * scale + zero per group of `group` input elements, with
 `scales_and_zeros` [K / group, N, 2]. So scale = d, and zero = 0 (Q4_0) or m + 8 d (Q4_1):
 the same 4-bit codes, with the block's scale and offset rounded to the activation dtype
-(bfloat16), which is the only change from the file.
+(bfloat16), which is the only change from the file. A Q8_0 matrix (the embedded model's tied
+output) goes through the same kernel as two int4 halves of its codes (`split_q8_0`), and the
+embeddings are then read from the file's blocks (`BlockEmbedding`).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 
 import gguf
 
-from kernels.formats import FORMATS
+from kernels.formats import FORMATS, dequantize_torch
 from kernels.wgemm import DEFAULT as DEFAULT_GEMM, GemmConfig, wgemm
 
 from .weights import QuantBlocks
@@ -50,13 +52,33 @@ def unpack(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes, d, zero
 
 
+def split_q8_0(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q8_0 matrix [N, K] as `unpack`'s (codes, scale, zero) of an int4 matrix [N, 2K] whose
+    product with [x, x] is the original's with x: each code q = 16 h + l, h in -8..7 and l in
+    0..15, so the first K columns are h with scale 16 d (codes h + 8, zero 0) and the last K
+    are l with scale d (zero 8 d). The weights are then d q exactly, with only d rounded as
+    Q4 scales are (a bfloat16 copy of d q would round each weight to 8 significant bits)."""
+    n, k = b.shape
+    raw = np.ascontiguousarray(b.data).reshape(n, k // GROUP, 34)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # [N, K/32]
+    q = raw[..., 2:].copy().view(np.int8).reshape(n, k).astype(np.int16)
+    codes = np.concatenate(((q >> 4) + 8, q & 0x0F), axis=1).astype(np.uint8)    # [N, 2K]
+    scale = np.concatenate((16 * d, d), axis=1)
+    zero = np.concatenate((np.zeros_like(d), 8 * d), axis=1)
+    return codes, scale, zero
+
+
 class Int4Linear:
     """y = x W^T with W in torch's packed int4 layout; x and y as in `model.Linear`. Several
     matrices with the same input (Q, K, V; gate and up) are stacked into one along the output."""
 
     def __init__(self, blocks: QuantBlocks | Sequence[QuantBlocks], dtype: torch.dtype,
                  bias: torch.Tensor | None = None) -> None:
-        parts = [unpack(b) for b in ([blocks] if isinstance(blocks, QuantBlocks) else blocks)]
+        blocks = [blocks] if isinstance(blocks, QuantBlocks) else list(blocks)
+        self.doubled = blocks[0].qtype == gguf.GGMLQuantizationType.Q8_0   # see split_q8_0
+        if self.doubled and len(blocks) != 1:
+            raise ValueError("a Q8_0 matrix is kept as int4 alone, not stacked")
+        parts = [split_q8_0(b) if self.doubled else unpack(b) for b in blocks]
         codes, scale, zero = (np.concatenate(x) for x in zip(*parts))
         n, k = codes.shape
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
@@ -66,9 +88,11 @@ class Int4Linear:
         self.dtype, self.bias, self.shape = dtype, bias, (n, k)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.to(self.dtype)          # the model's activations are [N, K] already: no reshapes
+        flat = flat if flat.dim() == 2 else flat.reshape(-1, x.shape[-1])
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(self.dtype).reshape(-1, self.shape[1]), self.packed, GROUP, self.scales_zeros)
-        y = y.float().view(*x.shape[:-1], self.shape[0])
+            torch.cat((flat, flat), 1) if self.doubled else flat, self.packed, GROUP, self.scales_zeros).float()
+        y = y if x.dim() == 2 else y.view(*x.shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y
 
 
@@ -117,3 +141,31 @@ def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype
     if gemm is not None and len(fmts) == 1 and None not in fmts:
         return BlockLinear(blocks, device, bias, gemm)
     return None
+
+
+class BlockEmbedding:
+    """Token embeddings looked up in the file's blocks: `embed[tokens]` decodes just those rows
+    to float32 (`kernels.formats.dequantize_torch`, gguf's values bit for bit), so no table of
+    the whole vocabulary is held once the output matrix needs none."""
+
+    def __init__(self, b: QuantBlocks, device) -> None:
+        self.fmt, self.k = block_format(b), b.shape[1]
+        self.raw = torch.from_numpy(np.array(b.data).reshape(b.shape[0], -1)).to(device)   # a copy: the map is read-only
+
+    def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
+        return dequantize_torch(self.raw[tokens], self.fmt, self.k)
+
+
+def output_and_embedding(output: QuantBlocks, embed: QuantBlocks, shape: tuple[int, int], dtype: torch.dtype,
+                         device, int4: bool, table: Callable[[], torch.Tensor]):
+    """The output matrix [V, D] kept as int4 when `int4` and it is Q4_0, Q4_1 or Q8_0
+    (`split_q8_0`), and then the embeddings looked up in the file's blocks (`BlockEmbedding`)
+    where their format allows; else None for the output and the embedding `table()` (the
+    caller's dequantized copy, which a tied output shares). torch packs int4 matrices of N in
+    multiples of 16 only."""
+    fits = output.shape == shape and embed.shape == shape and shape[0] % 16 == 0 and shape[1] % GROUP == 0
+    kept_out = (Int4Linear(output, dtype) if int4 and fits and (
+        output.qtype == gguf.GGMLQuantizationType.Q8_0 or output.qtype in SUPPORTED) else None)
+    if kept_out is not None and block_format(embed) is not None:
+        return kept_out, BlockEmbedding(embed, device)
+    return kept_out, table()
