@@ -107,8 +107,8 @@ class ModelArgs:
 
 # -- building blocks -------------------------------------------------------------------------
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x: [..., C] float32; weight: [C] float32
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # x: [..., C] float32; weight: [C] float32. x * rsqrt(mean(x^2) + eps) * w, composed in C++
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class Linear:
