@@ -224,6 +224,23 @@ def test_int4_codes_reproduce_gguf_dequantization(qtype):
     assert torch.allclose(got, dense, rtol=0.03, atol=0.15)          # bf16 operands and output
 
 
+def test_an_int4_matrix_torch_cannot_pack_stays_in_the_compute_dtype():
+    """torch packs int4 matrices of N in multiples of 16 only: another width is not kept 4-bit
+    (it would fail the load), the model computes it dequantized."""
+    import torch
+
+    from appliance.engine.runners.torch import qlinear
+    from appliance.engine.runners.torch.weights import QuantBlocks
+
+    qtype = gguf.GGMLQuantizationType.Q4_0
+    w = np.random.default_rng(2).standard_normal((40, 64)).astype(np.float32)
+    blocks = QuantBlocks(gguf.quants.quantize(w, qtype), qtype, (40, 64))
+    assert qlinear.kept([blocks], [(40, 64)], torch.bfloat16, "cpu", None, True, None) is None
+    if qlinear.available():
+        kept = qlinear.kept([blocks, blocks], [(40, 64), (40, 64)], torch.bfloat16, "cpu", None, True, None)
+        assert isinstance(kept, qlinear.Int4Linear) and kept.shape == (80, 64)
+
+
 def test_a_q8_0_output_matrix_is_two_int4_halves_of_its_codes():
     """split_q8_0: every code q = 16 h + l, so the int4 matrix [N, 2K] times [x, x] is the Q8_0
     matrix times x (the agreement test above checks the embedded model is served that way)."""

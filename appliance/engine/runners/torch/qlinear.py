@@ -135,7 +135,7 @@ def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype
     """The matrices (stacked) kept quantized when a kernel reads them as stored, else None."""
     if any(b.shape != s for b, s in zip(blocks, shapes)):
         return None
-    if int4 and all(b.qtype in SUPPORTED for b in blocks):
+    if int4 and all(b.qtype in SUPPORTED for b in blocks) and sum(n for n, _ in shapes) % 16 == 0:   # torch packs N in 16s
         return Int4Linear(blocks, dtype, bias)
     fmts = {block_format(b) for b in blocks}
     if gemm is not None and len(fmts) == 1 and None not in fmts:
