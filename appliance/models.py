@@ -34,19 +34,38 @@ def embedded_model_path() -> Path:
 
 
 def resolve(model: str | None, alias: str | None = None) -> ModelRef:
+    """A GGUF file, or a Hugging Face checkpoint directory (config.json and safetensors: the
+    torch runner's), or the embedded model when `model` is None."""
     if model is None:
         return ModelRef(embedded_model_path(), alias or EMBEDDED_ALIAS, True)
     path = Path(model).expanduser()
+    if is_checkpoint_dir(path):
+        return ModelRef(path.resolve(), alias or path.name, False)
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: a directory, but not a Hugging Face checkpoint (config.json and "
+                             "*.safetensors); pass a GGUF file or such a directory")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such model file")
     if path.suffix.lower() != ".gguf":
-        raise ModelLoadError(f"{path}: only GGUF files are served")
+        raise ModelLoadError(f"{path}: only GGUF files and Hugging Face checkpoint directories are served")
     return ModelRef(path.resolve(), alias or path.stem, False)
 
 
+def is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
 def file_fingerprint(path: Path, head_bytes: int = 1 << 20) -> str:
-    """A cheap identity for a model file: size + sha256 of its first MiB (the header)."""
+    """A cheap identity for a model file: size + sha256 of its first MiB (the header). For a
+    checkpoint directory: its JSON files whole and each safetensors file's size and header."""
     h = hashlib.sha256()
+    if path.is_dir():
+        size = 0
+        for f in sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors")):
+            size += f.stat().st_size
+            with open(f, "rb") as fh:
+                h.update(f.name.encode() + fh.read(head_bytes if f.suffix == ".safetensors" else -1))
+        return f"{size}:{h.hexdigest()[:16]}"
     with open(path, "rb") as f:
         h.update(f.read(head_bytes))
     return f"{path.stat().st_size}:{h.hexdigest()[:16]}"

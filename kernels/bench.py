@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from . import decode_attention as da
+from . import moe_gemm as mg
 from . import norm_rope as nr
 from . import wgemm as wg
 from ._triton import INTERPRET, triton
@@ -205,6 +206,9 @@ class Shapes:
     norm_c: int
     copy_bytes: int
     repeats: Repeats
+    moe: tuple[tuple[int, int, int, int], ...] = ()   # (experts, used per token, D, F)
+    moe_m: tuple[int, ...] = ()                       # tokens a call
+    moe_formats: tuple[str | None, ...] = ()          # None: dense bf16 (the expert cache's pool)
 
 
 ALL_FORMATS = ("q4_0", "q4_1", "q8_0", "mxfp4", "nvfp4")
@@ -213,16 +217,17 @@ _PREFILL = wg.GemmConfig(block_m=64, block_n=64, block_k=64)
 SHAPES = {
     "full": Shapes(((4096, 4096), (14336, 4096)), (1, 4, 16, 512), ALL_FORMATS, _DECODE, _PREFILL,
                    (1, 8, 32), (1024, 8192, 32768), (32, 8, 128), torch.bfloat16,
-                   da.DecodeAttentionConfig(), (1, 512), 4096, 1 << 30, Repeats(3, 20, 5)),
+                   da.DecodeAttentionConfig(), (1, 512), 4096, 1 << 30, Repeats(3, 20, 5),
+                   ((128, 8, 2048, 768),), (1, 16, 512), ("q4_0", "mxfp4", "nvfp4", None)),
     "quick": Shapes(((4096, 4096),), (1, 512), ALL_FORMATS, _DECODE, _PREFILL, (1, 32), (8192,),
                     (32, 8, 128), torch.bfloat16, da.DecodeAttentionConfig(), (1, 512), 4096,
-                    1 << 30, Repeats(2, 10, 3)),
+                    1 << 30, Repeats(2, 10, 3), ((128, 8, 2048, 768),), (1, 512), ("nvfp4", None)),
     # the interpreter: a few programs a call, float16 pools (it mishandles bfloat16)
     "tiny": Shapes(((32, 128),), (1, 20), ALL_FORMATS,
                    wg.GemmConfig(block_m=16, block_n=32, block_k=64, split_k=2),
                    wg.GemmConfig(block_m=32, block_n=32, block_k=64), (1, 2), (40,), (4, 2, 16),
                    torch.float16, da.DecodeAttentionConfig(block_n=16, split_keys=32), (1, 3), 64,
-                   16 << 20, Repeats(0, 1, 1)),
+                   16 << 20, Repeats(0, 1, 1), ((4, 2, 64, 32),), (1, 5), ("q8_0", None)),
 }
 
 
@@ -290,6 +295,38 @@ def _dense_case(m, n, k, device) -> Case:
                 setup, note="torch matmul, bf16 weights: the ceiling")
 
 
+def moe_cases(s: Shapes, device: str) -> list[Case]:
+    return [_moe_case(fmt, m, *shape, device) for shape in s.moe for m in s.moe_m for fmt in s.moe_formats]
+
+
+def _moe_case(fmt, m, n_expert, top_k, d, f, device) -> Case:
+    """The gate/up launch of one MoE layer: m tokens routed to top_k of n_expert experts each,
+    gate and up stacked [X, 2F, D] (a layer's down launch is the same call at [X, D, F])."""
+    x_dtype = torch.float32 if INTERPRET else torch.bfloat16
+    dot = "float32" if INTERPRET else "bfloat16"
+    cfg = wg.GemmConfig(block_m=16, block_n=64, block_k=128, dot="fp32" if INTERPRET else "bf16")
+    gen = torch.Generator().manual_seed(m + n_expert + d)
+    chosen = torch.stack([torch.randperm(n_expert, generator=gen)[:top_k] for _ in range(m)])
+    order = torch.argsort(chosen.flatten(), stable=True)
+    rows, counts = (order // top_k).numpy(), torch.bincount(chosen.flatten(), minlength=n_expert).numpy()
+    used = int((counts > 0).sum())
+
+    def setup():
+        g = _gen(device, m + d + f)
+        if fmt is None:
+            w = (torch.randn(n_expert, 2 * f, d, generator=g, device=device) * 0.02).to(x_dtype)
+        else:
+            w = torch.stack([random_blocks(fmt, 2 * f, d, g, device) for _ in range(n_expert)])
+        x = torch.randn(m, d, generator=g, device=device).to(x_dtype)
+        r = mg.route(rows, counts, range(n_expert), cfg.block_m, device)
+        return (lambda: mg.moe_gemm(x, w, r, fmt, d, cfg)), (lambda: mg.moe_gemm_torch(x, w, r, fmt, d))
+    label = fmt or ("bf16" if not INTERPRET else "f32")
+    moved = mg.bytes_moved(m * top_k, used, 2 * f, d, fmt, x_dtype.itemsize, x_dtype.itemsize)
+    return Case(f"moe_gemm {label}", f"T={m} X={n_expert} k={top_k} N={2 * f} K={d}", moved,
+                2 * m * top_k * 2 * f * d, TOLERANCE[dot], setup, cfg.as_dict(),
+                note=f"{used} experts used; products in {dot}")
+
+
 def attention_cases(s: Shapes, device: str) -> list[Case]:
     h, g, e = s.heads
     return [_attention_case(r, n, h, g, e, s.kv_dtype, s.attn_cfg, device)
@@ -343,7 +380,8 @@ def _rope_case(n, h, g, e, device) -> Case:
 
 
 def plan(shapes: Shapes, device: str) -> list[Case]:
-    return gemm_cases(shapes, device) + attention_cases(shapes, device) + norm_cases(shapes, device)
+    return (gemm_cases(shapes, device) + moe_cases(shapes, device) + attention_cases(shapes, device)
+            + norm_cases(shapes, device))
 
 
 # ---------------------------------------------------------------------------------- report

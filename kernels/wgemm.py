@@ -122,6 +122,21 @@ def _decode(w_ptr, rn, kk, swn, N, K, FMT: tl.constexpr, QB: tl.constexpr, NB: t
 
 
 @jit
+def _dot(acc, x, w, DOT: tl.constexpr):
+    """acc [M, N] + x [M, K] @ w [N, K]^T, the products in DOT's type (0 fp32, 1 bf16, 2 fp16;
+    3, the interpreter: products summed over K, in one order for every row)."""
+    if DOT == 3:
+        acc += tl.sum(x[:, :, None] * tl.trans(w)[None, :, :], axis=1)
+    elif DOT == 0:
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    elif DOT == 1:
+        acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+    else:
+        acc += tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
+    return acc
+
+
+@jit
 def _wgemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, sys_, sym, k_per,
                   FMT: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
@@ -136,14 +151,7 @@ def _wgemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, sys_, sym, k_per,
         x = tl.load(x_ptr + rm[:, None].to(tl.int64) * sxm + kk[None, :] * sxk,
                     (rm < M)[:, None] & (kk < k_hi)[None, :], 0).to(tl.float32)
         w = _decode(w_ptr, rn, kk, swn, N, k_hi, FMT, QB, NB)
-        if DOT == 3:   # the interpreter: products summed over K, in one order for every row
-            acc += tl.sum(x[:, :, None] * tl.trans(w)[None, :, :], axis=1)
-        elif DOT == 0:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        elif DOT == 1:
-            acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
-        else:
-            acc += tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
+        acc = _dot(acc, x, w, DOT)
     out = y_ptr + pid_s.to(tl.int64) * sys_ + rm[:, None].to(tl.int64) * sym + rn[None, :]
     tl.store(out, acc, (rm < M)[:, None] & (rn < N)[None, :])
 

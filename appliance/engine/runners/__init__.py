@@ -17,6 +17,9 @@ def make_runner(cfg: EngineConfig, model_path: Path, alias: str) -> ModelRunner:
             raise ModelLoadError(f"--engine torch needs PyTorch, which is not installed ({e}); "
                                  "install the torch extra: pip install 'appliance[torch]'") from None
         return TorchRunner(cfg, model_path, alias)
+    if Path(model_path).is_dir():
+        raise ModelLoadError(f"{model_path}: a Hugging Face checkpoint directory is served by the torch runner "
+                             "(--engine torch); llama.cpp reads GGUF files")
     from .llamacpp import LlamaCppRunner
 
     return LlamaCppRunner(cfg, model_path, alias)

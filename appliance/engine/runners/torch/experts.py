@@ -6,8 +6,8 @@ Layout (F expert width, D model width, X experts per layer, S slots):
     host copies   per layer gate [X, F, D], up [X, F, D], down [X, D, F] in the compute dtype,
                   in host memory (pinned when the device is a discrete card, so copies can run
                   on a side stream)
-    device pool   gate [S, F, D], up [S, F, D], down [S, D, F]; `slot_of[layer, e]` is the
-                  slot holding expert e of that layer, or -1
+    device pool   gate and up stacked [S, 2F, D], down [S, D, F]; `slot_of[layer, e]` is
+                  the slot holding expert e of that layer, or -1
 
 One MoE layer's call (`ExpertCache.layer`), after the router chose each row's k experts:
 
@@ -23,6 +23,11 @@ One MoE layer's call (`ExpertCache.layer`), after the router chose each row's k 
        resident's by `hysteresis` take its slot, at most `promote` per call, so decode steps
        that compute misses on the host still steer the cache. On a GPU these copies run on a
        side stream and a slot is awaited before it is next read.
+
+With the Triton kernels on (`grouped=True`), the experts computed on the device go through
+the grouped kernel in one launch per matrix, slots for expert numbers (`grouped.py`), and
+those computed on the host through `swiglu`; each row's k outputs are summed by
+`grouped.combine`.
 
 Numerics: a slot holds the host copy's values and every expert goes through `swiglu`, so where
 the weights came from does not change a result on the same device; with both "devices" in CPU
@@ -43,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ...stats import ExpertStats
+from . import grouped as grouped_mod
 from .rows import pad_rows
 
 COMPUTE_MODES = ("auto", "cpu", "device")
@@ -186,15 +192,16 @@ class ExpertCache:
     def __init__(self, host: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], slots: int,
                  device: torch.device, compute: str = "auto", policy: str = "frequency",
                  costs: ExpertCosts | None = None, n_seq: int = 1, promote: int = PROMOTE,
-                 hysteresis: float = HYSTERESIS) -> None:
+                 hysteresis: float = HYSTERESIS, grouped: bool = False) -> None:
         if compute not in COMPUTE_MODES:
             raise ValueError(f"expert compute must be one of {', '.join(COMPUTE_MODES)}, not {compute!r}")
         self.host = list(host)                        # per layer (gate, up, down), host memory
         gate, up, down = self.host[0]
         self.n_layer, self.n_expert = len(self.host), gate.shape[0]
         self.slots, self.device, self.compute = max(0, slots), device, compute
-        self.pool = tuple(torch.empty((self.slots, *t.shape[1:]), dtype=t.dtype, device=device)
-                          for t in (gate, up, down))
+        self.ff, self.grouped = gate.shape[1], grouped
+        self.pool = (torch.empty((self.slots, 2 * self.ff, gate.shape[2]), dtype=gate.dtype, device=device),
+                     torch.empty((self.slots, *down.shape[1:]), dtype=down.dtype, device=device))
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in (gate, up, down))
         self.policy = POLICIES[policy](self.n_layer, self.n_expert)
         self.slot_of = np.full((self.n_layer, self.n_expert), -1)
@@ -223,6 +230,10 @@ class ExpertCache:
         self.policy.observe(layer, counts)
         used = np.flatnonzero(counts)
         self._account(layer, ch)
+        if self.grouped:
+            out = self._grouped(layer, x, ch, weights, used)
+            self._promote(layer, used)
+            return out
         dtype = self.pool[0].dtype
 
         def expert(e: int, h: torch.Tensor) -> torch.Tensor:
@@ -233,10 +244,37 @@ class ExpertCache:
             if slot < 0:
                 return self._host_compute(layer, e, h)
             self._await(slot)
-            return swiglu(h, self.pool[0][slot], self.pool[1][slot], self.pool[2][slot])
+            return swiglu(h, self.pool[0][slot, :self.ff], self.pool[0][slot, self.ff:], self.pool[1][slot])
         out = moe_ffn(x, weights, groups, expert)
         self._promote(layer, used)
         return out
+
+    def _grouped(self, layer: int, x: torch.Tensor, ch: np.ndarray, weights: torch.Tensor,
+                 used: np.ndarray) -> torch.Tensor:
+        """The kernels' path: the experts placed on the device (hits, and misses copied in) in
+        one grouped call over the pool, the rest on the host, each pair's output then summed."""
+        rows, which, counts = grouped_mod.host_groups(ch, self.n_expert)
+        start = np.concatenate(([0], np.cumsum(counts)))
+        slots = np.full(self.n_expert, -1)
+        for e in used.tolist():
+            slot = int(self.slot_of[layer, e])
+            if slot < 0 and self._placement(int(counts[e])) == "copy":
+                slot = self._load(layer, e, avoid=used)
+            if slot >= 0:
+                self._await(slot)
+            slots[e] = slot
+        y = x.new_empty(len(rows), x.shape[1])
+        on = slots >= 0
+        at = np.concatenate([np.arange(start[e], start[e + 1]) for e in np.flatnonzero(on)] or [np.zeros(0, int)])
+        if len(at):
+            mats = grouped_mod.ExpertMats(self.pool[0], self.pool[1], None, x.shape[1], self.ff)
+            y[torch.from_numpy(at).to(x.device)] = grouped_mod.pair_outputs(
+                x, mats, rows[at], np.where(on, counts, 0), np.maximum(slots, 0))
+        for e in np.flatnonzero(~on & (counts > 0)).tolist():
+            r = rows[start[e]:start[e + 1]]
+            h = x[torch.from_numpy(r).to(x.device)].to(self.pool[0].dtype)
+            y[start[e]:start[e + 1]] = self._host_compute(layer, e, h).float()
+        return grouped_mod.combine(y, rows, which, weights)
 
     def _placement(self, rows: int) -> str:
         if self.slots == 0 or self.compute == "cpu":
@@ -295,8 +333,10 @@ class ExpertCache:
         return slot
 
     def _copy(self, layer: int, e: int, slot: int) -> None:
-        for dst, src in zip(self.pool, self.host[layer]):
-            dst[slot].copy_(src[e], non_blocking=not self.same_memory)
+        gate, up, down = self.host[layer]
+        for dst, src in ((self.pool[0][slot, :self.ff], gate), (self.pool[0][slot, self.ff:], up),
+                         (self.pool[1][slot], down)):
+            dst.copy_(src[e], non_blocking=not self.same_memory)
 
     def _await(self, slot: int) -> None:
         ev = self._ready.pop(slot, None)

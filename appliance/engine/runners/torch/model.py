@@ -1,8 +1,8 @@
 """The transformer, in one file: llama (SmolLM2, Llama 3, Mixtral), qwen2, qwen3, qwen3moe.
 
-Read top to bottom: the config from GGUF metadata and the registry of architectures, then
-RMSNorm, RoPE (both kinds), attention over the slot's KV, the SwiGLU MLP, the MoE block,
-and the model.
+Read top to bottom: RMSNorm, RoPE (both kinds), attention over the slot's KV, the SwiGLU MLP,
+the MoE block, the model, and its loading (the config from GGUF metadata and the registry of
+architectures are in `args.py`).
 
 Numerics follow llama.cpp's so the two agree: the residual stream, norms, RoPE and softmax
 run in float32, and only the matmul operands are in the compute dtype (llama.cpp also keeps
@@ -22,10 +22,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ....errors import ModelLoadError
-from . import experts, qlinear
+from . import experts, grouped, qlinear
 from .rows import pad_rows, padded_rows
 from .kv import KVPool
+from .args import ARCHS, ArchSpec, ModelArgs  # noqa: F401  (the model's facts, re-exported)
 from .weights import GGUFWeights
 
 
@@ -33,76 +33,6 @@ DECODE_ROWS = 16   # spans up to this long (decode steps, speculative verifies) 
 KEY_BLOCK = 64     # a row attends over the slot's keys padded to a multiple of this (masked past it)
 MIN_ROWS = 8       # ... with at least this many query rows per KV head in each matmul
 FLOAT32_KEYS = 1024   # ... in float32 up to this many keys, in the KV dtype past it
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    rope: str               # "norm": rotate adjacent pairs; "neox": pairs half a head apart
-    qk_norm: bool = False   # RMSNorm over each head's Q and K before RoPE (qwen3, qwen3moe)
-    norm_topk: bool = True  # renormalise the top-k router weights to sum to one
-
-
-# keyed by general.architecture; Mixtral is "llama" with experts
-ARCHS = {
-    "llama": ArchSpec(rope="norm"),
-    "qwen2": ArchSpec(rope="neox"),
-    "qwen3": ArchSpec(rope="neox", qk_norm=True),
-    "qwen3moe": ArchSpec(rope="neox", qk_norm=True),
-}
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    arch: str
-    spec: ArchSpec
-    n_layer: int
-    dim: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    ff: int
-    eps: float
-    rope_base: float
-    rope_dim: int
-    rope_scale: float       # positions are multiplied by this (linear scaling: 1 / factor)
-    n_ctx_train: int
-    n_vocab: int
-    n_expert: int = 0
-    n_expert_used: int = 0
-    expert_ff: int = 0
-
-    @classmethod
-    def from_gguf(cls, w: GGUFWeights) -> "ModelArgs":
-        arch = str(w.meta("general.architecture"))
-        if arch not in ARCHS:
-            raise ModelLoadError(f"{w.path}: architecture {arch!r} is not supported by the torch "
-                                 f"runner (supported: {', '.join(sorted(ARCHS))})")
-
-        def m(key: str, default=None):
-            return w.meta(f"{arch}.{key}", default) if default is not None else w.meta(f"{arch}.{key}")
-
-        dim, n_head = int(m("embedding_length")), int(m("attention.head_count"))
-        n_head_kv = m("attention.head_count_kv", n_head)
-        if isinstance(n_head_kv, list):
-            raise ModelLoadError(f"{w.path}: per-layer KV head counts are not supported")
-        head_dim = int(m("attention.key_length", dim // n_head))
-        if int(m("attention.value_length", head_dim)) != head_dim:
-            raise ModelLoadError(f"{w.path}: key and value head sizes differ, which is not supported")
-        scaling = str(m("rope.scaling.type", "none"))
-        if scaling not in ("none", "linear"):
-            raise ModelLoadError(f"{w.path}: RoPE scaling {scaling!r} is not supported")
-        factor = float(m("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
-        n_expert = int(m("expert_count", 0))
-        ff = int(m("feed_forward_length", 0))
-        return cls(
-            arch=arch, spec=ARCHS[arch], n_layer=int(m("block_count")), dim=dim, n_head=n_head,
-            n_head_kv=int(n_head_kv), head_dim=head_dim, ff=ff,
-            eps=float(m("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_base=float(m("rope.freq_base", 10000.0)),
-            rope_dim=int(m("rope.dimension_count", head_dim)), rope_scale=1.0 / (factor or 1.0),
-            n_ctx_train=int(m("context_length", 2048)), n_vocab=int(w.blocks("token_embd.weight").shape[0]),
-            n_expert=n_expert, n_expert_used=int(m("expert_used_count", 0)),
-            expert_ff=int(m("expert_feed_forward_length", ff)) if n_expert else 0)
 
 
 # -- building blocks -------------------------------------------------------------------------
@@ -274,13 +204,14 @@ class MLP:
 
 class MoE:
     """Top-k routing over X experts (softmax router, as llama.cpp's build_moe_ffn); the experts
-    all resident here, or held by an `experts.ExpertCache` (expert offload)."""
+    all resident (on the grouped kernel with the kernels on), or in an `experts.ExpertCache`."""
 
     def __init__(self, args: ModelArgs, router: Linear, gate: torch.Tensor | None, up: torch.Tensor | None,
-                 down: torch.Tensor | None, layer: int = 0, offload: experts.ExpertCache | None = None) -> None:
-        self.args, self.router, self.offload = args, router, offload
+                 down: torch.Tensor | None, layer: int = 0, offload: experts.ExpertCache | None = None,
+                 kernel: grouped.GroupedExperts | None = None) -> None:
+        self.args, self.router, self.offload, self.kernel = args, router, offload, kernel
         self.layer = layer                                # its index among the model's MoE layers
-        self.gate, self.up, self.down = gate, up, down    # [X, F, D], [X, F, D], [X, D, F]; None if offloaded
+        self.gate, self.up, self.down = gate, up, down    # [X, F, D], [X, F, D], [X, D, F]; else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.router(x), dim=-1)                      # [N, X]
@@ -289,6 +220,8 @@ class MoE:
             weights = weights / weights.sum(-1, keepdim=True)
         if self.offload is not None:
             return self.offload.layer(self.layer, x, chosen, weights)
+        if self.kernel is not None:                                        # the grouped kernel
+            return self.kernel(x, chosen, weights)
         groups = experts.group_by_expert(chosen, self.args.n_expert)
         return experts.moe_ffn(x, weights, groups, lambda e, h: experts.swiglu(
             h.to(self.gate.dtype), self.gate[e], self.up[e], self.down[e]))
@@ -357,7 +290,8 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         attn = Attention(a, i, lin([f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"], a.dim, q_dim, kv_dim, kv_dim),
                          lin(f"{p}.attn_output", q_dim, a.dim), *norms)
         if a.n_expert:
-            ffn: MLP | MoE = _moe(w, a, p, dtype, device, len(moes), host if offload is not None else None)
+            ffn: MLP | MoE = _moe(w, a, p, dtype, device, len(moes), host if offload is not None else None,
+                                  kernels=gemm is not None)
             moes.append(ffn)
         else:
             ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim))
@@ -368,32 +302,41 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     output = output or Linear(embed if out_name == "token_embd.weight" else mat(out_name, a.n_vocab, a.dim))
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
-    _fuse(blocks, fused)
-    if offload is not None and moes:
-        model.experts = experts.ExpertCache(host, offload.slots, torch.device(device), offload.compute,
-                                            offload.policy, offload.costs, offload.n_seq)
-        for moe in moes:
-            moe.offload = model.experts
+    for b in blocks if fused is not None else ():   # norms, Q/K and decode attention on the kernels
+        b.norm, b.attn.fused = fused.rms_norm, fused
+    model.experts = _expert_cache(moes, host, offload, device, grouped=gemm is not None)
     return model
 
 
-def _fuse(blocks: Sequence[Block], fused) -> None:
-    """Each block's norms, Q/K and decode attention on the kernels (`fused.Fused`), if given."""
-    for b in blocks if fused is not None else ():
-        b.norm, b.attn.fused = fused.rms_norm, fused
+def _expert_cache(moes: Sequence[MoE], host: list, offload: experts.OffloadSpec | None, device,
+                  grouped: bool) -> experts.ExpertCache | None:
+    """One cache for every MoE layer's routed experts (expert offload), when asked for."""
+    if offload is None or not moes:
+        return None
+    cache = experts.ExpertCache(host, offload.slots, torch.device(device), offload.compute, offload.policy,
+                                offload.costs, offload.n_seq, grouped=grouped)
+    for moe in moes:
+        moe.offload = cache
+    return cache
 
 
 def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer: int,
-         host: list | None) -> MoE:
+         host: list | None, kernels: bool = False) -> MoE:
     """A layer's router (float32: a near-tie of two experts must not flip on rounding) and routed
-    experts, gate [X, F, D], up [X, F, D], down [X, D, F]: on the device, or appended to `host`
+    experts, gate [X, F, D], up [X, F, D], down [X, D, F]: on the device (with the kernels on, as
+    the file's blocks where their format allows, on the grouped kernel), or appended to `host`
     for an expert cache (pinned beside a CUDA device, for asynchronous copies)."""
     x, f, d = a.n_expert, a.expert_ff, a.dim
     router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device))
+    names = [f"{p}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
+    if host is None and kernels:
+        mats = grouped.block_mats(*(w.blocks(n) for n in names), d, f, device)
+        if mats is not None:
+            return MoE(a, router, None, None, None, layer=layer, kernel=grouped.GroupedExperts(mats, x))
     on = "cpu" if host is not None else device
-    exps = (w.load(f"{p}.ffn_gate_exps.weight", (x, f, d), dtype, on),
-            w.load(f"{p}.ffn_up_exps.weight", (x, f, d), dtype, on),
-            w.load(f"{p}.ffn_down_exps.weight", (x, d, f), dtype, on))
+    exps = tuple(w.load(n, s, dtype, on) for n, s in zip(names, ((x, f, d), (x, f, d), (x, d, f))))
+    if host is None and kernels:
+        return MoE(a, router, None, None, None, layer=layer, kernel=grouped.GroupedExperts(grouped.ExpertMats.dense(*exps), x))
     if host is None:
         return MoE(a, router, *exps, layer=layer)
     host.append(tuple(t.pin_memory() for t in exps) if torch.device(device).type == "cuda" else exps)

@@ -121,11 +121,16 @@ class BlockLinear:
         self.raw = torch.from_numpy(np.concatenate(rows)).to(device)
         self.shape = (self.raw.shape[0], blocks[0].shape[1])
         self.bias, self.choose = bias, choose or (lambda fmt, n, k, m: DEFAULT_GEMM)
+        # tensor scales (ModelOpt NVFP4), one per stacked matrix: each output row's, applied once
+        self.row_scale = (torch.cat([torch.full((b.shape[0],), 1.0 if b.scale is None else b.scale)
+                                     for b in blocks]).to(device)
+                          if any(b.scale is not None for b in blocks) else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.shape
         rows = x.reshape(-1, k)
         y = wgemm(rows, self.raw, self.fmt, k, self.choose(self.fmt, n, k, rows.shape[0]))
+        y = y if self.row_scale is None else y * self.row_scale
         y = y.view(*x.shape[:-1], n)
         return y + self.bias if self.bias is not None else y
 
@@ -149,11 +154,12 @@ class BlockEmbedding:
     the whole vocabulary is held once the output matrix needs none."""
 
     def __init__(self, b: QuantBlocks, device) -> None:
-        self.fmt, self.k = block_format(b), b.shape[1]
+        self.fmt, self.k, self.scale = block_format(b), b.shape[1], b.scale
         self.raw = torch.from_numpy(np.array(b.data).reshape(b.shape[0], -1)).to(device)   # a copy: the map is read-only
 
     def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
-        return dequantize_torch(self.raw[tokens], self.fmt, self.k)
+        rows = dequantize_torch(self.raw[tokens], self.fmt, self.k)
+        return rows if self.scale is None else rows * self.scale
 
 
 def output_and_embedding(output: QuantBlocks, embed: QuantBlocks, shape: tuple[int, int], dtype: torch.dtype,

@@ -1,7 +1,9 @@
 """The torch runner: the ModelRunner protocol over `model.py`, for `appliance serve --engine torch`.
 
-Weights come from the GGUF through `weights.py`; text goes through llama.cpp's tokenizer on a
-vocab-only load of the same file, so both runners turn the same text into the same ids.
+Weights come from the GGUF through `weights.py`, or from a Hugging Face checkpoint directory
+(unquantized, or NVIDIA ModelOpt NVFP4) through `hf.py`; text goes through llama.cpp's
+tokenizer on a vocab-only load of the same file (of a checkpoint's tokenizer converted by
+`hf_vocab.py`), so both runners turn the same text into the same ids.
 
 Shapes: spans of up to DECODE_ROWS tokens (decode steps, speculative verifies) run together
 in one forward, and every longer span (a prompt chunk) in a forward of its own, cut at
@@ -19,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ....config import EngineConfig
+from ....config import EngineConfig, default_data_dir
 from ....errors import ModelLoadError
 from ....models import file_fingerprint
 from ..base import RunnerInfo, Span
@@ -27,7 +29,7 @@ from ..vocab import TextMethods, Vocab, load_model
 from ....fit.devices import GIB, Device
 from ....fit.experts import ExpertPlan, plan_experts
 from .fused import Fused
-from . import experts, model as model_mod, qlinear
+from . import experts, hf, hf_vocab, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
 
@@ -120,9 +122,11 @@ class TorchRunner(TextMethods):
         self.dtype = resolve_dtype(cfg.torch_dtype, self.device)
         threads, _ = cfg.resolved_threads()
         torch.set_num_threads(threads)
-        weights = GGUFWeights(model_path)
+        weights, vocab_path = open_weights(model_path)
         args = model_mod.ModelArgs.from_gguf(weights)
-        self._llama = load_model(model_path, vocab_only=True)
+        if vocab_path is None:     # a Hugging Face checkpoint: its tokenizer as a vocab-only GGUF
+            vocab_path = hf_vocab.vocab_file(model_path, weights.meta_values(), args.n_vocab, default_data_dir() / "vocab")
+        self._llama = load_model(vocab_path, vocab_only=True)
         self.text = Vocab(self._llama)
         if self.text.n_vocab != args.n_vocab:
             raise ModelLoadError(f"{model_path}: the tokenizer has {self.text.n_vocab} tokens and "
@@ -261,7 +265,15 @@ class TorchRunner(TextMethods):
             self._llama = None
 
 
-def plan_offload(cfg: EngineConfig, w: GGUFWeights, args: model_mod.ModelArgs, dtype: torch.dtype,
+def open_weights(path: Path) -> tuple[GGUFWeights | hf.HFWeights, Path | None]:
+    """A GGUF (its own vocabulary), or a Hugging Face checkpoint directory (vocabulary: None,
+    made from its tokenizer files)."""
+    if hf.is_checkpoint(Path(path)):
+        return hf.HFWeights(path), None
+    return GGUFWeights(path), Path(path)
+
+
+def plan_offload(cfg: EngineConfig, w: GGUFWeights | hf.HFWeights, args: model_mod.ModelArgs, dtype: torch.dtype,
                  device: torch.device, n_ctx: int) -> ExpertPlan:
     """The expert cache for this model on this device (`fit.experts.plan_experts`), sized from
     the tensors as this runner holds them (dequantized to `dtype`)."""

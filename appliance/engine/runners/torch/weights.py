@@ -31,6 +31,7 @@ class QuantBlocks:
     data: np.ndarray            # [..., rows, bytes per row] for quantized types
     qtype: gguf.GGMLQuantizationType
     shape: tuple[int, ...]      # logical, PyTorch order
+    scale: float | None = None  # a tensor scale the blocks' values are multiplied by (ModelOpt NVFP4)
 
 
 class GGUFWeights:
