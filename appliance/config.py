@@ -67,6 +67,10 @@ class EngineConfig:
                               "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
                               "Triton kernels of kernels/ (auto: on a CUDA device when Triton is installed; "
                               "triton: required, on a CPU only under TRITON_INTERPRET=1; off: dequantized)")
+    torch_graphs: str = _opt("auto", "torch runner with its kernels: decode steps as CUDA graphs, one per "
+                             "batch bucket, auto | eager | off (auto: on a CUDA device for a dense model; "
+                             "eager: the same fixed-shape step without capture, a check that runs on a CPU; "
+                             "off: the ordinary forward)")
     expert_cache: str = _opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
                              "host memory and a device cache of SLOTS experts, shared by the layers, holds "
                              "the ones the router uses most (auto: a cache only when the experts do not fit "
@@ -140,6 +144,7 @@ class EngineConfig:
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
         _require(self.torch_kernels in ("auto", "triton", "off"), "torch_kernels must be auto, triton or off")
+        _require(self.torch_graphs in ("auto", "eager", "off"), "torch_graphs must be auto, eager or off")
         from .fit.experts import COMPUTE, parse_setting
 
         parse_setting(self.expert_cache)  # raises for a value that is no count, auto or off

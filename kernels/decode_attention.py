@@ -153,13 +153,15 @@ def _reduce_kernel(M, L, Acc, Pos, Out, so_r, so_h, so_e, n_head, n_split,
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, layer: int,
                      slots: torch.Tensor, positions: torch.Tensor, scale: float,
-                     config: DecodeAttentionConfig | None = None) -> torch.Tensor:
+                     config: DecodeAttentionConfig | None = None, max_position: int | None = None) -> torch.Tensor:
     """`decode_attention_torch`'s result from the two Triton kernels. q [R, H, E] float32, pools
     [n_layer, n_slots, G, n_ctx, E], slots and positions [R] int64; returns [R, H, E] float32.
     Reads the positions' and slots' range on the host once (one sync), to check them and size
-    the grid."""
+    the grid; with `max_position` (a bound the caller keeps, n_ctx - 1 in a CUDA graph) the
+    grid is sized from it and nothing is read back, so the call can be captured. Splits past a
+    row's position exit at once, so a row's bits do not depend on the grid's size."""
     cfg = config or DecodeAttentionConfig()
-    n_split = _check(q, k_pool, v_pool, layer, slots, positions, cfg)
+    n_split = _check(q, k_pool, v_pool, layer, slots, positions, cfg, max_position)
     r_rows, n_head, e = q.shape
     g = k_pool.shape[2]
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -187,7 +189,7 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     return out
 
 
-def _check(q, k_pool, v_pool, layer, slots, positions, cfg) -> int:
+def _check(q, k_pool, v_pool, layer, slots, positions, cfg, max_position=None) -> int:
     """Raise ValueError on a bad call; return the number of splits the grid needs."""
     if q.dim() != 3 or q.dtype != torch.float32:
         raise ValueError(f"q must be [R, H, E] float32, not {tuple(q.shape)} {q.dtype}")
@@ -211,6 +213,10 @@ def _check(q, k_pool, v_pool, layer, slots, positions, cfg) -> int:
         raise ValueError(f"layer {layer} out of range [0, {n_layer})")
     if r_rows == 0:
         return 0
+    if max_position is not None:
+        if not 0 <= max_position < n_ctx:
+            raise ValueError(f"max_position {max_position} outside [0, {n_ctx})")
+        return math.ceil((max_position + 1) / cfg.split_keys)
     (s_lo, p_lo), (s_hi, p_hi) = torch.stack(torch.stack((slots, positions), 1).aminmax(dim=0)).tolist()
     if s_lo < 0 or s_hi >= n_slots:
         raise ValueError(f"slots span [{s_lo}, {s_hi}], outside [0, {n_slots})")

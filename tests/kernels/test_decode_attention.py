@@ -151,6 +151,18 @@ def test_rows_alone_equal_rows_together(dtype):
     check_rows_alone_equal_together(q, k, v, slots, pos, 0.25, SMALL)
 
 
+@needs_kernel
+def test_a_grid_sized_from_max_position_gives_the_same_bits():
+    """max_position (a CUDA graph's bound, nothing read back): more splits, each row's bits the
+    same as with the grid sized from the call's positions."""
+    k, v = make_pool()
+    q, slots, pos = make_rows([0, 1, 2], [5, 40, 31], h=4, e=16)
+    want = decode_attention(q, k, v, 1, slots, pos, 0.25, SMALL)
+    assert torch.equal(decode_attention(q, k, v, 1, slots, pos, 0.25, SMALL, max_position=99), want)
+    with pytest.raises(ValueError, match="max_position"):
+        decode_attention(q, k, v, 1, slots, pos, 0.25, SMALL, max_position=100)
+
+
 # -- on a GPU, realistic shapes ---------------------------------------------------------------
 
 def gpu_case(dtype):

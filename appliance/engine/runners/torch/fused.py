@@ -48,3 +48,11 @@ class Fused:
         out = decode_attention.decode_attention(q.contiguous(), k_pool, v_pool, layer, slots, positions,
                                                 self.scale)
         return out.reshape(t, -1)
+
+    def attend_at(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, layer: int,
+                  slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One row each at tensor positions and slots, q [B, H, E] -> [B, H * E] float32, the
+        grid sized from the pool (nothing read back: a CUDA graph can hold it)."""
+        out = decode_attention.decode_attention(q.contiguous(), k_pool, v_pool, layer, slots, positions,
+                                                self.scale, max_position=k_pool.shape[3] - 1)
+        return out.reshape(q.shape[0], -1)

@@ -22,8 +22,9 @@ MAGIC = b"ATKV1\n"
 
 class KVPool:
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                 dtype: torch.dtype, device) -> None:
-        shape = (n_layer, n_slots, n_head_kv, n_ctx, head_dim)
+                 dtype: torch.dtype, device, spare: int = 0) -> None:
+        # `spare` slots past the n_slots: where a CUDA graph's padding rows write (never read)
+        shape = (n_layer, n_slots + spare, n_head_kv, n_ctx, head_dim)
         # zeros, not empty: decode rows attend over whole key blocks, masked past their position,
         # and a masked position must hold a finite number (0 * NaN is NaN). llama.cpp clears its
         # buffer too.
@@ -50,6 +51,13 @@ class KVPool:
         if layer == len(self._at) - 1:
             self.length[slot] = end
         return keys[:, :end], values[:, :end]
+
+    def write_rows(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor) -> None:
+        """Store one position a row, k, v [B, G, E] at (slots[b], positions[b]): tensors, so a
+        CUDA graph can hold the write. Lengths are the caller's (`graphs.DecodeGraphs`)."""
+        self.k[layer][slots, :, positions] = k.to(self.k.dtype)
+        self.v[layer][slots, :, positions] = v.to(self.v.dtype)
 
     def view(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of positions [0, end) of the slot, [G, end, E] (past its length: stale or zero)."""

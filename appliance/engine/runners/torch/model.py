@@ -119,6 +119,17 @@ class Attention:
             outs.append(self._attend(qs, keys, values, s.start, kv, s.slot))
         return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
 
+    def step(self, x: torch.Tensor, rot: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+             kv: KVPool) -> torch.Tensor:
+        """One token a row, its position and slot in tensors (a CUDA graph's decode step: no
+        shape depends on a position, nothing is read back): x [B, D] -> [B, D]. Kernels only."""
+        a, n = self.args, x.shape[0]
+        h, g = a.n_head, a.n_head_kv
+        qkv = self.wqkv(x).view(n, h + 2 * g, a.head_dim)
+        qk = self.fused.qk(qkv[:, :h + g], rot, self.q_norm, self.k_norm)
+        kv.write_rows(self.layer, slots, positions, qk[:, h:], qkv[:, h + g:])
+        return self.wo(self.fused.attend_at(qk[:, :h], kv.k, kv.v, self.layer, slots, positions))
+
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                 kv: KVPool, slot: int) -> torch.Tensor:
         """q: [T, H, E]; keys, values: [G, L, E]. Every span attends row-wise (_attend_rows), so
@@ -237,6 +248,10 @@ class Block:
         h = x + self.attn(self.norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
         return h + self.ffn(self.norm(h, self.ffn_norm, self.args.eps))
 
+    def step(self, x, rot, positions, slots, kv) -> torch.Tensor:
+        h = x + self.attn.step(self.norm(x, self.attn_norm, self.args.eps), rot, positions, slots, kv)
+        return h + self.ffn(self.norm(h, self.ffn_norm, self.args.eps))
+
 
 class Transformer:
     def __init__(self, args: ModelArgs, embed: torch.Tensor, blocks: list[Block], norm: torch.Tensor,
@@ -255,6 +270,17 @@ class Transformer:
             x = block(x, segs, self.rope, rot, kv)
         x = rms_norm(x[logit_rows], self.norm, self.args.eps)               # [R, D]
         return self.output(x)                                               # [R, V]
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: KVPool) -> torch.Tensor:
+        """A decode step of one token a row as `graphs.DecodeGraphs` captures it (kernels on, a
+        dense model): tokens, positions, slots [B] -> logits [B, V] float32, the same bits as
+        `forward` gives those rows."""
+        x = self.embed[tokens].float()
+        rot = self.rope.tables(positions)
+        for block in self.blocks:
+            x = block.step(x, rot, positions, slots, kv)
+        return self.output(rms_norm(x, self.norm, self.args.eps))
 
 
 # -- loading ---------------------------------------------------------------------------------

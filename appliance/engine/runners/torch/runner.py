@@ -22,13 +22,14 @@ import numpy as np
 import torch
 
 from ....config import EngineConfig, default_data_dir
-from ....errors import ModelLoadError
+from ....errors import EngineFailure, ModelLoadError
 from ....models import file_fingerprint
 from ..base import RunnerInfo, Span
 from ..vocab import TextMethods, Vocab, load_model
 from ....fit.devices import GIB, Device
 from ....fit.experts import ExpertPlan, plan_experts
 from .fused import Fused
+from .graphs import DecodeGraphs
 from . import experts, hf, hf_vocab, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
@@ -148,8 +149,13 @@ class TorchRunner(TextMethods):
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
                      self.model.experts.copy_gb_per_s)
         self.kv_dtype = self.dtype
+        graphs = graph_mode(cfg.torch_graphs, self.kernels, bool(args.n_expert), self.device)
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
-                         self.kv_dtype, self.device)
+                         self.kv_dtype, self.device, spare=1 if graphs != "off" else 0)
+        self.graphs = (DecodeGraphs(self.model, self.kv, cfg.n_slots, self.device, capture=graphs == "capture")
+                       if graphs != "off" else None)
+        if self.graphs is not None:
+            self.graphs.capture()
         self.info = RunnerInfo(
             backend="torch", model_path=str(model_path), model_name=model_name, arch=args.arch,
             n_ctx=n_ctx, n_ctx_train=args.n_ctx_train, n_slots=cfg.n_slots, **self.text.facts(),
@@ -158,7 +164,8 @@ class TorchRunner(TextMethods):
                       "device": str(self.device), "int4": self.int4,
                       "kernels": "triton" if self.kernels else "off", "kv_type": _name(self.kv_dtype),
                       # a str, not torch's TorchVersion: that would import torch where unpickled
-                      "torch": str(torch.__version__), **self._expert_settings()},
+                      "torch": str(torch.__version__), **self._expert_settings(),
+                      **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
             fingerprint=file_fingerprint(model_path))
 
     def _expert_settings(self) -> dict:
@@ -234,8 +241,11 @@ class TorchRunner(TextMethods):
             self.model.experts.begin(np.repeat([s.slot for s in spans], [len(s.tokens) for s in spans]))
         torch.set_flush_denormal(True)
         try:
-            logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
-                                        segs, torch.tensor(rows, dtype=torch.long, device=dev), self.kv)
+            if self.graphs is not None and all(len(s.tokens) == 1 and s.n_logits == 1 for s in spans):
+                logits = self._graph_step(spans)
+            else:
+                logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
+                                            segs, torch.tensor(rows, dtype=torch.long, device=dev), self.kv)
         finally:
             torch.set_flush_denormal(False)
         logits = logits.cpu().numpy()
@@ -243,6 +253,18 @@ class TorchRunner(TextMethods):
         for s, i in zip(spans, where):
             out[i] = logits[at:at + s.n_logits]
             at += s.n_logits
+
+    def _graph_step(self, spans: Sequence[Span]) -> torch.Tensor:
+        """One token a sequence through `graphs.DecodeGraphs` (a CUDA graph replayed on a GPU);
+        the KV lengths kept here as `KVPool.write` keeps them."""
+        for s in spans:
+            if s.start_pos > self.kv.length[s.slot] or s.start_pos >= self.kv.n_ctx:
+                raise EngineFailure(f"KV write at position {s.start_pos} of slot {s.slot}, which holds "
+                                    f"{self.kv.length[s.slot]} of {self.kv.n_ctx}")
+        logits = self.graphs([s.tokens[0] for s in spans], [s.start_pos for s in spans], [s.slot for s in spans])
+        for s in spans:
+            self.kv.length[s.slot] = s.start_pos + 1
+        return logits
 
     # -- KV ------------------------------------------------------------------------------
     def truncate(self, slot: int, n_keep: int) -> None:
@@ -263,6 +285,16 @@ class TorchRunner(TextMethods):
 
             L.llama_model_free(self._llama)
             self._llama = None
+
+
+def graph_mode(setting: str, kernels: bool, moe: bool, device: torch.device) -> str:
+    """"capture" (CUDA graphs), "eager" (the same fixed-shape step, uncaptured) or "off": graphs
+    need the kernels and a dense model, and capture needs a CUDA device."""
+    if setting == "off" or not kernels or moe:
+        return "off"
+    if setting == "eager":
+        return "eager"
+    return "capture" if device.type == "cuda" else "off"
 
 
 def open_weights(path: Path) -> tuple[GGUFWeights | hf.HFWeights, Path | None]:
