@@ -22,6 +22,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
+from appliance import jsondepth
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
@@ -265,8 +266,8 @@ def message_response(sub: api.Submitted, model: str, deltas: list[Delta], done: 
 
 def _input(arguments: str) -> Any:
     try:
-        return json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
+        return jsondepth.loads(arguments) if arguments else {}
+    except ValueError:         # a call cut off, or nested too deep: its text as the model wrote it
         return {"_raw": arguments}
 
 
@@ -313,10 +314,12 @@ class EventWriter:
             if self.open != "text":
                 out += self._block("text", {"type": "text", "text": ""})
             out += _event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": ev.text}})
-        for c in ev.tool_calls:
-            out += self._block("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
-            out += _event("content_block_delta", {"index": self.index,
-                                                  "delta": {"type": "input_json_delta", "partial_json": c.arguments}})
+        for c in ev.call_parts:     # a call's block opens with its name; its input streams as JSON text
+            if c.id:
+                out += self._block("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+            else:
+                out += _event("content_block_delta", {"index": self.index,
+                                                      "delta": {"type": "input_json_delta", "partial_json": c.arguments}})
         return out
 
     def end(self, done: Done) -> bytes:

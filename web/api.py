@@ -155,7 +155,7 @@ class Tally:
         self.last: float | None = None
 
     def delta(self, ev: Delta) -> None:
-        if not ev.text:
+        if not (ev.text or ev.call_parts):
             return
         now = time.perf_counter()
         if self.last is None:

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from flask import Blueprint, Response, g, jsonify
 from werkzeug.exceptions import HTTPException
 
-from appliance import __version__
+from appliance import __version__, jsondepth
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
@@ -166,8 +166,8 @@ def _calls(deltas: list[Delta]) -> list[dict[str, Any]]:
     out = []
     for c in (c for d in deltas for c in d.tool_calls):
         try:
-            args = json.loads(c.arguments) if c.arguments else {}
-        except json.JSONDecodeError:
+            args = jsondepth.loads(c.arguments) if c.arguments else {}
+        except ValueError:     # a call cut off, or nested too deep: its text as the model wrote it
             args = {"_raw": c.arguments}
         out.append({"function": {"name": c.name, "arguments": args}})
     return out
@@ -204,7 +204,8 @@ def _ndjson(sub: api.Submitted, model: str, chat: bool) -> Iterator[bytes]:
             if ev is None:
                 return
             if isinstance(ev, Delta):
-                yield _line({**_piece(model, chat, [ev]), "done": False})
+                if ev.text or ev.reasoning or ev.tool_calls:   # Ollama sends a call whole, once complete
+                    yield _line({**_piece(model, chat, [ev]), "done": False})
             elif isinstance(ev, Done):
                 yield _line({**_piece(model, chat, []), **_stats(ev)})
                 return

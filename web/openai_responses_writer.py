@@ -3,7 +3,8 @@ and its stream events, built from the engine's events.
 
 `ResponseWriter` turns each Delta into output items in the order the model produced them
 (reasoning, with the raw thinking as `reasoning_text` content and no summary; a message with one
-`output_text` part; each function call whole, as the tool-call parser gives it) and into the
+`output_text` part; each function call as it streams: its item with its name, then its
+arguments' text as the model writes them) and into the
 events that say so, numbered by `sequence_number`: response.created and .in_progress, then per
 item output_item.added, content_part.added, the text deltas, their .done, content_part.done,
 output_item.done (function calls: arguments delta and done), and last response.completed or
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from appliance.engine.types import Delta, Done, ToolCall
+from appliance.engine.types import Delta, Done, ToolCallPart
 from appliance.errors import ApplianceError
 
 from .responses import KEEPALIVE
@@ -44,14 +45,14 @@ def new_response(body: dict[str, Any], rid: str, model: str) -> dict[str, Any]:
 class ResponseWriter:
     """One response's output items, built from the engine's deltas in order, and the events that
     say so (numbered by `sequence_number`). An item stays open while its kind goes on: reasoning,
-    then message, a function call whole as the parser gives it."""
+    message, or a function call's arguments."""
 
     def __init__(self, response: dict[str, Any], suffix: str) -> None:
         self.response = response
         self.suffix = suffix                   # the request id's unique part, in every item id
         self.seq = 0
-        self.item: dict[str, Any] | None = None   # the open reasoning or message item, the output's last
-        self.pieces: list[str] = []            # its text so far
+        self.item: dict[str, Any] | None = None   # the open item (reasoning, message, call), the output's last
+        self.pieces: list[str] = []            # its text (a call's arguments) so far
         self.reasoning_tokens = 0
 
     def _event(self, kind: str, **data: Any) -> dict[str, Any]:
@@ -71,8 +72,8 @@ class ResponseWriter:
         if ev.text:
             out += self._open("message")
             out.append(self._piece("response.output_text.delta", ev.text, logprobs=[]))
-        for call in ev.tool_calls:
-            out += self._call(call)
+        for part in ev.call_parts:
+            out += self._call_part(part)
         return out
 
     def _open(self, kind: str) -> list[dict[str, Any]]:
@@ -105,6 +106,11 @@ class ResponseWriter:
         item, self.item = self.item, None
         if item is None:
             return []
+        if item["type"] == "function_call":
+            item.update(arguments="".join(self.pieces), status=status)
+            where = {"item_id": item["id"], "output_index": len(self.response["output"]) - 1}
+            return [self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=where["output_index"], item=item)]
         part = item["content"][0]
         part["text"] = "".join(self.pieces)
         item["status"] = status
@@ -114,19 +120,20 @@ class ResponseWriter:
         return [done, self._event("response.content_part.done", **where, part=part),
                 self._event("response.output_item.done", output_index=where["output_index"], item=item)]
 
-    def _call(self, call: ToolCall) -> list[dict[str, Any]]:
-        out = self._close("completed")
-        index = len(self.response["output"])
-        item = {"id": f"fc_{self.suffix}_{index}", "type": "function_call", "status": "in_progress",
-                "call_id": call.id, "name": call.name, "arguments": ""}
-        self.response["output"].append(item)
-        out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
-        where = {"item_id": item["id"], "output_index": index}
-        out.append(self._event("response.function_call_arguments.delta", **where, delta=call.arguments))
-        item.update(arguments=call.arguments, status="completed")
-        out.append(self._event("response.function_call_arguments.done", **where, arguments=call.arguments))
-        out.append(self._event("response.output_item.done", output_index=index, item=item))
-        return out
+    def _call_part(self, part: ToolCallPart) -> list[dict[str, Any]]:
+        """A call's first part opens its item (the name); the others are its arguments' deltas."""
+        if part.id:
+            out = self._close("completed")
+            index = len(self.response["output"])
+            item = {"id": f"fc_{self.suffix}_{index}", "type": "function_call", "status": "in_progress",
+                    "call_id": part.id, "name": part.name, "arguments": ""}
+            self.response["output"].append(item)
+            self.item, self.pieces = item, []
+            out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
+            return out
+        self.pieces.append(part.arguments)
+        return [self._event("response.function_call_arguments.delta", item_id=self.item["id"],
+                            output_index=len(self.response["output"]) - 1, delta=part.arguments)]
 
     def end(self, done: Done) -> list[dict[str, Any]]:
         incomplete = done.finish_reason == "length"

@@ -86,7 +86,6 @@ class ChunkWriter:
                      "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
         self._delta_parts: tuple[bytes, bytes] | None = None
         self._offset = 0  # text_offset of the legacy completions logprobs
-        self._n_calls = 0
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
         body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
@@ -108,19 +107,19 @@ class ChunkWriter:
         if ev.reasoning and self.chat:
             out += self._chunk({"index": 0, "delta": {"reasoning_content": ev.reasoning}, "logprobs": None,
                                 "finish_reason": None})
-            if not (ev.text or ev.tool_calls or ev.logprobs):
+            if not (ev.text or ev.call_parts or ev.logprobs):
                 return out
-        if ev.tool_calls and self.chat:
-            for c in ev.tool_calls:  # OpenAI's shape: id, type and name first, then the arguments
-                i = self._n_calls
-                self._n_calls += 1
-                head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
-                out += self._chunk({"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None,
-                                    "finish_reason": None})
-                out += self._chunk({"index": 0, "delta": {"tool_calls": [
-                    {"index": i, "function": {"arguments": c.arguments}}]}, "logprobs": None, "finish_reason": None})
+        if ev.call_parts and self.chat:
+            for c in ev.call_parts:  # OpenAI's shape: id, type and name first, then the arguments as they come
+                if c.id:
+                    call = {"index": c.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                else:
+                    call = {"index": c.index, "function": {"arguments": c.arguments}}
+                out += self._chunk({"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None})
             if not ev.text:
                 return out
+        if ev.tool_calls and not (ev.text or ev.logprobs):   # a call completed; its parts went before
+            return out
         if ev.logprobs:
             choice = self._choice(ev.text, None)
             if self.chat:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidRequest, InvalidToken
-from . import tools
+from . import tool_stream, tools
 from .chat import ChatTemplate
 from .output.constraints import Constraints, Matcher
 from .output.parser import OutputParser
@@ -46,7 +46,7 @@ class PromptBuilder:
         ids, text = self.prompt_ids(req)
         constraint, tool_parser, parser = req.constraint, None, None
         if req.tools and req.tool_choice != "none":
-            tool_parser = tools.StreamParser(self.tool_format, {t.name for t in req.tools})
+            tool_parser = tool_stream.StreamParser(self.tool_format, {t.name for t in req.tools})
             if req.tool_choice != "auto":  # required, or one named function: never downgraded
                 grammar = tools.grammar(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_format)
                 constraint = Constraint("lark", grammar)

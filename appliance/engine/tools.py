@@ -1,5 +1,6 @@
-"""Tool calls: the formats chat templates use, detected from the template, parsed from output
-(streamed or whole), and the grammar that constrains `required` / named tool choices.
+"""Tool calls: the formats chat templates use, detected from the template, parsed from a whole
+reply (`tool_stream.py` parses them as they stream), and the grammar that constrains
+`required` / named tool choices.
 
 Formats:
   hermes   Qwen / Hermes: <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, repeated
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from .. import jsondepth
@@ -117,75 +117,6 @@ def parse(text: str, fmt: str, names: set[str]) -> tuple[str, list[ToolCall]]:
         calls.append(call)
     content.append(rest)
     return "".join(content).strip() if calls else text, calls
-
-
-@dataclass
-class Piece:
-    content: str = ""
-    calls: tuple[ToolCall, ...] = ()
-
-
-class StreamParser:
-    """Streams content while holding back anything that may be a tool call, and emits each call
-    whole as soon as it closes (hermes/generic) or at the end (llama3, mistral)."""
-
-    def __init__(self, fmt: str, names: set[str]) -> None:
-        self.fmt, self.names = fmt, names
-        self.buf = ""
-        self.in_call = False
-        self.whole = fmt in ("llama3", "mistral")
-        self.streaming = False  # whole formats: the reply turned out not to be a call
-        self.n_calls = 0
-
-    def feed(self, text: str) -> Piece:
-        self.buf += text
-        if self.whole:
-            return self._feed_whole()
-        out, calls = [], []
-        while True:
-            if not self.in_call:
-                at = self.buf.find(OPEN)
-                if at < 0:
-                    keep = _partial_suffix(self.buf, OPEN)
-                    out.append(self.buf[: len(self.buf) - keep])
-                    self.buf = self.buf[len(self.buf) - keep:]
-                    break
-                out.append(self.buf[:at])
-                self.buf, self.in_call = self.buf[at:], True
-            end = self.buf.find(CLOSE)
-            if end < 0:
-                break
-            block, self.buf, self.in_call = self.buf[: end + len(CLOSE)], self.buf[end + len(CLOSE):], False
-            content, got = parse(block, "hermes", self.names)
-            out.append(content if not got else "")
-            calls += got
-        self.n_calls += len(calls)
-        return Piece("".join(out), tuple(calls))
-
-    def _feed_whole(self) -> Piece:
-        # a reply that starts like a call is held to the end; anything else streams
-        start = self.buf.lstrip()
-        markers = (MISTRAL_TAG if self.fmt == "mistral" else "{", PYTHON_TAG)
-        if not self.streaming and any(start.startswith(m) or m.startswith(start) for m in markers):
-            return Piece()
-        self.streaming = True
-        out, self.buf = self.buf, ""
-        return Piece(out)
-
-    def flush(self) -> Piece:
-        text, self.buf = self.buf, ""
-        if not text:
-            return Piece()
-        content, calls = parse(text, "hermes" if not self.whole else self.fmt, self.names)
-        self.n_calls += len(calls)
-        return Piece(content, tuple(calls))
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def grammar(tools: tuple[ToolSpec, ...], choice: str, parallel: bool, fmt: str) -> str:

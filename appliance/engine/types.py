@@ -54,6 +54,17 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolCallPart:
+    """A piece of a tool call as it streams: the first part of call `index` (of the reply) has
+    its id and name and no arguments; later parts carry the arguments' text as the model writes
+    it, so a call's parts' arguments concatenate to a JSON object's text."""
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str | None
@@ -185,8 +196,9 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
-    tool_calls: tuple[ToolCall, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()     # calls complete in this delta (whole-reply answers use these)
     reasoning: str = ""             # text of the reply's leading <think> block
+    call_parts: tuple[ToolCallPart, ...] = ()  # the same calls as they stream (streamed answers use these)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from appliance.engine.types import Accepted, Delta, Done, Timings, ToolCall, Usage
+from appliance.engine.types import Accepted, Delta, Done, Timings, ToolCall, ToolCallPart, Usage
 from appliance.errors import InvalidRequest
 from web import anthropic as A
 
@@ -111,7 +111,8 @@ def test_blocks_are_opened_and_closed_in_order_with_their_indices():
     w = A.EventWriter(Sub, "m")
     timings = Timings(8, 4, 10.0, 5, 20.0, 0.0, 256)
     raw = w.start() + w.delta(Delta("r", "", (1,), reasoning="Let me think")) + w.delta(Delta("r", "Hi", (2,))) \
-        + w.delta(Delta("r", " there", (3,))) + w.delta(Delta("r", "", (4,), tool_calls=(ToolCall("tu_1", "f", '{"a":1}'),))) \
+        + w.delta(Delta("r", " there", (3,))) + w.delta(Delta("r", "", (4,), tool_calls=(ToolCall("tu_1", "f", '{"a":1}'),),
+                                                                call_parts=(ToolCallPart(0, "tu_1", "f"), ToolCallPart(0, arguments='{"a":1}')))) \
         + w.end(Done("r", "tool_calls", Usage(12, 5, 4), timings))
     ev = events(raw)
     assert [k for k, _ in ev] == ["message_start", "content_block_start", "content_block_delta", "content_block_delta",

@@ -65,8 +65,11 @@ def test_a_forced_function_call_answered_by_items_and_by_previous_response_id(cl
                                               result], tools=tools, max_output_tokens=24, **GREEDY)
     by_id = client.responses.create(previous_response_id=r.id, input=[result], tools=tools, max_output_tokens=24,
                                     **GREEDY)
-    assert by_id.previous_response_id == r.id and by_id.output_text.strip()
+    # the tiny model may answer a result by calling the tool again: the same answer either way
+    assert by_id.previous_response_id == r.id and by_id.output
     assert by_id.usage.input_tokens == by_items.usage.input_tokens and by_id.output_text == by_items.output_text
+    shape = lambda resp: [(o.type, getattr(o, "name", None), getattr(o, "arguments", None)) for o in resp.output]  # noqa: E731
+    assert shape(by_id) == shape(by_items)
 
 
 def test_text_format_json_schema_gives_json_that_validates(client):

@@ -10,7 +10,7 @@ from openai.types.responses import Response as SdkResponse
 from openai.types.responses.response_stream_event import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from appliance.engine.types import Delta, Done, Timings, ToolCall, Usage
+from appliance.engine.types import Delta, Done, Timings, ToolCall, ToolCallPart, Usage
 from appliance.errors import EngineCrashed, InvalidRequest
 from web import openai_responses as R
 from web.openai_responses_writer import ResponseWriter, SseWriter, new_response, sse
@@ -196,7 +196,9 @@ def run(w: ResponseWriter, deltas, done) -> list[dict]:
 
 THINK_TALK_CALL = [Delta("r", "", (1,), reasoning="Let me "), Delta("r", "", (2,), reasoning="think"),
                    Delta("r", "Hi", (3,)), Delta("r", " there", (4,)),
-                   Delta("r", "", (5, 6), tool_calls=(ToolCall("call_1", "weather", '{"city":"Paris"}'),))]
+                   Delta("r", "", (5,), call_parts=(ToolCallPart(0, "call_1", "weather"), ToolCallPart(0, arguments='{"city":'))),
+                   Delta("r", "", (6,), tool_calls=(ToolCall("call_1", "weather", '{"city":"Paris"}'),),
+                         call_parts=(ToolCallPart(0, arguments='"Paris"}'),))]
 
 
 def test_events_come_in_order_numbered_and_as_the_sdk_types_them():
@@ -210,7 +212,8 @@ def test_events_come_in_order_numbered_and_as_the_sdk_types_them():
         "response.output_text.delta", "response.output_text.done", "response.content_part.done",
         "response.output_item.done",
         "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     for e in events:
         EVENT.validate_python(e)

@@ -438,15 +438,21 @@ def test_tool_round_trip_messages():
 
 
 def test_streamed_tool_call_chunks_have_the_openai_shape():
-    from appliance.engine.types import ToolCall
+    """A call's parts as they stream: the head (id, type, name), then its arguments' text in the
+    pieces the model wrote; the delta that completes the call adds no chunk of its own."""
+    from appliance.engine.types import ToolCall, ToolCallPart
 
     p = chat(stream=True, tools=[WEATHER])
-    out = ChunkWriter(p, chat=True, fingerprint="fp").delta(
-        Delta("id-1", "", (), (), (ToolCall("call_x", "get_weather", '{"city": "Paris"}'),)))
-    first, second = (json.loads(part[6:]) for part in out.split(b"\n\n") if part)
+    w = ChunkWriter(p, chat=True, fingerprint="fp")
+    out = w.delta(Delta("id-1", "", (), call_parts=(ToolCallPart(0, "call_x", "get_weather"),
+                                                    ToolCallPart(0, arguments='{"city": '))))
+    out += w.delta(Delta("id-1", "", (), call_parts=(ToolCallPart(0, arguments='"Paris"}'),)))
+    out += w.delta(Delta("id-1", "", (), tool_calls=(ToolCall("call_x", "get_weather", '{"city": "Paris"}'),)))
+    first, second, third = (json.loads(part[6:]) for part in out.split(b"\n\n") if part)
     head = first["choices"][0]["delta"]["tool_calls"][0]
     assert head == {"index": 0, "id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
-    assert second["choices"][0]["delta"]["tool_calls"][0] == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
+    assert second["choices"][0]["delta"]["tool_calls"][0] == {"index": 0, "function": {"arguments": '{"city": '}}
+    assert third["choices"][0]["delta"]["tool_calls"][0] == {"index": 0, "function": {"arguments": '"Paris"}'}}
 
 
 # -- /tokenize and /detokenize -------------------------------------------------------------------

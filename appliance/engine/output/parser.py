@@ -5,18 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..reasoning import ReasoningParser
-from ..tools import StreamParser
-from ..types import ToolCall
+from ..tool_stream import StreamParser
+from ..types import ToolCall, ToolCallPart
 
 
 @dataclass
 class Piece:
     content: str = ""
     reasoning: str = ""
-    calls: tuple[ToolCall, ...] = ()
+    calls: tuple[ToolCall, ...] = ()          # complete calls
+    parts: tuple[ToolCallPart, ...] = ()      # the calls as they stream
 
     def __bool__(self) -> bool:
-        return bool(self.content or self.reasoning or self.calls)
+        return bool(self.content or self.reasoning or self.calls or self.parts)
 
 
 class OutputParser:
@@ -38,9 +39,8 @@ class OutputParser:
         if self.tools is None:
             return Piece(content, reasoning)
         got = self.tools.feed(content)
-        calls = got.calls
-        content = got.content
+        content, calls, parts = got.content, got.calls, got.parts
         if flush:
             end = self.tools.flush()
-            content, calls = content + end.content, calls + end.calls
-        return Piece(content, reasoning, calls)
+            content, calls, parts = content + end.content, calls + end.calls, parts + end.parts
+        return Piece(content, reasoning, calls, parts)

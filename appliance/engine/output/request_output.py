@@ -56,7 +56,7 @@ class RequestOutput:
         if res.stopped:
             self.stop_string = res.which
         if got or lps:
-            return Delta(self.id, got.content, (tok,), lps, got.calls, got.reasoning)
+            return Delta(self.id, got.content, (tok,), lps, got.calls, got.reasoning, got.parts)
         return None
 
     def finished(self) -> str | None:
@@ -77,10 +77,10 @@ class RequestOutput:
         got = Piece(tail)
         if self.parser is not None:
             a, b = self.parser.feed(tail), self.parser.flush()
-            got = Piece(a.content + b.content, a.reasoning + b.reasoning, a.calls + b.calls)
+            got = Piece(a.content + b.content, a.reasoning + b.reasoning, a.calls + b.calls, a.parts + b.parts)
             if self.parser.n_calls and reason == "stop":
                 reason = "tool_calls"
-        return reason, Delta(self.id, got.content, (), (), got.calls, got.reasoning) if got else None
+        return reason, Delta(self.id, got.content, (), (), got.calls, got.reasoning, got.parts) if got else None
 
     @property
     def reply(self) -> tuple[int, ...]:
