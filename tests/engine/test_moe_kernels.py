@@ -76,26 +76,31 @@ def test_block_experts_on_the_kernel_match_the_dequantized_runner(files):
         off.close()
 
 
-@pytest.mark.parametrize("compute", ["device", "cpu"])
-def test_offload_on_the_kernel_equals_resident_on_the_kernel(files, compute):
+def test_offload_on_the_kernel_equals_resident_on_the_kernel(files):
     """Dense float32 experts (the F32 file): a 10-slot pool for 16 experts through the grouped
     kernel equals every expert resident on it bit for bit when the misses are copied in
-    (`device`); misses computed on the host (`cpu`) take torch's matmul for their pairs."""
+    (`device`); misses computed on the host (`cpu`: qwen3moe only, for CI time) take torch's
+    matmul for their pairs."""
     src, _ = files
-    resident, offload = runner(src, "triton"), runner(src, "triton", cache="10", compute=compute)
+    resident = runner(src, "triton")
     try:
         assert all(b.ffn.kernel is not None and b.ffn.kernel.mats.fmt is None for b in resident.model.blocks)
-        assert offload.model.experts is not None and offload.model.experts.grouped
-        want, got = forwards(resident), forwards(offload)
-        s = offload.expert_stats()
-        assert 0 < s.hits < s.lookups
-        for g, w in zip(got, want):
-            if compute == "device":
-                assert np.array_equal(g, w), np.abs(g - w).max()
-            else:
-                assert np.abs(g - w).max() < TOL * np.abs(w).max()
-        assert (s.host_rows == 0) == (compute == "device")
-        assert check_exact(offload, 1, IDS[:30], k=6).exact
+        want = forwards(resident)
+        for compute in ("device", "cpu") if src.stem == "qwen3moe" else ("device",):
+            offload = runner(src, "triton", cache="10", compute=compute)
+            try:
+                assert offload.model.experts is not None and offload.model.experts.grouped
+                got = forwards(offload)
+                s = offload.expert_stats()
+                assert 0 < s.hits < s.lookups
+                for g, w in zip(got, want):
+                    if compute == "device":
+                        assert np.array_equal(g, w), np.abs(g - w).max()
+                    else:
+                        assert np.abs(g - w).max() < TOL * np.abs(w).max()
+                assert (s.host_rows == 0) == (compute == "device")
+                assert check_exact(offload, 1, IDS[:30], k=6).exact
+            finally:
+                offload.close()
     finally:
         resident.close()
-        offload.close()
