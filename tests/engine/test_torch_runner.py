@@ -158,41 +158,56 @@ def prefill(r, ids: list[int], cuts: tuple[int, ...]) -> tuple[np.ndarray, bytes
 
 
 CUTS = [(64,), (100,), (63, 64, 65), (17, 33, 250), (128, 129, 130, 131, 300)]
+# with the CPU decode attention kernel a span of up to DECODE_ROWS rows is computed by it, a
+# longer one by the ops: every piece of these is longer
+LONG_CUTS = [(64,), (100,), (17, 34, 250), (128, 145, 300)]
 
 
 def assert_chunk_invariant(r, ids: list[int]) -> None:
+    """Every cut gives the one-chunk prompt's bits; the probe finds the smallest chunk that does:
+    1 on the torch ops path, DECODE_ROWS + 1 with the CPU kernel (its short pieces differ)."""
     from appliance.engine.cache.invariance import check_chunk_invariance, probe_prompt
+    from appliance.engine.runners.torch.model import DECODE_ROWS
 
+    cpp = r.info.settings["attention"] == "cpp"
     logits, state = prefill(r, ids, ())
-    for cuts in CUTS:
+    for cuts in LONG_CUTS if cpp else CUTS:
         got_logits, got_state = prefill(r, ids, cuts)
         assert np.array_equal(got_logits, logits), cuts
         assert got_state == state, cuts
     found = check_chunk_invariance(r, 0, probe_prompt(r, 128), 128)
-    assert found.min_chunk == 1 and not found.failed, found
+    if cpp:
+        assert found.min_chunk == DECODE_ROWS + 1 and len(found.failed) == 4, found
+    else:
+        assert found.min_chunk == 1 and not found.failed, found
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_a_prompt_cut_anywhere_computes_the_same_bits(tmp_path, arch):
-    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype="float32"),
+@pytest.mark.parametrize("arch,attention", [(a, "auto") for a in TINY_ARCHS] + [("llama", "ops"), ("qwen3moe", "ops")])
+def test_a_prompt_cut_anywhere_computes_the_same_bits(tmp_path, arch, attention):
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype="float32", torch_attention=attention),
                     write_tiny(tmp_path / f"{arch}.gguf", arch))
     try:
+        assert r.info.settings["attention"] == ("ops" if attention == "ops" else "cpp")
         assert_chunk_invariant(r, r.tokenize(TEXT, add_special=True)[:N_TOKENS + 40])
     finally:
         r.close()
 
 
-def test_the_embedded_model_cut_anywhere_computes_the_same_bits():
+@pytest.mark.parametrize("attention", ["ops", "cpp"])
+def test_the_embedded_model_cut_anywhere_computes_the_same_bits(attention):
     """In its serving dtype (bfloat16 on a CPU with bf16 instructions), past FLOAT32_KEYS keys
     too, where the attention matmuls switch to the KV dtype."""
     from appliance.engine.runners.torch import model as model_mod
 
-    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=2048), embedded_model_path())
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=2048, torch_attention=attention), embedded_model_path())
     try:
+        assert r.info.settings["attention"] == attention
         ids = r.tokenize(TEXT * 3, add_special=True)
         assert len(ids) > model_mod.FLOAT32_KEYS + 200
         logits, state = prefill(r, ids[:1300], (1000,))
-        for cuts in ((512, 1024), (700, 1100, 1101), (1023, 1025)):
+        cuts_sets = ((512, 1024), (700, 1100, 1101), (1023, 1025)) if attention == "ops" else (
+            (512, 1024), (700, 1100, 1117), (1023, 1040))
+        for cuts in cuts_sets:
             got_logits, got_state = prefill(r, ids[:1300], cuts)
             assert np.array_equal(got_logits, logits) and got_state == state, cuts
         assert_chunk_invariant(r, ids[:N_TOKENS + 40])

@@ -19,9 +19,11 @@ logits and its saved state) and then the shapes a hit makes, each compared bit f
 Measured here (llama.cpp 0.3.36, SmolLM2-135M Q4_1, 2 threads): with f16 KV and the default
 attention every chunk of 2 or more rows agrees with the grid's and a one-row chunk does not
 (another matmul path): m = 2. Flash attention with f16 KV agrees for no cut at all: grid
-reuse only. The torch runner on its own ops (row-wise attention for every span) agrees for
-every cut, one row included: m = 1. A sample of cuts is a test, not a proof of every cut; the
-cuts are the ones a hit makes, and a difference anywhere sends the cache back to grid reuse.
+reuse only. The torch runner on its own ops (row-wise attention for every span,
+`--torch-attention ops`) agrees for every cut, one row included: m = 1. With its CPU decode
+attention kernel (the default on a CPU) spans of up to 16 rows take the kernel and longer ones
+the ops: m = 17. A sample of cuts is a test, not a proof of every cut; the cuts are the ones a
+hit makes, and a difference anywhere sends the cache back to grid reuse.
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ import numpy as np
 from ..grid import Grid
 from ..runners.base import ModelRunner, Span
 
-CANDIDATES = (1, 2, 4, 16)   # min_chunk values tried, smallest first
+# min_chunk values tried, smallest first; 17: the torch runner on a CPU computes spans of up to
+# 16 rows (decode steps, verifies) with its decode attention kernel, longer ones as chunks
+CANDIDATES = (1, 2, 4, 16, 17)
 TAIL_ROOM = 64               # positions of the probe prompt past its last grid line
 
 

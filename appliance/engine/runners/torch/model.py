@@ -98,6 +98,7 @@ class Attention:
         self.wqkv, self.wo = wqkv, wo             # wqkv: Q, K and V stacked, one matmul
         self.q_norm, self.k_norm = q_norm, k_norm
         self.fused = None                         # fused.Fused: the kernels' Q/K and decode attention
+        self.cpu = None                           # cpu_attention's kernel: short spans on a CPU
 
     def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, rot: torch.Tensor,
                  kv: KVPool) -> torch.Tensor:
@@ -132,11 +133,17 @@ class Attention:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                 kv: KVPool, slot: int) -> torch.Tensor:
-        """q: [T, H, E]; keys, values: [G, L, E]. Every span attends row-wise (_attend_rows), so
-        a row depends on its position alone, whatever chunk it is in; with the kernels, short
-        spans take the fused decode attention and chunks SDPA (not chunk-invariant)."""
+        """q: [T, H, E]; keys, values: [G, L, E]. Every span attends row-wise, so a row depends
+        on its position alone: short spans (decode steps, verifies) through the CPU kernel when
+        it is on (`cpu_attention`), else like prompt chunks through _attend_rows; a short span's
+        rows then differ in bits from the same rows in a chunk, which the prompt cache's probe
+        finds (it reuses leaving at least DECODE_ROWS + 1 rows). With the kernels, short spans
+        take the fused decode attention and chunks SDPA (not chunk-invariant)."""
         t, length = q.shape[0], keys.shape[1]
         if self.fused is None:
+            if self.cpu is not None and t <= DECODE_ROWS:   # each row over exactly its own keys
+                slot_k, slot_v = kv.view(self.layer, slot, kv.n_ctx)
+                return self.cpu(q.contiguous(), slot_k, slot_v, start, 1.0 / math.sqrt(self.args.head_dim))
             return self._attend_rows(q, start, kv, slot)
         if t <= DECODE_ROWS:
             return self.fused.attend_rows(q, start, kv.k, kv.v, self.layer, slot)

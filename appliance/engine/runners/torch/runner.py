@@ -8,9 +8,12 @@ tokenizer on a vocab-only load of the same file (of a checkpoint's tokenizer con
 Shapes: spans of up to DECODE_ROWS tokens (decode steps, speculative verifies) run together
 in one forward, and every longer span (a prompt chunk) in a forward of its own, cut at
 n_batch. The matmul kernels used compute each row independently of the others, and every
-span's attention is padded per row (model.Attention._attend_rows), so a row's logits and KV
-are the same whatever else runs, however many rows its span has and wherever its prompt was
-cut (probe.check_exact and cache.invariance prove both on the loaded model at start-up).
+span's attention is row-wise (a short span's through `cpu_attention`'s kernel on a CPU, each
+row over exactly its own keys; a chunk's padded per row, model.Attention._attend_rows), so a
+row's logits and KV are the same whatever else runs and however many rows its span has, and
+a prompt's are the same wherever it was cut into chunks of more than DECODE_ROWS rows (all
+cuts with `--torch-attention ops`). probe.check_exact and cache.invariance prove both on the
+loaded model at start-up.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from ....fit.devices import GIB, Device
 from ....fit.experts import ExpertPlan, plan_experts
 from .fused import Fused
 from .graphs import DecodeGraphs
-from . import experts, hf, hf_vocab, model as model_mod, qlinear
+from . import cpu_attention, experts, hf, hf_vocab, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
 
@@ -149,6 +152,11 @@ class TorchRunner(TextMethods):
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
                      self.model.experts.copy_gb_per_s)
         self.kv_dtype = self.dtype
+        kernel, self.attention_note = cpu_attention_kernel(cfg.torch_attention, self.device, self.kernels, args,
+                                                           self.kv_dtype)
+        self.attention = "cpp" if kernel is not None else ("fused" if self.kernels else "ops")
+        for block in self.model.blocks:
+            block.attn.cpu = kernel
         graphs = graph_mode(cfg.torch_graphs, self.kernels, bool(args.n_expert), self.device)
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
                          self.kv_dtype, self.device, spare=1 if graphs != "off" else 0)
@@ -163,6 +171,8 @@ class TorchRunner(TextMethods):
             settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": _name(self.dtype),
                       "device": str(self.device), "int4": self.int4,
                       "kernels": "triton" if self.kernels else "off", "kv_type": _name(self.kv_dtype),
+                      "attention": self.attention,
+                      **({"attention_note": self.attention_note} if self.attention_note else {}),
                       # a str, not torch's TorchVersion: that would import torch where unpickled
                       "torch": str(torch.__version__), **self._expert_settings(),
                       **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
@@ -188,10 +198,12 @@ class TorchRunner(TextMethods):
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV dtype,
         torch's version, and the dtype, device, kernels, batch cut and threads that change the
-        computed KV (torch's CPU matmuls may split their sums by thread)."""
+        computed KV (torch's CPU matmuls may split their sums by thread; the attention path
+        of short spans feeds the next layer's K and V)."""
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
-                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "n_batch", "n_threads"))]
+                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "attention", "n_batch",
+                                           "n_threads"))]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":
             parts.append("experts=host-computed")   # CPU kernels for some rows: other bits
@@ -285,6 +297,26 @@ class TorchRunner(TextMethods):
 
             L.llama_model_free(self._llama)
             self._llama = None
+
+
+def cpu_attention_kernel(setting: str, device: torch.device, kernels: bool, args: model_mod.ModelArgs,
+                         kv_dtype: torch.dtype) -> tuple[cpu_attention.Attend | None, str]:
+    """The CPU decode attention kernel for short spans (`--torch-attention`), or None and why
+    not (an empty reason: not asked for, or not a CPU path)."""
+    if setting == "ops":
+        return None, ""
+    if device.type != "cpu" or kernels:
+        if setting == "cpp":
+            raise ModelLoadError("--torch-attention cpp: the C++ decode attention is the CPU path's "
+                                 f"(here: {device}{', the Triton kernels' if kernels else ''})")
+        return None, ""
+    why = cpu_attention.unsupported(args.n_head, args.n_head_kv, args.head_dim, kv_dtype)
+    kernel = None
+    if why is None:
+        kernel, why = cpu_attention.load()
+    if kernel is None and setting == "cpp":
+        raise ModelLoadError(f"--torch-attention cpp: the C++ decode attention cannot serve this model: {why}")
+    return kernel, (f"ops: {why}" if kernel is None else "")
 
 
 def graph_mode(setting: str, kernels: bool, moe: bool, device: torch.device) -> str:
