@@ -147,16 +147,11 @@ class TorchRunner(TextMethods):
                                     gemm=self.gemm,
                                     fused=Fused(args.spec.rope, args.rope_dim, args.n_head, args.head_dim,
                                                 args.eps) if self.kernels else None)
-        self.weights, self.args, self.n_batch = weights, args, cfg.n_batch
+        self.weights, self.args, self.n_batch, self.kv_dtype = weights, args, cfg.n_batch, self.dtype
         if self.model.experts is not None:
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
                      self.model.experts.copy_gb_per_s)
-        self.kv_dtype = self.dtype
-        kernel, self.attention_note = cpu_attention_kernel(cfg.torch_attention, self.device, self.kernels, args,
-                                                           self.kv_dtype)
-        self.attention = "cpp" if kernel is not None else ("fused" if self.kernels else "ops")
-        for block in self.model.blocks:
-            block.attn.cpu = kernel
+        self._choose_attention(cfg.torch_attention)
         graphs = graph_mode(cfg.torch_graphs, self.kernels, bool(args.n_expert), self.device)
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
                          self.kv_dtype, self.device, spare=1 if graphs != "off" else 0)
@@ -171,12 +166,23 @@ class TorchRunner(TextMethods):
             settings={"n_threads": threads, "n_batch": cfg.n_batch, "dtype": _name(self.dtype),
                       "device": str(self.device), "int4": self.int4,
                       "kernels": "triton" if self.kernels else "off", "kv_type": _name(self.kv_dtype),
-                      "attention": self.attention,
-                      **({"attention_note": self.attention_note} if self.attention_note else {}),
+                      **self._attention_settings(), **self._expert_settings(),
                       # a str, not torch's TorchVersion: that would import torch where unpickled
-                      "torch": str(torch.__version__), **self._expert_settings(),
+                      "torch": str(torch.__version__),
                       **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
             fingerprint=file_fingerprint(model_path))
+
+    def _choose_attention(self, setting: str) -> None:
+        """Short spans' attention: the CPU kernel (`cpu_attention_kernel`), the fused one of the
+        Triton kernels, or the ops."""
+        kernel, self.attention_note = cpu_attention_kernel(setting, self.device, self.kernels, self.args,
+                                                           self.kv_dtype)
+        self.attention = "cpp" if kernel is not None else ("fused" if self.kernels else "ops")
+        for block in self.model.blocks:
+            block.attn.cpu = kernel
+
+    def _attention_settings(self) -> dict:
+        return {"attention": self.attention, **({"attention_note": self.attention_note} if self.attention_note else {})}
 
     def _expert_settings(self) -> dict:
         if not self.args.n_expert:
