@@ -142,8 +142,7 @@ class Attention:
         t, length = q.shape[0], keys.shape[1]
         if self.fused is None:
             if self.cpu is not None and t <= DECODE_ROWS:   # each row over exactly its own keys
-                slot_k, slot_v = kv.view(self.layer, slot, kv.n_ctx)
-                return self.cpu(q.contiguous(), slot_k, slot_v, start, 1.0 / math.sqrt(self.args.head_dim))
+                return self.cpu(q.contiguous(), keys, values, start, 1.0 / math.sqrt(self.args.head_dim))
             return self._attend_rows(q, start, kv, slot)
         if t <= DECODE_ROWS:
             return self.fused.attend_rows(q, start, kv.k, kv.v, self.layer, slot)
