@@ -164,8 +164,11 @@ def test_stop_regenerate_continue_and_edit(server):
         page.click(".turn.user .edit")
         page.fill(".editbox", "Name three fruits.")
         page.click(".turn.user .save")
-        page.wait_for_selector(".turn.assistant .stats")
-        settle(page)
+        # the edit is saved before the page re-renders, so the old reply's stats stay a moment:
+        # wait for the new question's own reply
+        page.wait_for_function("[...document.querySelectorAll('.msg.user')].map(e => e.textContent.trim()).join('|')"
+                               " === 'Name three fruits.' && !!document.querySelector('.turn.assistant .stats')"
+                               " && !document.getElementById('send').disabled")
         assert page.locator(".msg.user").all_inner_texts() == ["Name three fruits."]
         stored = requests.get(f"{server.url}/api/conversations/{conv_id}", timeout=10).json()["messages"]
         assert [m["role"] for m in stored] == ["user", "assistant"] and stored[0]["content"] == "Name three fruits."
