@@ -71,10 +71,11 @@ class EngineConfig:
                              "batch bucket, auto | eager | off (auto: on a CUDA device for a dense model; "
                              "eager: the same fixed-shape step without capture, a check that runs on a CPU; "
                              "off: the ordinary forward)")
-    torch_attention: str = _opt("auto", "torch runner on a CPU: the attention of decode steps and verifies, "
-                                "auto | cpp | ops (cpp: a C++ kernel built once per machine, each row over "
-                                "exactly its own keys; ops: torch ops; auto: cpp when it builds and fits "
-                                "the model, else ops)")
+    torch_cpu_kernels: str = _opt("auto", "torch runner on a CPU: auto | cpp | ops. cpp: C++ kernels built once "
+                                  "per machine for RMSNorm, RoPE, SwiGLU and the attention of decode steps "
+                                  "and verifies (each row on its own, over exactly its own keys); ops: torch "
+                                  "ops; auto: cpp when they build (the attention where it fits the model), "
+                                  "else ops")
     expert_cache: str = _opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
                              "host memory and a device cache of SLOTS experts, shared by the layers, holds "
                              "the ones the router uses most (auto: a cache only when the experts do not fit "
@@ -149,7 +150,7 @@ class EngineConfig:
                  "torch_dtype must be auto, bfloat16, float16 or float32")
         _require(self.torch_kernels in ("auto", "triton", "off"), "torch_kernels must be auto, triton or off")
         _require(self.torch_graphs in ("auto", "eager", "off"), "torch_graphs must be auto, eager or off")
-        _require(self.torch_attention in ("auto", "cpp", "ops"), "torch_attention must be auto, cpp or ops")
+        _require(self.torch_cpu_kernels in ("auto", "cpp", "ops"), "torch_cpu_kernels must be auto, cpp or ops")
         from .fit.experts import COMPUTE, parse_setting
 
         parse_setting(self.expert_cache)  # raises for a value that is no count, auto or off

@@ -184,7 +184,7 @@ def assert_chunk_invariant(r, ids: list[int]) -> None:
 
 @pytest.mark.parametrize("arch,attention", [(a, "auto") for a in TINY_ARCHS] + [("llama", "ops"), ("qwen3moe", "ops")])
 def test_a_prompt_cut_anywhere_computes_the_same_bits(tmp_path, arch, attention):
-    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype="float32", torch_attention=attention),
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype="float32", torch_cpu_kernels=attention),
                     write_tiny(tmp_path / f"{arch}.gguf", arch))
     try:
         assert r.info.settings["attention"] == ("ops" if attention == "ops" else "cpp")
@@ -199,7 +199,7 @@ def test_the_embedded_model_cut_anywhere_computes_the_same_bits(attention):
     too, where the attention matmuls switch to the KV dtype."""
     from appliance.engine.runners.torch import model as model_mod
 
-    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=2048, torch_attention=attention), embedded_model_path())
+    r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=2048, torch_cpu_kernels=attention), embedded_model_path())
     try:
         assert r.info.settings["attention"] == attention
         ids = r.tokenize(TEXT * 3, add_special=True)

@@ -61,6 +61,7 @@ class Rope:
         if freq_factors is not None:                                     # Llama 3's rope_freqs
             inv = inv / freq_factors.to(torch.float64)
         self.inv_freq = inv
+        self.cpu = None   # cpu_kernels.CpuKernels: the rotation in place, in one call
 
     def tables(self, positions: torch.Tensor) -> torch.Tensor:
         """The rotation for each position: [N, 1, E/2] complex (cos + i sin of each angle)."""
@@ -70,6 +71,8 @@ class Rope:
     def __call__(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         # x: [N, heads, E] float32; rot: [N, 1, E/2] complex64. A pair (a, b) rotated by angle t
         # is (a + ib)(cos t + i sin t): one complex multiply per pair
+        if self.cpu is not None:
+            return self.cpu.rope_(x, rot, self.dim, self.kind != "norm")
         n, heads, e = x.shape
         part = x[..., :self.dim]
         if self.kind == "norm":       # pairs are adjacent: (x0, x1), (x2, x3), ...
@@ -98,7 +101,7 @@ class Attention:
         self.wqkv, self.wo = wqkv, wo             # wqkv: Q, K and V stacked, one matmul
         self.q_norm, self.k_norm = q_norm, k_norm
         self.fused = None                         # fused.Fused: the kernels' Q/K and decode attention
-        self.cpu = None                           # cpu_attention's kernel: short spans on a CPU
+        self.cpu = None                           # cpu_kernels' attention: short spans on a CPU
 
     def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, rot: torch.Tensor,
                  kv: KVPool) -> torch.Tensor:
@@ -135,7 +138,7 @@ class Attention:
                 kv: KVPool, slot: int) -> torch.Tensor:
         """q: [T, H, E]; keys, values: [G, L, E]. Every span attends row-wise, so a row depends
         on its position alone: short spans (decode steps, verifies) through the CPU kernel when
-        it is on (`cpu_attention`), else like prompt chunks through _attend_rows; a short span's
+        it is on (`cpu_kernels`), else like prompt chunks through _attend_rows; a short span's
         rows then differ in bits from the same rows in a chunk, which the prompt cache's probe
         finds (it reuses leaving at least DECODE_ROWS + 1 rows). With the kernels, short spans
         take the fused decode attention and chunks SDPA (not chunk-invariant)."""
@@ -213,8 +216,11 @@ def _hidden(first: int, tail: int, t: int, device) -> torch.Tensor:
 class MLP:
     def __init__(self, gate_up: Linear, down: Linear) -> None:
         self.gate_up, self.down = gate_up, down   # gate_up: the two stacked, one matmul
+        self.act = None                           # cpu_kernels' SwiGLU: [N, 2F] -> [N, F] in one call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act is not None:
+            return self.down(self.act(self.gate_up(x)))
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
@@ -248,11 +254,12 @@ class Block:
     def __init__(self, args: ModelArgs, attn: Attention, ffn: MLP | MoE, attn_norm: torch.Tensor,
                  ffn_norm: torch.Tensor) -> None:
         self.args, self.attn, self.ffn, self.attn_norm, self.ffn_norm = args, attn, ffn, attn_norm, ffn_norm
-        self.norm = rms_norm                      # or the kernels' (fused.Fused.rms_norm)
+        self.norm = rms_norm                      # or the kernels' (fused.Fused.rms_norm, cpu_kernels)
+        self.norm_ffn = rms_norm                  # ... before the feed-forward
 
     def __call__(self, x, segs, rope, rot, kv) -> torch.Tensor:
         h = x + self.attn(self.norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
-        return h + self.ffn(self.norm(h, self.ffn_norm, self.args.eps))
+        return h + self.ffn(self.norm_ffn(h, self.ffn_norm, self.args.eps))
 
     def step(self, x, rot, positions, slots, kv) -> torch.Tensor:
         h = x + self.attn.step(self.norm(x, self.attn_norm, self.args.eps), rot, positions, slots, kv)
@@ -264,6 +271,7 @@ class Transformer:
                  output: Linear, rope: Rope) -> None:
         self.args, self.embed, self.blocks = args, embed, blocks
         self.norm, self.output, self.rope = norm, output, rope
+        self.final_norm = rms_norm                        # or cpu_kernels'
         self.experts: experts.ExpertCache | None = None   # expert offload, when on
 
     @torch.inference_mode()
@@ -274,7 +282,7 @@ class Transformer:
         rot = self.rope.tables(positions)
         for block in self.blocks:
             x = block(x, segs, self.rope, rot, kv)
-        x = rms_norm(x[logit_rows], self.norm, self.args.eps)               # [R, D]
+        x = self.final_norm(x[logit_rows], self.norm, self.args.eps)        # [R, D]
         return self.output(x)                                               # [R, V]
 
     @torch.inference_mode()
@@ -335,9 +343,23 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
     for b in blocks if fused is not None else ():   # norms, Q/K and decode attention on the kernels
-        b.norm, b.attn.fused = fused.rms_norm, fused
+        b.norm, b.norm_ffn, b.attn.fused = fused.rms_norm, fused.rms_norm, fused
     model.experts = _expert_cache(moes, host, offload, device, grouped=gemm is not None)
     return model
+
+
+def use_cpu_kernels(model: Transformer, k) -> None:
+    """Route the model's small per-row operations through `k` (a cpu_kernels.CpuKernels), or
+    back to torch ops (None). A norm whose only reader is a matmul hands it its operand; a MoE
+    block's feed-forward norm stays float32 (its router multiplies in float32)."""
+    model.final_norm = rms_norm if k is None else k.rms_norm
+    model.rope.cpu = k
+    for b in model.blocks:
+        b.norm = rms_norm if k is None else k.norm_operand
+        b.norm_ffn = rms_norm if k is None else (k.norm_operand if isinstance(b.ffn, MLP) else k.rms_norm)
+        b.attn.cpu = None if k is None else k.attend
+        if isinstance(b.ffn, MLP):
+            b.ffn.act = None if k is None else k.swiglu
 
 
 def _expert_cache(moes: Sequence[MoE], host: list, offload: experts.OffloadSpec | None, device,

@@ -8,11 +8,11 @@ tokenizer on a vocab-only load of the same file (of a checkpoint's tokenizer con
 Shapes: spans of up to DECODE_ROWS tokens (decode steps, speculative verifies) run together
 in one forward, and every longer span (a prompt chunk) in a forward of its own, cut at
 n_batch. The matmul kernels used compute each row independently of the others, and every
-span's attention is row-wise (a short span's through `cpu_attention`'s kernel on a CPU, each
-row over exactly its own keys; a chunk's padded per row, model.Attention._attend_rows), so a
-row's logits and KV are the same whatever else runs and however many rows its span has, and
-a prompt's are the same wherever it was cut into chunks of more than DECODE_ROWS rows (all
-cuts with `--torch-attention ops`). probe.check_exact and cache.invariance prove both on the
+span's attention is row-wise (a short span's through `cpu_kernels`' attention on a CPU, each
+row over exactly its own keys; a chunk's padded per row, model.Attention._attend_rows), as are
+the CPU kernels' norms, RoPE and SwiGLU, so a row's logits and KV are the same whatever else
+runs and however many rows its span has, and a prompt's are the same wherever it was cut into
+chunks of more than DECODE_ROWS rows (all cuts with `--torch-cpu-kernels ops`). probe.check_exact and cache.invariance prove both on the
 loaded model at start-up.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ....fit.devices import GIB, Device
 from ....fit.experts import ExpertPlan, plan_experts
 from .fused import Fused
 from .graphs import DecodeGraphs
-from . import cpu_attention, experts, hf, hf_vocab, model as model_mod, qlinear
+from . import cpu_kernels, experts, hf, hf_vocab, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
 
@@ -151,7 +151,7 @@ class TorchRunner(TextMethods):
         if self.model.experts is not None:
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
                      self.model.experts.copy_gb_per_s)
-        self._choose_attention(cfg.torch_attention)
+        self._choose_cpu_kernels(cfg.torch_cpu_kernels)
         graphs = graph_mode(cfg.torch_graphs, self.kernels, bool(args.n_expert), self.device)
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
                          self.kv_dtype, self.device, spare=1 if graphs != "off" else 0)
@@ -172,17 +172,18 @@ class TorchRunner(TextMethods):
                       **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
             fingerprint=file_fingerprint(model_path))
 
-    def _choose_attention(self, setting: str) -> None:
-        """Short spans' attention: the CPU kernel (`cpu_attention_kernel`), the fused one of the
-        Triton kernels, or the ops."""
-        kernel, self.attention_note = cpu_attention_kernel(setting, self.device, self.kernels, self.args,
-                                                           self.kv_dtype)
-        self.attention = "cpp" if kernel is not None else ("fused" if self.kernels else "ops")
-        for block in self.model.blocks:
-            block.attn.cpu = kernel
+    def _choose_cpu_kernels(self, setting: str) -> None:
+        """The CPU kernels (`choose_cpu_kernels`) or torch ops; short spans' attention through
+        them, the fused one of the Triton kernels, or the ops."""
+        k, self.cpu_kernels_note = choose_cpu_kernels(setting, self.device, self.kernels, self.args, self.kv_dtype,
+                                                      self.dtype)
+        model_mod.use_cpu_kernels(self.model, k)
+        self.cpu_kernels = "cpp" if k is not None else ("off" if self.kernels or self.device.type != "cpu" else "ops")
+        self.attention = "cpp" if k is not None and k.attend is not None else ("fused" if self.kernels else "ops")
 
     def _attention_settings(self) -> dict:
-        return {"attention": self.attention, **({"attention_note": self.attention_note} if self.attention_note else {})}
+        return {"cpu_kernels": self.cpu_kernels, "attention": self.attention,
+                **({"cpu_kernels_note": self.cpu_kernels_note} if self.cpu_kernels_note else {})}
 
     def _expert_settings(self) -> dict:
         if not self.args.n_expert:
@@ -204,11 +205,12 @@ class TorchRunner(TextMethods):
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV dtype,
         torch's version, and the dtype, device, kernels, batch cut and threads that change the
-        computed KV (torch's CPU matmuls may split their sums by thread; the attention path
-        of short spans feeds the next layer's K and V)."""
+        computed KV (torch's CPU matmuls may split their sums by thread; the CPU kernels and the
+        attention path of short spans feed the next layer's K and V)."""
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
-                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "attention", "n_batch",
+                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "cpu_kernels", "attention",
+                                           "n_batch",
                                            "n_threads"))]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":
@@ -305,24 +307,28 @@ class TorchRunner(TextMethods):
             self._llama = None
 
 
-def cpu_attention_kernel(setting: str, device: torch.device, kernels: bool, args: model_mod.ModelArgs,
-                         kv_dtype: torch.dtype) -> tuple[cpu_attention.Attend | None, str]:
-    """The CPU decode attention kernel for short spans (`--torch-attention`), or None and why
-    not (an empty reason: not asked for, or not a CPU path)."""
+def choose_cpu_kernels(setting: str, device: torch.device, kernels: bool, args: model_mod.ModelArgs,
+                       kv_dtype: torch.dtype, dtype: torch.dtype) -> tuple[cpu_kernels.CpuKernels | None, str]:
+    """The CPU kernels (`--torch-cpu-kernels`), or None and why not (an empty reason: not asked
+    for, or not a CPU path). Their attention serves short spans where its shapes allow; the
+    reason says so where they do not (`cpp` then refuses to start)."""
     if setting == "ops":
         return None, ""
     if device.type != "cpu" or kernels:
         if setting == "cpp":
-            raise ModelLoadError("--torch-attention cpp: the C++ decode attention is the CPU path's "
+            raise ModelLoadError("--torch-cpu-kernels cpp: the C++ kernels are the CPU path's "
                                  f"(here: {device}{', the Triton kernels' if kernels else ''})")
         return None, ""
-    why = cpu_attention.unsupported(args.n_head, args.n_head_kv, args.head_dim, kv_dtype)
-    kernel = None
-    if why is None:
-        kernel, why = cpu_attention.load()
-    if kernel is None and setting == "cpp":
-        raise ModelLoadError(f"--torch-attention cpp: the C++ decode attention cannot serve this model: {why}")
-    return kernel, (f"ops: {why}" if kernel is None else "")
+    mod, why = cpu_kernels.load()
+    if mod is None:
+        if setting == "cpp":
+            raise ModelLoadError(f"--torch-cpu-kernels cpp: the C++ kernels did not build: {why}")
+        return None, f"ops: {why}"
+    attention = cpu_kernels.unsupported(args.n_head, args.n_head_kv, args.head_dim, kv_dtype)
+    if attention is not None and setting == "cpp":
+        raise ModelLoadError(f"--torch-cpu-kernels cpp: the C++ decode attention cannot serve this model: {attention}")
+    note = f"attention on ops: {attention}" if attention is not None else ""
+    return cpu_kernels.CpuKernels(mod, dtype, attention=attention is None), note
 
 
 def graph_mode(setting: str, kernels: bool, moe: bool, device: torch.device) -> str:

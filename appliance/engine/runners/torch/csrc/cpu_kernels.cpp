@@ -1,8 +1,11 @@
-// Decode attention on a CPU for the torch runner: each query row attends over exactly its own
-// keys, 0 .. its position, in fixed 256-key blocks (flash-decoding), so a row's result depends
-// on its position and the KV alone: never on how many rows share the call, on the key padding
-// of its neighbours, or on the thread count. That is the runner's exactness property by
-// construction (probe.check_exact still proves it at start).
+// The torch runner's CPU kernels: decode attention, and the small per-row operations around a
+// layer's matmuls (RMSNorm, RoPE, SwiGLU). Every one computes a row on its own, in a fixed order
+// of arithmetic, so a row's result never depends on the rows beside it or on the thread count:
+// the runner's exactness properties (a verify equals its steps; a prompt row's result whatever
+// chunk it sits in) by construction. probe.check_exact and cache.invariance still prove them.
+//
+// Decode attention (`attend`): each query row attends over exactly its own keys, 0 .. its
+// position, in fixed 256-key blocks (flash-decoding).
 //
 // Layout: q [T, H, E] float32, row t at position start + t; k, v: one slot of one layer,
 // [G, n_ctx, E] (positions contiguous, E contiguous), bfloat16 or float32; query head h reads
@@ -227,6 +230,123 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return out;
 }
 
+
+// ---- the rest of a layer's small operations, row by row ---------------------------------------
+// Each row's arithmetic is fixed (lanes over 16-wide chunks, a fixed tree, then a scalar tail),
+// so a row's result never depends on the rows beside it or on the thread count, in a decode
+// step or a prompt chunk alike. One call replaces torch's several ops and their dispatch.
+
+namespace {
+
+inline uint16_t to_bf16(float f) {   // round to nearest even, as torch's conversion; NaN stays NaN
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40u);
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+inline void store_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void store_row(uint16_t* dst, const float* src, int64_t n) { for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]); }
+
+template <typename OT>
+void rms_rows(const float* x, int64_t x_stride, const float* w, int64_t c_dim, float eps, OT* out, int64_t lo, int64_t hi) {
+  std::vector<float> y(c_dim);
+  const int64_t body = c_dim / LANES * LANES;
+  for (int64_t r = lo; r < hi; ++r) {
+    const float* xr = x + r * x_stride;
+    vf acc{};
+    for (int64_t c = 0; c < body; c += LANES) { const vf a = load(xr + c); acc += a * a; }
+    float ss = hsum(acc);
+    for (int64_t c = body; c < c_dim; ++c) ss += xr[c] * xr[c];
+    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(c_dim) + eps);
+    for (int64_t c = 0; c < body; c += LANES) store(y.data() + c, load(xr + c) * scale * load(w + c));
+    for (int64_t c = body; c < c_dim; ++c) y[c] = xr[c] * scale * w[c];
+    store_row(out + r * c_dim, y.data(), c_dim);
+  }
+}
+
+}  // namespace
+
+// x [N, C] float32 (rows may be strided, C contiguous), w [C] float32 -> x / rms(x) * w, [N, C]
+// float32 or bfloat16 (the next matmul's operand)
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool bf16) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1,
+              "rms_norm: x must be [N, C] float32 on the CPU, C contiguous");
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == x.size(1), "rms_norm: w must be [C] float32");
+  const int64_t n = x.size(0), c_dim = x.size(1), stride = x.stride(0);
+  at::Tensor out = at::empty({n, c_dim}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
+    if (bf16) rms_rows(xp, stride, wp, c_dim, static_cast<float>(eps), reinterpret_cast<uint16_t*>(out.data_ptr()), lo, hi);
+    else rms_rows(xp, stride, wp, c_dim, static_cast<float>(eps), out.data_ptr<float>(), lo, hi);
+  });
+  return out;
+}
+
+// RoPE in place: x [N, heads, E] float32 (E contiguous), rot [N, dim / 2, 2] float32 (cos, sin
+// of each pair's angle); the first `dim` of each head rotated, pairs adjacent (x0, x1) or, with
+// neox, half the rotated part apart (x0, x_{dim/2}). (a, b) -> (a cos - b sin, a sin + b cos).
+void rope_(at::Tensor& x, const at::Tensor& rot, int64_t dim, bool neox) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.scalar_type() == at::kFloat && x.stride(2) == 1,
+              "rope_: x must be [N, heads, E] float32 on the CPU, E contiguous");
+  TORCH_CHECK(rot.scalar_type() == at::kFloat && rot.is_contiguous() && rot.numel() == x.size(0) * dim,
+              "rope_: rot must be [N, dim / 2, 2] float32, contiguous");
+  TORCH_CHECK(dim % 2 == 0 && dim <= x.size(2), "rope_: the rotated part must be even and within the head");
+  const int64_t n = x.size(0), heads = x.size(1), half = dim / 2, s0 = x.stride(0), s1 = x.stride(1);
+  float* xp = x.data_ptr<float>();
+  const float* rp = rot.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* cs = rp + r * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = xp + r * s0 + h * s1;
+        for (int64_t i = 0; i < half; ++i) {
+          float* a = neox ? p + i : p + 2 * i;
+          float* b = neox ? p + i + half : p + 2 * i + 1;
+          const float c = cs[2 * i], s = cs[2 * i + 1], av = *a, bv = *b;
+          *a = av * c - bv * s;
+          *b = av * s + bv * c;
+        }
+      }
+    }
+  });
+}
+
+// SwiGLU: gu [N, 2F] float32 (gate then up, as one stacked matmul gives them) -> silu(gate) * up,
+// [N, F] float32 or bfloat16 (the down matmul's operand). silu(g) = g / (1 + e^-g), from e^-|g|
+// (never overflows)
+at::Tensor swiglu(const at::Tensor& gu, bool bf16) {
+  TORCH_CHECK(gu.device().is_cpu() && gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() && gu.size(1) % 2 == 0,
+              "swiglu: gu must be [N, 2F] float32 on the CPU, contiguous");
+  const int64_t n = gu.size(0), f = gu.size(1) / 2, body = f / LANES * LANES;
+  at::Tensor out = at::empty({n, f}, gu.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const float* gp = gu.data_ptr<float>();
+  at::parallel_for(0, n, 4, [&](int64_t lo, int64_t hi) {
+    std::vector<float> y(f);
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* g = gp + r * 2 * f;
+      const float* u = g + f;
+      for (int64_t c = 0; c < body; c += LANES) {
+        const vf gv = load(g + c), neg = gv < 0.0f ? gv : -gv;
+        const vf t = exp_nonpos(neg);            // e^-|g|
+        const vf sig = (gv < 0.0f ? t : splat(1.0f)) / (1.0f + t);
+        store(y.data() + c, gv * sig * load(u + c));
+      }
+      for (int64_t c = body; c < f; ++c) {
+        const float t = exp_nonpos(-std::fabs(g[c]));
+        y[c] = g[c] * ((g[c] < 0.0f ? t : 1.0f) / (1.0f + t)) * u[c];
+      }
+      if (bf16) store_row(reinterpret_cast<uint16_t*>(out.data_ptr()) + r * f, y.data(), f);
+      else store_row(out.data_ptr<float>() + r * f, y.data(), f);
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "exact per-row decode attention over one slot's KV (CPU)");
+  m.def("rms_norm", &rms_norm, "RMSNorm row by row (CPU), float32 or bfloat16 out");
+  m.def("rope_", &rope_, "RoPE in place (CPU)");
+  m.def("swiglu", &swiglu, "silu(gate) * up row by row (CPU), float32 or bfloat16 out");
 }
