@@ -265,3 +265,40 @@ def test_kernels_that_do_not_build_leave_ops_or_refuse_cpp(tmp_path, monkeypatch
         r.close()
     with pytest.raises(ModelLoadError, match="no compiler"):
         runner(tmp_path, "cpp")
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_load(mod):
+    """torch's build lock is a file: one left by a killed build is cleared, not waited on."""
+    import threading
+
+    name = cpu_kernels.build_name()
+    (cpu_kernels.cache_dir() / name / "lock").write_text("")
+    got = []
+    t = threading.Thread(target=lambda: got.append(cpu_kernels._build(name)), daemon=True)
+    t.start()
+    t.join(120)
+    assert got and got[0][0] is not None, got
+    assert not (cpu_kernels.cache_dir() / name / "lock").exists()
+
+
+def test_the_one_call_span_is_the_same_bits_as_its_steps_one_by_one(tmp_path):
+    """attend_span (RoPE, KV store, attention in one call) against rope_, KVPool.write and
+    attend called one by one: logits and the stored KV equal, for a step and a verify."""
+    r = runner(tmp_path, "auto")
+    try:
+        ids = tuple(r.tokenize("The quick brown fox jumps over the lazy dog, again and again", add_special=True))
+        blocks = r.model.blocks
+        assert all(b.attn.span is not None for b in blocks)
+        got = {}
+        for one_call in (True, False):
+            for b in blocks:
+                b.attn.span = r.model.blocks[0].attn.span if one_call else None
+            r.truncate(0, 0)
+            prompt = r.forward([Span(0, ids[:-5], 0, 1)])[0]
+            step = r.forward([Span(0, ids[-5:-4], len(ids) - 5, 1)])[0]
+            verify = r.forward([Span(0, ids[-4:], len(ids) - 4, 4)])[0]
+            got[one_call] = (prompt, step, verify, r.save(0))
+        for a, b in zip(got[True], got[False]):
+            assert (a == b) if isinstance(a, bytes) else np.array_equal(a, b)
+    finally:
+        r.close()

@@ -21,6 +21,7 @@ serves on torch ops and reports it (`--torch-cpu-kernels auto`), or refuses to s
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -29,6 +30,8 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from . import model as M
 
 log = logging.getLogger("appliance.torch")
 
@@ -81,11 +84,16 @@ def _build(name: str) -> tuple[ModuleType | None, str]:
 
         where = cache_dir() / name
         where.mkdir(parents=True, exist_ok=True)
-        fresh = not any(where.glob("*.so"))
-        if fresh:
-            log.info("building the CPU kernels (once per machine, about 30 s)")
-        mod = load_extension(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-                             build_directory=str(where), verbose=False)
+        # torch's own build lock is a file it removes when done: a build killed midway leaves it
+        # and every later load waits on it forever. An flock (released when its process dies)
+        # guards the build across processes instead, and a `lock` found while holding it is stale.
+        with open(where / "appliance.flock", "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            (where / "lock").unlink(missing_ok=True)
+            if not any(where.glob("*.so")):
+                log.info("building the CPU kernels (once per machine, about 30 s)")
+            mod = load_extension(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS,
+                                 extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
         return mod, ""
     except Exception as e:  # noqa: BLE001 - no compiler or ninja, a failed build: the ops path serves
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -126,6 +134,31 @@ class CpuKernels:
         self.mod.rope_(x, torch.view_as_real(rot[:, 0]), dim, neox)
         return x
 
+    def attend_span(self, qkv: torch.Tensor, rot: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    start: int, rope_dim: int, neox: bool, n_head: int, scale: float) -> torch.Tensor:
+        """A short span after its QKV matmul: qkv [T, H + 2G, E] float32 (contiguous), rot
+        [T, 1, E/2] complex64, keys and values the slot's [G, n_ctx, E] -> the attention's
+        output [T, H * E] in the matmuls' dtype, K and V stored at start.. (the same bits as
+        `rope_`, `KVPool.write` and `attend` one by one)."""
+        return self.mod.attend_span(qkv, torch.view_as_real(rot[:, 0]), rope_dim, neox, keys, values, start,
+                                    scale, n_head, self.bf16)
+
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[N, 2F] float32 -> silu(gate) * up, [N, F] in the matmuls' dtype."""
         return self.mod.swiglu(gate_up, self.bf16)
+
+
+def use(model, k: CpuKernels | None) -> None:
+    """Route a model.Transformer's small per-row operations through `k`, or
+    back to torch ops (None). A norm whose only reader is a matmul hands it its operand; a MoE
+    block's feed-forward norm stays float32 (its router multiplies in float32)."""
+    model.final_norm = M.rms_norm if k is None else k.rms_norm
+    model.rope.cpu = k
+    for b in model.blocks:
+        b.norm = M.rms_norm if k is None else k.norm_operand
+        b.norm_ffn = M.rms_norm if k is None else (k.norm_operand if isinstance(b.ffn, M.MLP) else k.rms_norm)
+        b.attn.cpu = None if k is None else k.attend
+        # the one-call span (RoPE, KV store, attention) where no Q/K norm sits between
+        b.attn.span = k if k is not None and k.attend is not None and b.attn.q_norm is None else None
+        if isinstance(b.ffn, M.MLP):
+            b.ffn.act = None if k is None else k.swiglu

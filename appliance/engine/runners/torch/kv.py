@@ -42,15 +42,21 @@ class KVPool:
               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v ([T, G, E]) at positions start..; return the slot's [G, start + T, E] views."""
         end = start + k.shape[0]
+        keys, values = self.claim(layer, slot, start, k.shape[0])
+        keys[:, start:end] = k.transpose(0, 1)
+        values[:, start:end] = v.transpose(0, 1)
+        return keys[:, :end], values[:, :end]
+
+    def claim(self, layer: int, slot: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot's whole [G, n_ctx, E] K and V views, for a caller that stores n positions at
+        start itself (`cpu_kernels`' attend_span), with `write`'s check and length keeping."""
+        end = start + n
         if start > self.length[slot] or end > self.n_ctx:
             raise EngineFailure(f"KV write at positions [{start}, {end}) of slot {slot}, which "
                                 f"holds {self.length[slot]} of {self.n_ctx}")
-        keys, values = self._at[layer][slot]
-        keys[:, start:end] = k.transpose(0, 1)
-        values[:, start:end] = v.transpose(0, 1)
         if layer == len(self._at) - 1:
             self.length[slot] = end
-        return keys[:, :end], values[:, :end]
+        return self._at[layer][slot]
 
     def write_rows(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor) -> None:

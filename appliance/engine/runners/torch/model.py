@@ -102,12 +102,15 @@ class Attention:
         self.q_norm, self.k_norm = q_norm, k_norm
         self.fused = None                         # fused.Fused: the kernels' Q/K and decode attention
         self.cpu = None                           # cpu_kernels' attention: short spans on a CPU
+        self.span = None                          # cpu_kernels.CpuKernels: ... with RoPE and the KV store
 
     def __call__(self, x: torch.Tensor, segs: Sequence[Segment], rope: Rope, rot: torch.Tensor,
                  kv: KVPool) -> torch.Tensor:
         a = self.args
         n, h, g = x.shape[0], a.n_head, a.n_head_kv
         qkv = self.wqkv(x).view(n, h + 2 * g, a.head_dim)               # [N, H + 2G, E]
+        if self.span is not None and all(s.n <= DECODE_ROWS for s in segs):
+            return self.wo(self._spans(qkv, segs, rope, rot, kv))
         qk, v = qkv[:, :h + g], qkv[:, h + g:]                          # [N, H + G, E], [N, G, E]
         if self.fused is not None:
             qk = self.fused.qk(qk, rot, self.q_norm, self.k_norm)
@@ -122,6 +125,18 @@ class Attention:
             keys, values = kv.write(self.layer, s.slot, s.start, ks, vs)   # [G, L, E]
             outs.append(self._attend(qs, keys, values, s.start, kv, s.slot))
         return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _spans(self, qkv: torch.Tensor, segs: Sequence[Segment], rope: Rope, rot: torch.Tensor,
+               kv: KVPool) -> torch.Tensor:
+        """Short spans on the CPU kernels: each span's RoPE, KV store and attention in one call,
+        the same bits as the steps one by one (-> [N, H*E] in the matmuls' dtype)."""
+        outs = []
+        for s in segs:
+            keys, values = kv.claim(self.layer, s.slot, s.start, s.n)
+            rows = slice(s.row, s.row + s.n)
+            outs.append(self.span.attend_span(qkv[rows], rot[rows], keys, values, s.start, rope.dim,
+                                              rope.kind != "norm", self.args.n_head, 1.0 / math.sqrt(self.args.head_dim)))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def step(self, x: torch.Tensor, rot: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
              kv: KVPool) -> torch.Tensor:
@@ -346,20 +361,6 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         b.norm, b.norm_ffn, b.attn.fused = fused.rms_norm, fused.rms_norm, fused
     model.experts = _expert_cache(moes, host, offload, device, grouped=gemm is not None)
     return model
-
-
-def use_cpu_kernels(model: Transformer, k) -> None:
-    """Route the model's small per-row operations through `k` (a cpu_kernels.CpuKernels), or
-    back to torch ops (None). A norm whose only reader is a matmul hands it its operand; a MoE
-    block's feed-forward norm stays float32 (its router multiplies in float32)."""
-    model.final_norm = rms_norm if k is None else k.rms_norm
-    model.rope.cpu = k
-    for b in model.blocks:
-        b.norm = rms_norm if k is None else k.norm_operand
-        b.norm_ffn = rms_norm if k is None else (k.norm_operand if isinstance(b.ffn, MLP) else k.rms_norm)
-        b.attn.cpu = None if k is None else k.attend
-        if isinstance(b.ffn, MLP):
-            b.ffn.act = None if k is None else k.swiglu
 
 
 def _expert_cache(moes: Sequence[MoE], host: list, offload: experts.OffloadSpec | None, device,

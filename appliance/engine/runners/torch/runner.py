@@ -177,7 +177,7 @@ class TorchRunner(TextMethods):
         them, the fused one of the Triton kernels, or the ops."""
         k, self.cpu_kernels_note = choose_cpu_kernels(setting, self.device, self.kernels, self.args, self.kv_dtype,
                                                       self.dtype)
-        model_mod.use_cpu_kernels(self.model, k)
+        cpu_kernels.use(self.model, k)
         self.cpu_kernels = "cpp" if k is not None else ("off" if self.kernels or self.device.type != "cpu" else "ops")
         self.attention = "cpp" if k is not None and k.attend is not None else ("fused" if self.kernels else "ops")
 

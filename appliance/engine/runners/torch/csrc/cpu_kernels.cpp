@@ -162,8 +162,9 @@ void block_item(const float* q, int64_t per, int64_t e_dim, const KT* k, const K
 
 template <typename KT>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start, double scale, at::Tensor& out) {
+  // q [T, H, E], heads and E contiguous; its rows may be strided (Q inside a row of Q, K, V)
   const int64_t t_rows = q.size(0), h = q.size(1), e_dim = q.size(2), g = k.size(0);
-  const int64_t per = h / g, head_stride = k.stride(0);
+  const int64_t per = h / g, head_stride = k.stride(0), q_stride = q.stride(0);
   const float* qp = q.data_ptr<float>();
   const KT* kp = reinterpret_cast<const KT*>(k.data_ptr());
   const KT* vp = reinterpret_cast<const KT*>(v.data_ptr());
@@ -174,7 +175,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t 
   const int64_t n_items = first[t_rows], part = per * (e_dim + 2);
   std::vector<float> parts(n_items * part);
   std::vector<float> qs(t_rows * h * e_dim);
-  for (int64_t x = 0; x < t_rows * h * e_dim; ++x) qs[x] = static_cast<float>(qp[x] * static_cast<float>(scale));
+  for (int64_t t = 0; t < t_rows; ++t)
+    for (int64_t x = 0; x < h * e_dim; ++x) qs[t * h * e_dim + x] = static_cast<float>(qp[t * q_stride + x] * static_cast<float>(scale));
   at::parallel_for(0, n_items, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t t = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
@@ -213,7 +215,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t 
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start, double scale) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "attend: CPU tensors only");
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "attend: q must be [T, H, E] float32, contiguous");
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "attend: q must be [T, H, E] float32, heads and E contiguous");
   TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes() && k.strides() == v.strides(), "attend: k and v must be [G, L, E] alike");
   TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kFloat),
               "attend: k and v must be bfloat16 or float32");
@@ -344,9 +347,42 @@ at::Tensor swiglu(const at::Tensor& gu, bool bf16) {
   return out;
 }
 
+// A short span's whole attention after the QKV matmul, in one call: RoPE on its Q and K rows
+// (in place, `rope_`), K and V stored into the slot at start .. start + T (rounded to the pool's
+// dtype as torch's copy rounds), then `attend`, out in float32 or bfloat16 (the output
+// matmul's operand). qkv [T, H + 2G, E] float32, contiguous; rot [T, dim / 2, 2]; k, v the
+// slot's [G, n_ctx, E]. The same arithmetic as those steps taken one by one.
+at::Tensor attend_span(at::Tensor& qkv, const at::Tensor& rot, int64_t rope_dim, bool neox, at::Tensor& k,
+                       at::Tensor& v, int64_t start, double scale, int64_t h, bool bf16) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 3 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(),
+              "attend_span: qkv must be [T, H + 2G, E] float32 on the CPU, contiguous");
+  TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes() && k.strides() == v.strides() &&
+              k.scalar_type() == v.scalar_type(), "attend_span: k and v must be [G, n_ctx, E] alike");
+  const int64_t t_rows = qkv.size(0), g = k.size(0), e_dim = qkv.size(2);
+  TORCH_CHECK(qkv.size(1) == h + 2 * g && k.size(2) == e_dim && k.stride(2) == 1 && k.stride(1) == e_dim,
+              "attend_span: qkv's heads must be H query heads, then the pool's G K and G V heads");
+  TORCH_CHECK(start >= 0 && start + t_rows <= k.size(1), "attend_span: rows past the KV given");
+  const bool bf16_kv = k.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16_kv || k.scalar_type() == at::kFloat, "attend_span: k and v must be bfloat16 or float32");
+  at::Tensor qk = qkv.narrow(1, 0, h + g);
+  rope_(qk, rot, rope_dim, neox);
+  const float* src = qkv.data_ptr<float>();
+  for (int64_t t = 0; t < t_rows; ++t)
+    for (int64_t gi = 0; gi < g; ++gi)
+      for (int which = 0; which < 2; ++which) {
+        const float* row = src + (t * (h + 2 * g) + h + which * g + gi) * e_dim;
+        const int64_t at = gi * k.stride(0) + (start + t) * e_dim;
+        if (bf16_kv) store_row(reinterpret_cast<uint16_t*>((which ? v : k).data_ptr()) + at, row, e_dim);
+        else store_row((which ? v : k).data_ptr<float>() + at, row, e_dim);
+      }
+  at::Tensor out = attend(qkv.narrow(1, 0, h), k, v, start, scale);
+  return bf16 ? out.to(at::kBFloat16) : out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "exact per-row decode attention over one slot's KV (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm row by row (CPU), float32 or bfloat16 out");
   m.def("rope_", &rope_, "RoPE in place (CPU)");
+  m.def("attend_span", &attend_span, "a short span's RoPE, KV store and attention in one call (CPU)");
   m.def("swiglu", &swiglu, "silu(gate) * up row by row (CPU), float32 or bfloat16 out");
 }
