@@ -12,8 +12,8 @@ span's attention is row-wise (a short span's through `cpu_kernels`' attention on
 row over exactly its own keys; a chunk's padded per row, model.Attention._attend_rows), as are
 the CPU kernels' norms, RoPE and SwiGLU, so a row's logits and KV are the same whatever else
 runs and however many rows its span has, and a prompt's are the same wherever it was cut into
-chunks of more than DECODE_ROWS rows (all cuts with `--torch-cpu-kernels ops`). probe.check_exact and cache.invariance prove both on the
-loaded model at start-up.
+chunks of more than DECODE_ROWS rows (all cuts with `--torch-cpu-kernels ops`).
+probe.check_exact and cache.invariance prove both on the loaded model at start-up.
 """
 from __future__ import annotations
 
@@ -210,8 +210,7 @@ class TorchRunner(TextMethods):
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
                  *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "cpu_kernels", "attention",
-                                           "n_batch",
-                                           "n_threads"))]
+                                           "n_batch", "n_threads"))]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":
             parts.append("experts=host-computed")   # CPU kernels for some rows: other bits
