@@ -281,6 +281,36 @@ def test_a_build_killed_midway_does_not_hang_the_next_load(mod):
     assert not (cpu_kernels.cache_dir() / name / "lock").exists()
 
 
+def test_a_prefetched_build_is_the_one_load_waits_for(monkeypatch):
+    """The runner starts the build first thing; its load() then waits for that build rather
+    than starting a second one, and gets its result."""
+    import threading
+    import time
+
+    calls, release = [], threading.Event()
+
+    def slow_build(name):
+        calls.append(threading.current_thread().name)
+        release.wait(30)
+        return "module", ""
+
+    monkeypatch.setattr(cpu_kernels, "_build", slow_build)
+    monkeypatch.setattr(cpu_kernels, "build_name", lambda: "appliance_cpu_kernels_prefetch_test")
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setattr(cpu_kernels, "_building", {})
+    cpu_kernels.prefetch()
+    cpu_kernels.prefetch()                     # a second call starts nothing more
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(cpu_kernels.load()), daemon=True)
+    waiter.start()
+    time.sleep(0.2)
+    assert not got, "load() returned before the build it waits for finished"
+    release.set()
+    waiter.join(30)
+    assert got == [("module", "")] and calls == ["cpu-kernels-build"]
+    assert cpu_kernels.load() == ("module", "") and len(calls) == 1
+
+
 def test_the_one_call_span_is_the_same_bits_as_its_steps_one_by_one(tmp_path):
     """attend_span (RoPE, KV store, attention in one call) against rope_, KVPool.write and
     attend called one by one: logits and the stored KV equal, for a step and a verify."""

@@ -14,8 +14,9 @@ the rest of a decode step is 11-12% shorter with the other three.
 The extension is compiled with torch's `cpp_extension` (ninja and a C++ compiler) for this
 CPU (`-march=native`), into $XDG_CACHE_HOME/appliance/torch_ext under a name that carries
 the source's hash, torch's version and the CPU's flags, so an edit, another torch or another
-CPU builds anew and a build is otherwise loaded from disk (about 30 s the first time on 2
-cores, then well under a second). `load()` says why when it cannot build; the runner then
+CPU builds anew and a build is otherwise loaded from disk (about 10 s the first time on 2
+cores, then well under a second). The runner calls `prefetch()` first thing, so that a first
+build (the compiler in its own process) overlaps reading the weights. `load()` says why when it cannot build; the runner then
 serves on torch ops and reports it (`--torch-cpu-kernels auto`), or refuses to start
 (`--torch-cpu-kernels cpp`).
 """
@@ -41,6 +42,7 @@ MAX_HEAD_DIM, MAX_GROUP = 256, 16
 
 _lock = threading.Lock()
 _loaded: dict[str, tuple[ModuleType | None, str]] = {}
+_building: dict[str, threading.Thread] = {}
 
 
 def cache_dir(env: dict | None = None) -> Path:
@@ -69,9 +71,23 @@ def build_name() -> str:
     return f"appliance_cpu_kernels_{h.hexdigest()[:16]}"
 
 
+def prefetch() -> None:
+    """Start building or loading the kernels in a thread; `load()` then waits for it."""
+    name = build_name()
+    with _lock:
+        if name in _loaded or name in _building:
+            return
+        _building[name] = threading.Thread(target=load, name="cpu-kernels-build", daemon=True)
+        _building[name].start()
+
+
 def load() -> tuple[ModuleType | None, str]:
     """(the compiled module, "") or (None, why not). Built or loaded once per process."""
     name = build_name()
+    with _lock:
+        building = _building.get(name)
+    if building is not None and building is not threading.current_thread():
+        building.join()
     with _lock:
         if name not in _loaded:
             _loaded[name] = _build(name)
@@ -91,7 +107,7 @@ def _build(name: str) -> tuple[ModuleType | None, str]:
             fcntl.flock(guard, fcntl.LOCK_EX)
             (where / "lock").unlink(missing_ok=True)
             if not any(where.glob("*.so")):
-                log.info("building the CPU kernels (once per machine, about 30 s)")
+                log.info("building the CPU kernels (once per machine, about 10 s)")
             mod = load_extension(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS,
                                  extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
         return mod, ""

@@ -126,6 +126,9 @@ class TorchRunner(TextMethods):
         self.dtype = resolve_dtype(cfg.torch_dtype, self.device)
         threads, _ = cfg.resolved_threads()
         torch.set_num_threads(threads)
+        self.kernels = use_kernels(cfg.torch_kernels, self.device)
+        if cfg.torch_cpu_kernels != "ops" and self.device.type == "cpu" and not self.kernels:
+            cpu_kernels.prefetch()   # a first build compiles while the weights load
         weights, vocab_path = open_weights(model_path)
         args = model_mod.ModelArgs.from_gguf(weights)
         if vocab_path is None:     # a Hugging Face checkpoint: its tokenizer as a vocab-only GGUF
@@ -135,7 +138,6 @@ class TorchRunner(TextMethods):
         if self.text.n_vocab != args.n_vocab:
             raise ModelLoadError(f"{model_path}: the tokenizer has {self.text.n_vocab} tokens and "
                                  f"token_embd {args.n_vocab} rows")
-        self.kernels = use_kernels(cfg.torch_kernels, self.device)
         self.gemm = TunedGemm(cfg, self.device) if self.kernels else None
         self.int4 = (cfg.torch_int4 and self.device.type == "cpu" and self.dtype == torch.bfloat16
                      and qlinear.available() and not self.kernels)
