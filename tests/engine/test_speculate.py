@@ -114,6 +114,25 @@ def test_acceptance_counts_tried_tokens_and_follows_recent_evidence():
     assert acc.rate < 0.55
 
 
+def test_a_request_that_stopped_drafting_tries_again_after_a_while():
+    """Rejections push the estimate below what a verify costs; steps without a draft then
+    let it drift back to the prior, so a request whose early drafts failed drafts again
+    (before, it never did: no draft, no new evidence)."""
+    cost = spec.CostModel((1, 2, 4, 8, 16), (1.0, 1.3, 1.7, 2.8, 5.0))   # verifies as dear as at depth here
+    sp = spec.Speculator(spec.Policy("lookup", ("lookup",), cost=cost))
+    st = sp.start([1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], None)
+    assert sp.propose([st], [8], [0]) != [()]       # the prior says try
+    for _ in range(3):
+        st.draft = (9,)
+        sp.verified(st, 1, [7])                          # each draft rejected at once
+    assert sp.propose([st], [8], [0]) == [()]       # now a draft costs more than it promises
+    idle = 0
+    while sp.propose([st], [8], [0]) == [()]:
+        idle += 1
+        assert idle < 20, "the request never drafts again"
+    assert 1 <= idle < 20
+
+
 # -- exactness and the policy -------------------------------------------------------------------
 
 class PerturbingRunner(FakeRunner):

@@ -53,7 +53,10 @@ class Acceptance:
     so a verify that accepted a of k tried a + 1 tokens (a if all passed): the acceptance
     probability per tried token is accepted / tried. Copying comes in bursts (a quoted file, a
     path, then new text), so the estimate weighs recent steps more: counts decay by DECAY per
-    verify, and a prior of PRIOR_ACCEPT worth PRIOR_WEIGHT tries holds while evidence is thin."""
+    verify, and a prior of PRIOR_ACCEPT worth PRIOR_WEIGHT tries holds while evidence is thin.
+    A step without a draft decays them too (`idle`): a request whose estimate fell too low to
+    draft returns to the prior, so it tries again where the copying starts (without it, a
+    stream that stopped drafting had no new evidence and never drafted again)."""
 
     proposed: int = 0
     accepted: int = 0
@@ -67,6 +70,11 @@ class Acceptance:
         self.proposed, self.accepted, self.steps = self.proposed + k, self.accepted + accepted, self.steps + 1
         self.recent_accepted = DECAY * self.recent_accepted + accepted
         self.recent_tried = DECAY * self.recent_tried + tried
+
+    def idle(self) -> None:
+        """A step on which this request did not draft: what it last saw counts less."""
+        self.recent_accepted *= DECAY
+        self.recent_tried *= DECAY
 
     @property
     def rate(self) -> float:

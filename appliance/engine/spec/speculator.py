@@ -130,6 +130,9 @@ class Speculator:
         for st, d in zip(states, out):
             if st is not None:
                 st.draft = d
+                if not d:   # no evidence this step: the record drifts back to the prior
+                    st.acc.idle()
+                    st.lookup_acc.idle()
         return out
 
     def _options(self, states: Sequence[Drafting | None], room: Sequence[int]) -> tuple[list, list]:
