@@ -144,6 +144,23 @@ class PerturbingRunner(FakeRunner):
         return [o + np.float32(1e-3) * (len(s.tokens) > 1) for o, s in zip(out, spans)]
 
 
+def test_measured_costs_keep_a_step_between_row_counts(monkeypatch):
+    """A kernel that takes rows four at a time costs a step more at 5 rows than at 4; the
+    start-up measurement sees it rather than interpolating it away between 4 and 8."""
+    clock = [0.0]
+
+    class TiledRunner(FakeRunner):
+        def forward(self, spans):
+            rows = sum(len(s.tokens) for s in spans)
+            clock[0] += 1.0 + 0.8 * ((rows + 3) // 4 - 1) + 0.05 * rows   # a time unit a 4-row tile
+            return super().forward(spans)
+
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+    cost = probe.measure_costs(TiledRunner(n_slots=1), 0, list(range(1, 20)))
+    assert cost(4) == pytest.approx(1.2 / 1.05) and cost(5) == pytest.approx(2.05 / 1.05)
+    assert cost(5) - cost(4) > 0.7         # the step, where 4..8 interpolated would rise 0.2
+
+
 def test_check_exact_tells_an_exact_runner_from_a_perturbed_one():
     assert probe.check_exact(FakeRunner(n_slots=1), 0, [1, 2, 3], k=4).exact
     got = probe.check_exact(PerturbingRunner(n_slots=1), 0, [1, 2, 3], k=4)
