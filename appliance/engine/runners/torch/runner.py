@@ -122,13 +122,7 @@ def _name(dtype: torch.dtype) -> str:
 
 class TorchRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
-        self.device = resolve_device(cfg.torch_device)
-        self.dtype = resolve_dtype(cfg.torch_dtype, self.device)
-        threads, _ = cfg.resolved_threads()
-        torch.set_num_threads(threads)
-        self.kernels = use_kernels(cfg.torch_kernels, self.device)
-        if cfg.torch_cpu_kernels != "ops" and self.device.type == "cpu" and not self.kernels:
-            cpu_kernels.prefetch()   # a first build compiles while the weights load
+        threads = self._compute(cfg)
         weights, vocab_path = open_weights(model_path)
         args = model_mod.ModelArgs.from_gguf(weights)
         if vocab_path is None:     # a Hugging Face checkpoint: its tokenizer as a vocab-only GGUF
@@ -173,6 +167,18 @@ class TorchRunner(TextMethods):
                       "torch": str(torch.__version__),
                       **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
             fingerprint=file_fingerprint(model_path))
+
+    def _compute(self, cfg: EngineConfig) -> int:
+        """Device, dtype, threads (returned) and the Triton kernels' use; on a CPU, the C++
+        kernels' build starts here, so that a first build compiles while the weights load."""
+        self.device = resolve_device(cfg.torch_device)
+        self.dtype = resolve_dtype(cfg.torch_dtype, self.device)
+        threads, _ = cfg.resolved_threads()
+        torch.set_num_threads(threads)
+        self.kernels = use_kernels(cfg.torch_kernels, self.device)
+        if cfg.torch_cpu_kernels != "ops" and self.device.type == "cpu" and not self.kernels:
+            cpu_kernels.prefetch()
+        return threads
 
     def _choose_cpu_kernels(self, setting: str) -> None:
         """The CPU kernels (`choose_cpu_kernels`) or torch ops; short spans' attention through
