@@ -220,6 +220,73 @@ def runner(tmp_path, setting: str, **dims):
                        write_tiny(tmp_path / "m.gguf", "llama", **dims))
 
 
+# -- the int4 matmul --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def int4(mod):
+    if not mod.int4_native():
+        pytest.skip("the int4 matmul is built on AVX512-BF16 CPUs only (torch's int4 kernel serves elsewhere)")
+    return mod
+
+
+def int4_matrix(qtype, n: int, k: int, seed: int):
+    import gguf
+
+    from appliance.engine.runners.torch import qlinear
+    from appliance.engine.runners.torch.weights import QuantBlocks
+
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    blocks = QuantBlocks(gguf.quants.quantize(w, qtype), qtype, (n, k))
+    lin = qlinear.Int4Linear(blocks, torch.bfloat16)
+    codes, scale, zero = (qlinear.split_q8_0 if lin.doubled else qlinear.unpack)(blocks)
+    # the weights the kernel holds: the file's codes, each group's scale and zero in bfloat16
+    s, z = (torch.from_numpy(a).to(torch.bfloat16).double().numpy() for a in (scale, zero))
+    dense = (codes.astype(np.float64) - 8) * np.repeat(s, 32, 1) + np.repeat(z, 32, 1)
+    if lin.doubled:
+        dense = dense[:, :k] + dense[:, k:]
+    return lin, torch.from_numpy(dense)
+
+
+@pytest.mark.parametrize("qtype_name,n,k", [("Q4_0", 48, 96), ("Q4_1", 64, 576), ("Q8_0", 32, 128)])
+def test_the_int4_matmul_is_the_packed_matrix_times_x(int4, qtype_name, n, k):
+    """Against float64 on the very weights it holds (the codes, bfloat16 scales and zeros):
+    only float32 sums apart; Q8_0 as its two int4 halves."""
+    import gguf
+
+    lin, dense = int4_matrix(getattr(gguf.GGMLQuantizationType, qtype_name), n, k, seed=4)
+    lin.use(int4)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(5))
+    got = lin(x)
+    want = x.to(torch.bfloat16).double() @ dense.T
+    assert got.dtype == torch.float32 and got.shape == (11, n)
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+def test_an_int4_rows_bits_depend_on_that_row_alone(int4):
+    """A row alone, among 5, 9 (past the 8 rows a dequantized group serves) or 40 rows, on 1
+    thread or 2: the same bits, so a verify equals its steps and a prompt row its chunk."""
+    import gguf
+
+    lin, _ = int4_matrix(gguf.GGMLQuantizationType.Q4_1, 96, 576, seed=6)
+    lin.use(int4)
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(7))
+    together = lin(x)
+    for rows in (1, 5, 9):
+        assert torch.equal(lin(x[:rows]), together[:rows])
+    rows_alone_equal_rows_together(lin, x)
+
+
+def test_the_int4_matmul_refuses_what_it_cannot_read(int4):
+    import gguf
+
+    lin, _ = int4_matrix(gguf.GGMLQuantizationType.Q4_0, 32, 64, seed=8)
+    lin.use(int4)
+    with pytest.raises(RuntimeError, match="K"):
+        int4.int4_matmul(torch.zeros(2, 96, dtype=torch.bfloat16), lin.packed, lin.scales_zeros)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        int4.int4_matmul(torch.zeros(2, 64), lin.packed, lin.scales_zeros)
+
+
 def test_the_runner_takes_the_kernels_by_default_and_ops_when_asked(tmp_path):
     cpp, ops = runner(tmp_path, "auto"), runner(tmp_path, "ops")
     try:

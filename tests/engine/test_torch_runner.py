@@ -122,9 +122,13 @@ def test_embedded_model_agrees_with_llama_cpp(smol, dtype):
     r = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_dtype=dtype), embedded_model_path())
     try:
         if r.int4:   # its Q8_0 output as int4 halves, its embeddings looked up in the file's blocks
-            from appliance.engine.runners.torch import qlinear
+            from appliance.engine.runners.torch import cpu_kernels, qlinear
             assert isinstance(r.model.output, qlinear.Int4Linear) and r.model.output.doubled
             assert isinstance(r.model.embed, qlinear.BlockEmbedding)
+            mod, _ = cpu_kernels.load()   # where it builds with AVX512-BF16, the C++ int4 matmul
+            native = mod is not None and mod.int4_native()
+            assert r.info.settings["int4_matmul"] == ("cpp" if native else "torch")
+            assert (r.model.output.kernel is not None) == native
         got = teacher_forced(r, smol.ids)
         prefixes = [common_prefix(ref, greedy(r, c)) for ref, c in zip(smol.replies, smol.chats)]
     finally:

@@ -33,6 +33,7 @@ from types import ModuleType
 import torch
 
 from . import model as M
+from .qlinear import Int4Linear
 
 log = logging.getLogger("appliance.torch")
 
@@ -136,6 +137,7 @@ class CpuKernels:
     def __init__(self, mod: ModuleType, operand: torch.dtype, attention: bool) -> None:
         self.mod, self.bf16 = mod, operand == torch.bfloat16
         self.attend = mod.attend if attention else None
+        self.int4 = self.bf16 and mod.int4_native()   # the int4 matmul (AVX512-BF16 builds)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """float32 out (the final norm's input to the logits, a MoE router's)."""
@@ -164,10 +166,19 @@ class CpuKernels:
         return self.mod.swiglu(gate_up, self.bf16)
 
 
+def int4_linears(model) -> list[Int4Linear]:
+    """The model's int4 matrices: attention, feed-forward (or router) and output."""
+    owners = [model] + [o for b in model.blocks for o in (b.attn, b.ffn)]
+    return [v for o in owners for v in vars(o).values() if isinstance(v, Int4Linear)]
+
+
 def use(model, k: CpuKernels | None) -> None:
     """Route a model.Transformer's small per-row operations through `k`, or
     back to torch ops (None). A norm whose only reader is a matmul hands it its operand; a MoE
-    block's feed-forward norm stays float32 (its router multiplies in float32)."""
+    block's feed-forward norm stays float32 (its router multiplies in float32). Its int4
+    matrices are packed for `k`'s int4 matmul where it has one, else for torch's."""
+    for lin in int4_linears(model):
+        lin.use(k.mod if k is not None and k.int4 else None)
     model.final_norm = M.rms_norm if k is None else k.rms_norm
     model.rope.cpu = k
     for b in model.blocks:

@@ -1,7 +1,9 @@
-"""GGUF weights kept quantized. On the CPU, Q4_0 and Q4_1 matrices multiplied by torch's int4
-weight-only kernel (`_weight_int4pack_mm_for_cpu`), so a decode step reads a quarter of the
-bytes a bfloat16 copy would (`Int4Linear`). On a GPU, every block format `kernels.wgemm`
-reads, kept on the device as the file stores it (`BlockLinear`).
+"""GGUF weights kept quantized. On the CPU, Q4_0 and Q4_1 matrices kept as 4-bit codes, so a
+decode step reads a quarter of the bytes a bfloat16 copy would (`Int4Linear`), multiplied by
+the CPU kernels' int4 matmul where they are built with AVX512-BF16 (`cpu_kernels`, in the
+layout of `pack_tiles`), else by torch's int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`).
+On a GPU, every block format `kernels.wgemm` reads, kept on the device as the file stores it
+(`BlockLinear`).
 
 Format mapping. A GGUF block is 32 consecutive weights of one row (along the input
 dimension), 18 bytes for Q4_0 (f16 d, 16 bytes of nibbles) and 20 for Q4_1 (f16 d, f16 m,
@@ -68,30 +70,58 @@ def split_q8_0(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes, scale, zero
 
 
+def pack_tiles(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`unpack`'s (codes, scale, zero) of an [N, K] matrix (N a multiple of 16) in the layout of
+    the CPU kernels' int4 matmul (csrc/cpu_kernels.cpp): tiles of 16 rows; per group of 32
+    inputs, pair p (inputs 2p, 2p + 1) of the 16 rows as 32 codes, (row n, input 2p + t) at
+    2n + t, pairs 2j and 2j + 1 in the low and high nibbles of 32 bytes -> uint8 [N/16, K/32,
+    256]; and the groups' scales and zeros, [N/16, K/32, 2, 16] in `dtype`."""
+    n, k = codes.shape
+    g, t = k // GROUP, n // 16
+    pairs = codes.reshape(t, 16, g, 16, 2).transpose(0, 2, 3, 1, 4).reshape(t, g, 8, 2, 32)   # [T, G, j, lo/hi, 2n + t]
+    packed = (pairs[:, :, :, 0, :] | (pairs[:, :, :, 1, :] << 4)).astype(np.uint8).reshape(t, g, 256)
+    sz = np.stack((scale.reshape(t, 16, g).transpose(0, 2, 1), zero.reshape(t, 16, g).transpose(0, 2, 1)), 2)
+    return torch.from_numpy(np.ascontiguousarray(packed)), torch.from_numpy(np.ascontiguousarray(sz)).to(dtype)
+
+
 class Int4Linear:
-    """y = x W^T with W in torch's packed int4 layout; x and y as in `model.Linear`. Several
-    matrices with the same input (Q, K, V; gate and up) are stacked into one along the output."""
+    """y = x W^T with W kept as 4-bit codes; x and y as in `model.Linear`. Several matrices with
+    the same input (Q, K, V; gate and up) are stacked into one along the output. Packed on
+    first use for torch's int4 kernel, or by `use` for the CPU kernels' (`cpu_kernels`): about
+    half torch's time on this machine, and each output computed alone (any rows, any chunk)."""
 
     def __init__(self, blocks: QuantBlocks | Sequence[QuantBlocks], dtype: torch.dtype,
                  bias: torch.Tensor | None = None) -> None:
-        blocks = [blocks] if isinstance(blocks, QuantBlocks) else list(blocks)
-        self.doubled = blocks[0].qtype == gguf.GGMLQuantizationType.Q8_0   # see split_q8_0
-        if self.doubled and len(blocks) != 1:
+        self.blocks = [blocks] if isinstance(blocks, QuantBlocks) else list(blocks)   # the file's (mapped)
+        self.doubled = self.blocks[0].qtype == gguf.GGMLQuantizationType.Q8_0   # see split_q8_0
+        if self.doubled and len(self.blocks) != 1:
             raise ValueError("a Q8_0 matrix is kept as int4 alone, not stacked")
-        parts = [split_q8_0(b) if self.doubled else unpack(b) for b in blocks]
+        self.dtype, self.bias = dtype, bias
+        self.shape = (sum(b.shape[0] for b in self.blocks), self.blocks[0].shape[1] * (2 if self.doubled else 1))
+        self.kernel, self.packed, self.scales_zeros = None, None, None
+
+    def use(self, mod=None) -> None:
+        """Pack for `mod`'s int4_matmul (the CPU kernels' module), or for torch's (None)."""
+        parts = [split_q8_0(b) if self.doubled else unpack(b) for b in self.blocks]
         codes, scale, zero = (np.concatenate(x) for x in zip(*parts))
-        n, k = codes.shape
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            torch.from_numpy(codes.astype(np.int32)), 2)
-        sz = np.stack((scale, zero), axis=-1).transpose(1, 0, 2)                   # [K/32, N, 2]
-        self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(dtype)
-        self.dtype, self.bias, self.shape = dtype, bias, (n, k)
+        if mod is not None:
+            self.packed, self.scales_zeros = pack_tiles(codes, scale, zero, self.dtype)
+        else:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes.astype(np.int32)), 2)
+            sz = np.stack((scale, zero), axis=-1).transpose(1, 0, 2)                   # [K/32, N, 2]
+            self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(self.dtype)
+        self.kernel = mod
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            self.use(None)
         flat = x.to(self.dtype)          # the model's activations are [N, K] already: no reshapes
         flat = flat if flat.dim() == 2 else flat.reshape(-1, x.shape[-1])
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            torch.cat((flat, flat), 1) if self.doubled else flat, self.packed, GROUP, self.scales_zeros).float()
+        flat = torch.cat((flat, flat), 1) if self.doubled else flat
+        if self.kernel is not None:
+            y = self.kernel.int4_matmul(flat.contiguous(), self.packed, self.scales_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros).float()
         y = y if x.dim() == 2 else y.view(*x.shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y
 

@@ -187,10 +187,11 @@ class TorchRunner(TextMethods):
                                                       self.dtype)
         cpu_kernels.use(self.model, k)
         self.cpu_kernels = "cpp" if k is not None else ("off" if self.kernels or self.device.type != "cpu" else "ops")
+        self.int4_matmul = ("cpp" if k is not None and k.int4 else "torch") if self.int4 else "off"
         self.attention = "cpp" if k is not None and k.attend is not None else ("fused" if self.kernels else "ops")
 
     def _attention_settings(self) -> dict:
-        return {"cpu_kernels": self.cpu_kernels, "attention": self.attention,
+        return {"cpu_kernels": self.cpu_kernels, "attention": self.attention, "int4_matmul": self.int4_matmul,
                 **({"cpu_kernels_note": self.cpu_kernels_note} if self.cpu_kernels_note else {})}
 
     def _expert_settings(self) -> dict:
@@ -218,7 +219,7 @@ class TorchRunner(TextMethods):
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
                  *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "cpu_kernels", "attention",
-                                           "n_batch", "n_threads"))]
+                                           "int4_matmul", "n_batch", "n_threads"))]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":
             parts.append("experts=host-computed")   # CPU kernels for some rows: other bits

@@ -29,6 +29,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -273,6 +276,76 @@ void rms_rows(const float* x, int64_t x_stride, const float* w, int64_t c_dim, f
   }
 }
 
+
+// ---- the int4 matmul: y = x W^T, W as 4-bit codes with a scale and a zero per 32 of a row ------
+// W's rows are packed in tiles of 16 (qlinear.pack_tiles): for each group of 32 inputs, 256
+// bytes holding the 16 rows' codes as bfloat16 pairs want them, (row n, input 2p + t) at word
+// 2n + t of pair p's vector, pairs 2j and 2j + 1 in the low and high nibbles of 32 bytes; then
+// the group's 16 scales and 16 zeros (bfloat16, as torch's int4 kernel keeps them). A code q
+// widens to the bfloat16 128 + q by one bitwise op ((x & 15) | 0x4300), and one dot-product
+// instruction (vdpbf16ps) takes a pair of inputs for all 16 rows at once, the lanes being the
+// rows: no sums across lanes. Per group, with s the scale, z the zero and A the 32 inputs:
+//   sum_k ((q_k - 8) s + z) A_k = s sum_k (128 + q_k) A_k + (z - 136 s) sum_k A_k
+// in float32 (products of bfloat16 values are exact). Each output is computed alone, in one
+// order whatever the rows in the call or the threads: a k-row verify gives each row its
+// one-row step's bits, and a prompt row its bits in any chunk. Measured against torch's
+// _weight_int4pack_mm_for_cpu on this model's shapes (2 threads): about half its time at 1 row
+// and at 512.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+constexpr bool INT4_NATIVE = true;
+constexpr int INT4_ROWS = 8;   // input rows served by one dequantized group before the next rows
+
+inline __m512 bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8_t* pk, const uint16_t* sz,
+               const float* sa, int64_t groups, float* y, int64_t n, int64_t col0) {
+  const __m512i low = _mm512_set1_epi16(0x000F), magic = _mm512_set1_epi16(0x4300);
+  __m512 acc[INT4_ROWS];
+  for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* c = pk + g * 256;
+    __m512i w[16];
+    for (int j = 0; j < 8; ++j) {
+      const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32 * j)));
+      w[2 * j] = _mm512_ternarylogic_epi32(x, low, magic, 0xEA);                          // (x & 15) | 0x4300
+      w[2 * j + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 4), low, magic, 0xEA);
+    }
+    const __m512 s = bf16x16(sz + g * 32), z = bf16x16(sz + g * 32 + 16);
+    const __m512 off = _mm512_fmadd_ps(_mm512_set1_ps(-136.0f), s, z);
+    for (int r = 0; r < nr; ++r) {
+      const int32_t* ar = reinterpret_cast<const int32_t*>(a + (m0 + r) * k + g * 32);   // the inputs in pairs
+      __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+      for (int p = 0; p < 16; p += 4) {
+        p0 = _mm512_dpbf16_ps(p0, (__m512bh)w[p], (__m512bh)_mm512_set1_epi32(ar[p]));
+        p1 = _mm512_dpbf16_ps(p1, (__m512bh)w[p + 1], (__m512bh)_mm512_set1_epi32(ar[p + 1]));
+        p2 = _mm512_dpbf16_ps(p2, (__m512bh)w[p + 2], (__m512bh)_mm512_set1_epi32(ar[p + 2]));
+        p3 = _mm512_dpbf16_ps(p3, (__m512bh)w[p + 3], (__m512bh)_mm512_set1_epi32(ar[p + 3]));
+      }
+      const __m512 dot = _mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3));
+      acc[r] = _mm512_fmadd_ps(dot, s, acc[r]);
+      acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(sa[(m0 + r) * groups + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < nr; ++r) _mm512_storeu_ps(y + (m0 + r) * n + col0, acc[r]);
+}
+
+// each row's sum of each group of 32 inputs, in a fixed order
+void group_sums(const uint16_t* a, int64_t m, int64_t k, float* out) {
+  const int64_t groups = k / 32;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m512 v = _mm512_add_ps(bf16x16(a + r * k + g * 32), bf16x16(a + r * k + g * 32 + 16));
+      vf x;
+      std::memcpy(&x, &v, sizeof x);
+      out[r * groups + g] = hsum(x);
+    }
+}
+#else
+constexpr bool INT4_NATIVE = false;
+#endif
+
 }  // namespace
 
 // x [N, C] float32 (rows may be strided, C contiguous), w [C] float32 -> x / rms(x) * w, [N, C]
@@ -384,10 +457,44 @@ at::Tensor attend_span(at::Tensor& qkv, const at::Tensor& rot, int64_t rope_dim,
   return bf16 ? out.to(at::kBFloat16) : out;
 }
 
+
+// x [M, K] bfloat16 (contiguous), packed [N / 16, K / 32, 256] uint8 and sz [N / 16, K / 32, 2, 16]
+// bfloat16 from qlinear.pack_tiles -> x W^T, [M, N] float32. AVX512-BF16 only (int4_native()).
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz) {
+  TORCH_CHECK(INT4_NATIVE, "int4_matmul: built without AVX512-BF16");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.size(1) % 32 == 0,
+              "int4_matmul: x must be [M, K] bfloat16 on the CPU, contiguous, K a multiple of 32");
+  const int64_t m = x.size(0), k = x.size(1), groups = k / 32, tiles = packed.size(0), n = tiles * 16;
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.size(1) == groups &&
+              packed.size(2) == 256, "int4_matmul: packed must be [N / 16, K / 32, 256] uint8 for x's K");
+  TORCH_CHECK(sz.dim() == 4 && sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.size(0) == tiles &&
+              sz.size(1) == groups && sz.size(2) == 2 && sz.size(3) == 16, "int4_matmul: sz must be [N / 16, K / 32, 2, 16] bfloat16");
+  at::Tensor y = at::empty({m, n}, x.options().dtype(at::kFloat));
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  std::vector<float> sums(m * groups);
+  group_sums(xp, m, k, sums.data());
+  const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const uint16_t* szp = reinterpret_cast<const uint16_t*>(sz.data_ptr());
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      for (int64_t m0 = 0; m0 < m; m0 += INT4_ROWS)
+        int4_tile(xp, k, m0, std::min<int64_t>(INT4_ROWS, m - m0), pk + t * groups * 256, szp + t * groups * 32,
+                  sums.data(), groups, yp, n, t * 16);
+  });
+#endif
+  return y;
+}
+
+bool int4_native() { return INT4_NATIVE; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "exact per-row decode attention over one slot's KV (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm row by row (CPU), float32 or bfloat16 out");
   m.def("rope_", &rope_, "RoPE in place (CPU)");
   m.def("attend_span", &attend_span, "a short span's RoPE, KV store and attention in one call (CPU)");
+  m.def("int4_matmul", &int4_matmul, "x W^T, W int4 in tiles of 16 rows (qlinear.pack_tiles), each output alone (CPU)");
+  m.def("int4_native", &int4_native, "whether int4_matmul was built (AVX512-BF16)");
   m.def("swiglu", &swiglu, "silu(gate) * up row by row (CPU), float32 or bfloat16 out");
 }
