@@ -86,42 +86,48 @@ def pack_tiles(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, dtype: to
 
 class Int4Linear:
     """y = x W^T with W kept as 4-bit codes; x and y as in `model.Linear`. Several matrices with
-    the same input (Q, K, V; gate and up) are stacked into one along the output. Packed on
-    first use for torch's int4 kernel, or by `use` for the CPU kernels' (`cpu_kernels`): about
-    half torch's time on this machine, and each output computed alone (any rows, any chunk)."""
+    the same input (Q, K, V; gate and up) are stacked into one along the output. Packed for
+    torch's int4 kernel (layout "torch") or for the CPU kernels' int4 matmul ("tiles",
+    `pack_tiles`: about half torch's time on this machine, each output computed alone);
+    `use` gives it the kernels' module, repacking if the layout was not theirs."""
 
     def __init__(self, blocks: QuantBlocks | Sequence[QuantBlocks], dtype: torch.dtype,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, layout: str = "torch") -> None:
         self.blocks = [blocks] if isinstance(blocks, QuantBlocks) else list(blocks)   # the file's (mapped)
         self.doubled = self.blocks[0].qtype == gguf.GGMLQuantizationType.Q8_0   # see split_q8_0
         if self.doubled and len(self.blocks) != 1:
             raise ValueError("a Q8_0 matrix is kept as int4 alone, not stacked")
-        self.dtype, self.bias = dtype, bias
-        self.shape = (sum(b.shape[0] for b in self.blocks), self.blocks[0].shape[1] * (2 if self.doubled else 1))
-        self.kernel, self.packed, self.scales_zeros = None, None, None
+        self.dtype, self.bias, self.kernel = dtype, bias, None
+        self._pack(layout)
 
-    def use(self, mod=None) -> None:
-        """Pack for `mod`'s int4_matmul (the CPU kernels' module), or for torch's (None)."""
+    def _pack(self, layout: str) -> None:
         parts = [split_q8_0(b) if self.doubled else unpack(b) for b in self.blocks]
         codes, scale, zero = (np.concatenate(x) for x in zip(*parts))
-        if mod is not None:
+        self.shape, self.layout = codes.shape, layout
+        if layout == "tiles":
             self.packed, self.scales_zeros = pack_tiles(codes, scale, zero, self.dtype)
         else:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes.astype(np.int32)), 2)
             sz = np.stack((scale, zero), axis=-1).transpose(1, 0, 2)                   # [K/32, N, 2]
             self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(self.dtype)
+
+    def use(self, mod=None) -> None:
+        """Multiply with `mod`'s int4_matmul (the CPU kernels' module), or torch's kernel (None)."""
+        layout = "tiles" if mod is not None else "torch"
+        if layout != self.layout:
+            self._pack(layout)
         self.kernel = mod
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            self.use(None)
         flat = x.to(self.dtype)          # the model's activations are [N, K] already: no reshapes
         flat = flat if flat.dim() == 2 else flat.reshape(-1, x.shape[-1])
         flat = torch.cat((flat, flat), 1) if self.doubled else flat
         if self.kernel is not None:
             y = self.kernel.int4_matmul(flat.contiguous(), self.packed, self.scales_zeros)
-        else:
+        elif self.layout == "torch":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros).float()
+        else:
+            raise RuntimeError("an int4 matrix packed in tiles needs the CPU kernels (Int4Linear.use)")
         y = y if x.dim() == 2 else y.view(*x.shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y
 
@@ -166,12 +172,13 @@ class BlockLinear:
 
 
 def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype: torch.dtype, device,
-         bias: torch.Tensor | None, int4: bool, gemm: GemmChoice | None) -> Int4Linear | BlockLinear | None:
-    """The matrices (stacked) kept quantized when a kernel reads them as stored, else None."""
+         bias: torch.Tensor | None, int4: bool | str, gemm: GemmChoice | None) -> Int4Linear | BlockLinear | None:
+    """The matrices (stacked) kept quantized when a kernel reads them as stored, else None;
+    `int4` a str: the int4 layout ("torch" or "tiles")."""
     if any(b.shape != s for b, s in zip(blocks, shapes)):
         return None
     if int4 and all(b.qtype in SUPPORTED for b in blocks) and sum(n for n, _ in shapes) % 16 == 0:   # torch packs N in 16s
-        return Int4Linear(blocks, dtype, bias)
+        return Int4Linear(blocks, dtype, bias, layout=int4 if isinstance(int4, str) else "torch")
     fmts = {block_format(b) for b in blocks}
     if gemm is not None and len(fmts) == 1 and None not in fmts:
         return BlockLinear(blocks, device, bias, gemm)
@@ -193,14 +200,14 @@ class BlockEmbedding:
 
 
 def output_and_embedding(output: QuantBlocks, embed: QuantBlocks, shape: tuple[int, int], dtype: torch.dtype,
-                         device, int4: bool, table: Callable[[], torch.Tensor]):
+                         device, int4: bool | str, table: Callable[[], torch.Tensor]):
     """The output matrix [V, D] kept as int4 when `int4` and it is Q4_0, Q4_1 or Q8_0
     (`split_q8_0`), and then the embeddings looked up in the file's blocks (`BlockEmbedding`)
     where their format allows; else None for the output and the embedding `table()` (the
     caller's dequantized copy, which a tied output shares). torch packs int4 matrices of N in
     multiples of 16 only."""
     fits = output.shape == shape and embed.shape == shape and shape[0] % 16 == 0 and shape[1] % GROUP == 0
-    kept_out = (Int4Linear(output, dtype) if int4 and fits and (
+    kept_out = (Int4Linear(output, dtype, layout=int4 if isinstance(int4, str) else "torch") if int4 and fits and (
         output.qtype == gguf.GGMLQuantizationType.Q8_0 or output.qtype in SUPPORTED) else None)
     if kept_out is not None and block_format(embed) is not None:
         return kept_out, BlockEmbedding(embed, device)

@@ -139,7 +139,8 @@ class TorchRunner(TextMethods):
         self.expert_plan = plan_offload(cfg, weights, args, self.dtype, self.device, n_ctx)
         offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
                    if self.expert_plan.slots is not None else None)
-        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=self.int4, offload=offload,
+        int4 = cpu_kernels.int4_layout(cfg.torch_cpu_kernels) if self.int4 else False   # packed while the kernels build
+        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=int4, offload=offload,
                                     gemm=self.gemm,
                                     fused=Fused(args.spec.rope, args.rope_dim, args.n_head, args.head_dim,
                                                 args.eps) if self.kernels else None)
