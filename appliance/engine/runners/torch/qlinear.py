@@ -171,6 +171,11 @@ class BlockLinear:
         return y + self.bias if self.bias is not None else y
 
 
+def _layout(int4: bool | str) -> str:
+    """The int4 layout `int4` names ("torch" or "tiles"; True is torch's)."""
+    return int4 if isinstance(int4, str) else "torch"
+
+
 def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype: torch.dtype, device,
          bias: torch.Tensor | None, int4: bool | str, gemm: GemmChoice | None) -> Int4Linear | BlockLinear | None:
     """The matrices (stacked) kept quantized when a kernel reads them as stored, else None;
@@ -178,7 +183,7 @@ def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype
     if any(b.shape != s for b, s in zip(blocks, shapes)):
         return None
     if int4 and all(b.qtype in SUPPORTED for b in blocks) and sum(n for n, _ in shapes) % 16 == 0:   # torch packs N in 16s
-        return Int4Linear(blocks, dtype, bias, layout=int4 if isinstance(int4, str) else "torch")
+        return Int4Linear(blocks, dtype, bias, layout=_layout(int4))
     fmts = {block_format(b) for b in blocks}
     if gemm is not None and len(fmts) == 1 and None not in fmts:
         return BlockLinear(blocks, device, bias, gemm)
@@ -207,7 +212,7 @@ def output_and_embedding(output: QuantBlocks, embed: QuantBlocks, shape: tuple[i
     caller's dequantized copy, which a tied output shares). torch packs int4 matrices of N in
     multiples of 16 only."""
     fits = output.shape == shape and embed.shape == shape and shape[0] % 16 == 0 and shape[1] % GROUP == 0
-    kept_out = (Int4Linear(output, dtype, layout=int4 if isinstance(int4, str) else "torch") if int4 and fits and (
+    kept_out = (Int4Linear(output, dtype, layout=_layout(int4)) if int4 and fits and (
         output.qtype == gguf.GGMLQuantizationType.Q8_0 or output.qtype in SUPPORTED) else None)
     if kept_out is not None and block_format(embed) is not None:
         return kept_out, BlockEmbedding(embed, device)

@@ -343,7 +343,44 @@ void group_sums(const uint16_t* a, int64_t m, int64_t k, float* out) {
     }
 }
 #else
+// elsewhere, the same arithmetic one value at a time: correct and row-invariant, but slow, so
+// the runner multiplies with torch's int4 kernel there (int4_native() is false); it lets the
+// tests check the layout and the formula on any CPU
 constexpr bool INT4_NATIVE = false;
+constexpr int INT4_ROWS = 8;
+
+inline float bf16_value(uint16_t h) { const uint32_t u = static_cast<uint32_t>(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+
+void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8_t* pk, const uint16_t* sz,
+               const float* sa, int64_t groups, float* y, int64_t n, int64_t col0) {
+  for (int r = 0; r < nr; ++r)
+    for (int c = 0; c < 16; ++c) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = pk + g * 256;
+        float dot = 0.0f;
+        for (int p = 0; p < 16; ++p)      // pair p: its byte holds the codes of pairs 2j and 2j + 1
+          for (int t = 0; t < 2; ++t) {
+            const uint8_t byte = b[32 * (p / 2) + 2 * c + t];
+            const int q = p % 2 ? byte >> 4 : byte & 15;
+            dot += (128.0f + static_cast<float>(q)) * bf16_value(a[(m0 + r) * k + g * 32 + 2 * p + t]);
+          }
+        const float s = bf16_value(sz[g * 32 + c]), z = bf16_value(sz[g * 32 + 16 + c]);
+        acc = std::fma(dot, s, acc);
+        acc = std::fma(std::fma(-136.0f, s, z), sa[(m0 + r) * groups + g], acc);
+      }
+      y[(m0 + r) * n + col0 + c] = acc;
+    }
+}
+
+void group_sums(const uint16_t* a, int64_t m, int64_t k, float* out) {
+  const int64_t groups = k / 32;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      vf lo = load(a + r * k + g * 32), hi = load(a + r * k + g * 32 + 16);
+      out[r * groups + g] = hsum(lo + hi);
+    }
+}
 #endif
 
 }  // namespace
@@ -459,9 +496,8 @@ at::Tensor attend_span(at::Tensor& qkv, const at::Tensor& rot, int64_t rope_dim,
 
 
 // x [M, K] bfloat16 (contiguous), packed [N / 16, K / 32, 256] uint8 and sz [N / 16, K / 32, 2, 16]
-// bfloat16 from qlinear.pack_tiles -> x W^T, [M, N] float32. AVX512-BF16 only (int4_native()).
+// bfloat16 from qlinear.pack_tiles -> x W^T, [M, N] float32. Fast on AVX512-BF16 (int4_native()).
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz) {
-  TORCH_CHECK(INT4_NATIVE, "int4_matmul: built without AVX512-BF16");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.size(1) % 32 == 0,
               "int4_matmul: x must be [M, K] bfloat16 on the CPU, contiguous, K a multiple of 32");
   const int64_t m = x.size(0), k = x.size(1), groups = k / 32, tiles = packed.size(0), n = tiles * 16;
@@ -470,7 +506,6 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
   TORCH_CHECK(sz.dim() == 4 && sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.size(0) == tiles &&
               sz.size(1) == groups && sz.size(2) == 2 && sz.size(3) == 16, "int4_matmul: sz must be [N / 16, K / 32, 2, 16] bfloat16");
   at::Tensor y = at::empty({m, n}, x.options().dtype(at::kFloat));
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   std::vector<float> sums(m * groups);
   group_sums(xp, m, k, sums.data());
@@ -483,7 +518,6 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
         int4_tile(xp, k, m0, std::min<int64_t>(INT4_ROWS, m - m0), pk + t * groups * 256, szp + t * groups * 32,
                   sums.data(), groups, yp, n, t * 16);
   });
-#endif
   return y;
 }
 
@@ -495,6 +529,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_", &rope_, "RoPE in place (CPU)");
   m.def("attend_span", &attend_span, "a short span's RoPE, KV store and attention in one call (CPU)");
   m.def("int4_matmul", &int4_matmul, "x W^T, W int4 in tiles of 16 rows (qlinear.pack_tiles), each output alone (CPU)");
-  m.def("int4_native", &int4_native, "whether int4_matmul was built (AVX512-BF16)");
+  m.def("int4_native", &int4_native, "whether int4_matmul runs on AVX512-BF16 (else a slow portable loop)");
   m.def("swiglu", &swiglu, "silu(gate) * up row by row (CPU), float32 or bfloat16 out");
 }
