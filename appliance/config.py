@@ -75,7 +75,8 @@ class EngineConfig:
                                   "per machine for RMSNorm, RoPE, SwiGLU and the attention of decode steps "
                                   "and verifies (each row on its own, over exactly its own keys); ops: torch "
                                   "ops; auto: cpp when they build (the attention where it fits the model), "
-                                  "else ops")
+                                  "else ops; a first build does not hold the engine's start: torch ops serve "
+                                  "until the engine, next idle, moves to the kernels (cpp waits for it)")
     expert_cache: str = _opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
                              "host memory and a device cache of SLOTS experts, shared by the layers, holds "
                              "the ones the router uses most (auto: a cache only when the experts do not fit "

@@ -307,9 +307,12 @@ class LocalServer:
                 raise BenchError(f"appliance serve {' '.join(self.serve_args)} exited with code "
                                  f"{self.proc.returncode} before it was ready:\n{log}")
             try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                r = requests.get(self.url + "/health", timeout=2)
+                # a torch engine's first start on a machine serves on torch ops while its CPU
+                # kernels build, then moves to them: measured is what it serves with after
+                if r.status_code == 200 and (r.json().get("settings") or {}).get("cpu_kernels") != "building":
                     return
-            except requests.RequestException:
+            except (requests.RequestException, ValueError):
                 pass
             if time.monotonic() > deadline:
                 self.stop()

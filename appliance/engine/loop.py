@@ -7,6 +7,9 @@ queued in the `Embedder` (embed.py), which runs one batch per turn before the sc
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
 ten times a second. While idle, the prompt cache saves one slot's state per tick for its disk
 writer thread; at Stop it hands over every idle slot and waits, bounded, for the writes.
+When the runner can move to faster kernels (a torch runner's first build of its CPU kernels
+done), nobody new is admitted until no request holds a slot; the engine then moves
+(`startup.upgrade`) and sends the server a second `Ready` with the new settings.
 An embedding model's engine has no scheduler: it embeds, tokenizes and refuses the rest.
 """
 from __future__ import annotations
@@ -17,10 +20,10 @@ from multiprocessing.connection import Connection
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidRequest
-from .ipc import Abort, Command, Detokenize, Embed, RenderPrompt, StepEvents, Stop, Submit, Tokenize
+from .ipc import Abort, Command, Detokenize, Embed, Ready, RenderPrompt, StepEvents, Stop, Submit, Tokenize
 from .embed import Embedder
 from .sched.scheduler import Scheduler
-from .startup import start, start_embedding
+from .startup import start, start_embedding, upgrade, upgrade_ready
 from .stats import EngineStats
 from .types import Error, Event, Request, Tokenized
 
@@ -33,6 +36,7 @@ IDLE_PERSIST_S = 1.0   # idle this long, the engine hands kept prompt states to 
 class EngineLoop:
     def __init__(self, cfg: EngineConfig, embedding_only: bool = False) -> None:
         self.outbox: list[Event] = []
+        self.cfg = cfg
         self.engine = (start_embedding if embedding_only else start)(cfg, self.outbox.append)
         self.info, self.runner = self.engine.info, self.engine.runner
         self.scheduler, self.prompts = self.engine.scheduler, self.engine.prompts
@@ -123,6 +127,8 @@ class EngineLoop:
                     return  # the server is gone
                 if not self.handle(msg, evt):
                     return
+            if not self._upgrade(evt):
+                return
             if self.has_work():
                 for w in self.workers:
                     if w.has_work():
@@ -139,6 +145,22 @@ class EngineLoop:
                 if not self._send(evt, self.stats() if stats_due else None):
                     return
                 last_stats = now if stats_due else last_stats
+
+    def _upgrade(self, evt: Connection) -> bool:
+        """Once the runner can move to faster kernels (`startup.upgrade`): admit nobody new, and
+        move as soon as no request holds a slot; the server gets the new info in a second Ready.
+        False when the server is gone."""
+        if self.scheduler is None or not upgrade_ready(self.engine):
+            return True
+        self.scheduler.holding = True
+        if self.scheduler.running() or not upgrade(self.engine, self.cfg):
+            return True
+        self.info = self.engine.info
+        try:
+            evt.send(Ready(self.info, self.stats()))
+        except OSError:
+            return False
+        return True
 
     def close(self) -> None:
         self.engine.close()

@@ -69,7 +69,8 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
     ref = resolve(cfg.model, cfg.model_alias)
     t0 = time.perf_counter()
     cfg, plan = plan_mod.apply(cfg, ref.path)
-    runner = make_runner(cfg, ref.path, ref.alias)
+    # a draft model is measured against the target at start: the target waits for its kernels
+    runner = make_runner(cfg, ref.path, ref.alias, defer_kernels=cfg.draft_model is None)
     info = _with_settings(_with_template(runner.info, cfg), prefill_chunk=cfg.prefill_chunk,
                           step_token_budget=cfg.step_token_budget, prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
     prompts = PromptBuilder(runner, info, cfg.template_kwargs())
@@ -90,6 +91,37 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
              ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots,
              info.n_ctx, info.kv_bytes / 2**20, info.settings)
     return Engine(info, runner, prompts, scheduler, embedder)
+
+
+def upgrade_ready(engine: Engine) -> bool:
+    """Whether the runner has something to move to (`upgrade`): its CPU kernels, built after a
+    start that did not wait for them."""
+    ready = getattr(engine.runner, "upgrade_ready", None)
+    return engine.scheduler is not None and ready is not None and ready()
+
+
+def upgrade(engine: Engine, cfg: EngineConfig) -> bool:
+    """Move a running engine onto what its runner now computes with (`TorchRunner.upgrade`),
+    with no request in a slot: everything measured on the runner at start is measured again
+    (warm-up, exactness and verify costs, chunk invariance), and the prompt cache starts empty
+    under the new KV fingerprint (its disk tier deletes the files of the old one). Requests
+    waiting meanwhile keep their place. True when it moved; `engine.info` is then the new one."""
+    if engine.scheduler is None or not engine.runner.upgrade():
+        return False
+    t0 = time.perf_counter()
+    runner = engine.runner
+    info = _with_settings(engine.info, **runner.info.settings)
+    if "cpu_kernels_note" not in runner.info.settings:
+        info.settings.pop("cpu_kernels_note", None)
+    warm_up(runner, info)
+    spec = speculation(cfg, runner)
+    grid, reuse = prefill_grid(cfg, runner)
+    engine.scheduler.cache.close()           # its writer, before the new tier sweeps the directory
+    cache = PromptCache.from_config(runner, cfg, disk_tier(cfg, runner, grid), grid)
+    engine.scheduler.rewire(cache, spec)
+    engine.info = _with_settings(info, speculation=_speculation_report(spec), prompt_cache_reuse=reuse)
+    log.info("engine moved in %.2f s: %s", time.perf_counter() - t0, engine.info.settings)
+    return True
 
 
 def start_embedding(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:

@@ -8,15 +8,16 @@ from ...errors import ModelLoadError
 from .base import ModelRunner
 
 
-def make_runner(cfg: EngineConfig, model_path: Path, alias: str) -> ModelRunner:
-    """The runner `--engine` names; each imports its backend only when chosen."""
+def make_runner(cfg: EngineConfig, model_path: Path, alias: str, defer_kernels: bool = False) -> ModelRunner:
+    """The runner `--engine` names; each imports its backend only when chosen. defer_kernels:
+    the torch runner may start on torch ops while its CPU kernels first build (TorchRunner.upgrade)."""
     if cfg.engine == "torch":
         try:
             from .torch.runner import TorchRunner
         except ImportError as e:
             raise ModelLoadError(f"--engine torch needs PyTorch, which is not installed ({e}); "
                                  "install the torch extra: pip install 'appliance[torch]'") from None
-        return TorchRunner(cfg, model_path, alias)
+        return TorchRunner(cfg, model_path, alias, defer_kernels)
     if Path(model_path).is_dir():
         raise ModelLoadError(f"{model_path}: a Hugging Face checkpoint directory is served by the torch runner "
                              "(--engine torch); llama.cpp reads GGUF files")

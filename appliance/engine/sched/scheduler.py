@@ -66,6 +66,7 @@ class Scheduler:
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
         self.tokens_generated = 0
+        self.holding = False    # admit nobody (the engine waits for the running requests to end)
         # the torch runner's expert cache, when it has one: engine-wide and per-slot counters
         self._expert_stats = getattr(runner, "expert_stats", lambda: None)
         self._expert_counts = getattr(runner, "expert_counts", lambda slot: None)
@@ -121,7 +122,21 @@ class Scheduler:
         self.cache.forget()  # the runner failed: trust no KV
         self.spec.reset()
 
+    def rewire(self, cache: PromptCache, spec: Speculator) -> None:
+        """New prompt cache and speculator, with no request in a slot: the runner now computes
+        other bits (startup.upgrade), so no kept KV is reused. Waiting requests start drafting
+        anew; admission resumes. The old cache's disk writer is the caller's to close first."""
+        assert not self.running(), "rewire with requests in slots"
+        self.cache, self.grid, self.spec = cache, cache.grid, spec
+        for act in self.waiting:
+            act.spec = spec.start(act.prompt, act.req.speculate)
+        self.holding = False
+
     # -- state ---------------------------------------------------------------------------
+    def running(self) -> bool:
+        """Whether a request holds a slot."""
+        return any(s is not None for s in self.slots)
+
     def has_work(self) -> bool:
         return bool(self.waiting) or any(s is not None for s in self.slots)
 
@@ -187,7 +202,7 @@ class Scheduler:
                 self._finish(act, "cancelled")
 
     def _fill_slots(self) -> None:
-        while self.waiting and None in self.slots:
+        while self.waiting and None in self.slots and not self.holding:
             act = self.waiting.popleft()
             free = [i for i, s in enumerate(self.slots) if s is None]
             at = self.cache.admit(act.prompt, act.req.cache_prompt, free)

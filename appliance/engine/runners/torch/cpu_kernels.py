@@ -19,7 +19,10 @@ the source's hash, torch's version and the CPU's flags, so an edit, another torc
 CPU builds anew and a build is otherwise loaded from disk (about 14 s the first time on 2
 cores, then well under a second). The runner calls `prefetch()` first thing, so that a first
 build (the compiler in its own process) overlaps reading the weights, and packs the int4
-matrices in the layout `int4_layout` expects meanwhile. `load()` says why when it cannot
+matrices in the layout `int4_layout` expects meanwhile. At an engine's start a first build
+(`built()` false) does not hold the start at all: `prefetch(background=True)` runs it at the
+lowest priority, the runner serves on torch ops, and `TorchRunner.upgrade` routes the kernels
+in once `ready()`. `load()` says why when it cannot
 build; the runner then serves on torch ops and reports it (`--torch-cpu-kernels auto`), or refuses to start
 (`--torch-cpu-kernels cpp`).
 """
@@ -35,6 +38,7 @@ from types import ModuleType
 
 import torch
 
+from ....errors import ModelLoadError
 from . import model as M
 from .qlinear import Int4Linear
 
@@ -75,14 +79,38 @@ def build_name() -> str:
     return f"appliance_cpu_kernels_{h.hexdigest()[:16]}"
 
 
-def prefetch() -> None:
-    """Start building or loading the kernels in a thread; `load()` then waits for it."""
+def prefetch(background: bool = False) -> None:
+    """Start building or loading the kernels in a thread; `load()` then waits for it.
+    background: the build at the lowest CPU priority (the thread's, which its compiler
+    processes inherit), so that what runs meanwhile keeps the cores."""
     name = build_name()
     with _lock:
         if name in _loaded or name in _building:
             return
-        _building[name] = threading.Thread(target=load, name="cpu-kernels-build", daemon=True)
+        _building[name] = threading.Thread(target=_niced_load if background else load, name="cpu-kernels-build",
+                                           daemon=True)
         _building[name].start()
+
+
+def _niced_load() -> None:
+    try:   # Linux: a thread's own priority, inherited by the processes it starts
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
+    load()
+
+
+def built() -> bool:
+    """Whether this machine has the kernels built (on disk or in this process): `load` is then
+    quick, where a first build takes ~14 s."""
+    name = build_name()   # (no lock: load holds it for a whole build; a dict's read is atomic)
+    return name in _loaded or any((cache_dir() / name).glob("*.so"))
+
+
+def ready() -> bool:
+    """Whether `load` returns at once: loaded, or `prefetch`'s build done (never blocks)."""
+    name, building = build_name(), _building.get(build_name())   # no lock, as in built()
+    return name in _loaded or (building is not None and not building.is_alive())
 
 
 def load() -> tuple[ModuleType | None, str]:
@@ -167,6 +195,30 @@ class CpuKernels:
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[N, 2F] float32 -> silu(gate) * up, [N, F] in the matmuls' dtype."""
         return self.mod.swiglu(gate_up, self.bf16)
+
+
+def choose(setting: str, device: torch.device, kernels: bool, args: M.ModelArgs,
+           kv_dtype: torch.dtype, dtype: torch.dtype) -> tuple[CpuKernels | None, str]:
+    """The CPU kernels (`--torch-cpu-kernels`), or None and why not (an empty reason: not asked
+    for, or not a CPU path). Their attention serves short spans where its shapes allow; the
+    reason says so where they do not (`cpp` then refuses to start)."""
+    if setting == "ops":
+        return None, ""
+    if device.type != "cpu" or kernels:
+        if setting == "cpp":
+            raise ModelLoadError("--torch-cpu-kernels cpp: the C++ kernels are the CPU path's "
+                                 f"(here: {device}{', the Triton kernels' if kernels else ''})")
+        return None, ""
+    mod, why = load()
+    if mod is None:
+        if setting == "cpp":
+            raise ModelLoadError(f"--torch-cpu-kernels cpp: the C++ kernels did not build: {why}")
+        return None, f"ops: {why}"
+    attention = unsupported(args.n_head, args.n_head_kv, args.head_dim, kv_dtype)
+    if attention is not None and setting == "cpp":
+        raise ModelLoadError(f"--torch-cpu-kernels cpp: the C++ decode attention cannot serve this model: {attention}")
+    note = f"attention on ops: {attention}" if attention is not None else ""
+    return CpuKernels(mod, dtype, attention=attention is None), note
 
 
 def int4_layout(setting: str) -> str:

@@ -17,6 +17,7 @@ probe.check_exact and cache.invariance prove both on the loaded model at start-u
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -39,6 +40,8 @@ from .weights import GGUFWeights
 
 log = logging.getLogger("appliance.torch")
 
+BUILDING = ("the C++ kernels are building (once per machine); torch ops serve meanwhile, and the engine moves "
+            "to the kernels when it is next idle")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -121,8 +124,8 @@ def _name(dtype: torch.dtype) -> str:
 
 
 class TorchRunner(TextMethods):
-    def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
-        threads = self._compute(cfg)
+    def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str, defer_kernels: bool = False) -> None:
+        threads = self._compute(cfg, defer_kernels)
         weights, vocab_path = open_weights(model_path)
         args = model_mod.ModelArgs.from_gguf(weights)
         if vocab_path is None:     # a Hugging Face checkpoint: its tokenizer as a vocab-only GGUF
@@ -139,7 +142,7 @@ class TorchRunner(TextMethods):
         self.expert_plan = plan_offload(cfg, weights, args, self.dtype, self.device, n_ctx)
         offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
                    if self.expert_plan.slots is not None else None)
-        int4 = cpu_kernels.int4_layout(cfg.torch_cpu_kernels) if self.int4 else False   # packed while the kernels build
+        int4 = cpu_kernels.int4_layout("ops" if self.kernels_pending else cfg.torch_cpu_kernels) if self.int4 else False   # packed while the kernels build
         self.model = model_mod.load(weights, args, self.dtype, self.device, int4=int4, offload=offload,
                                     gemm=self.gemm,
                                     fused=Fused(args.spec.rope, args.rope_dim, args.n_head, args.head_dim,
@@ -169,27 +172,52 @@ class TorchRunner(TextMethods):
                       **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
             fingerprint=file_fingerprint(model_path))
 
-    def _compute(self, cfg: EngineConfig) -> int:
+    def _compute(self, cfg: EngineConfig, defer_kernels: bool) -> int:
         """Device, dtype, threads (returned) and the Triton kernels' use; on a CPU, the C++
-        kernels' build starts here, so that a first build compiles while the weights load."""
+        kernels' build starts here, so that a first build compiles while the weights load.
+        defer_kernels (the engine's start): a first build does not hold the start; torch ops
+        serve meanwhile, the compiler at the lowest priority, and `upgrade` moves to the kernels
+        once they are built."""
         self.device = resolve_device(cfg.torch_device)
         self.dtype = resolve_dtype(cfg.torch_dtype, self.device)
         threads, _ = cfg.resolved_threads()
         torch.set_num_threads(threads)
         self.kernels = use_kernels(cfg.torch_kernels, self.device)
-        if cfg.torch_cpu_kernels != "ops" and self.device.type == "cpu" and not self.kernels:
-            cpu_kernels.prefetch()
+        cpu = self.device.type == "cpu" and not self.kernels
+        self.kernels_pending = defer_kernels and cpu and cfg.torch_cpu_kernels == "auto" and not cpu_kernels.built()
+        if cfg.torch_cpu_kernels != "ops" and cpu:
+            cpu_kernels.prefetch(background=self.kernels_pending)
         return threads
 
     def _choose_cpu_kernels(self, setting: str) -> None:
         """The CPU kernels (`choose_cpu_kernels`) or torch ops; short spans' attention through
         them, the fused one of the Triton kernels, or the ops."""
-        k, self.cpu_kernels_note = choose_cpu_kernels(setting, self.device, self.kernels, self.args, self.kv_dtype,
-                                                      self.dtype)
+        k, self.cpu_kernels_note = cpu_kernels.choose("ops" if self.kernels_pending else setting, self.device,
+                                                      self.kernels, self.args, self.kv_dtype, self.dtype)
         cpu_kernels.use(self.model, k)
         self.cpu_kernels = "cpp" if k is not None else ("off" if self.kernels or self.device.type != "cpu" else "ops")
+        if self.kernels_pending:
+            self.cpu_kernels, self.cpu_kernels_note = "building", BUILDING
         self.int4_matmul = ("cpp" if k is not None and k.int4 else "torch") if self.int4 else "off"
         self.attention = "cpp" if k is not None and k.attend is not None else ("fused" if self.kernels else "ops")
+
+    def upgrade_ready(self) -> bool:
+        """Whether `upgrade` has something to do: a deferred build of the kernels is done."""
+        return self.kernels_pending and cpu_kernels.ready()
+
+    def upgrade(self) -> bool:
+        """After a deferred start, the C++ kernels once built (torch ops for good if the build
+        failed): True when the settings changed, and with them the computed KV
+        (`kv_fingerprint`) and what the start-up checks found (startup.upgrade runs them again).
+        The engine calls it with no sequence running; the int4 matrices are repacked for them."""
+        if not self.upgrade_ready():
+            return False
+        self.kernels_pending = False
+        self._choose_cpu_kernels("auto")
+        kept = {k: v for k, v in self.info.settings.items() if k != "cpu_kernels_note"}
+        self.info = dataclasses.replace(self.info, settings={**kept, **self._attention_settings()})
+        log.info("moved to the CPU kernels: %s", self._attention_settings())
+        return True
 
     def _attention_settings(self) -> dict:
         return {"cpu_kernels": self.cpu_kernels, "attention": self.attention, "int4_matmul": self.int4_matmul,
@@ -314,30 +342,6 @@ class TorchRunner(TextMethods):
 
             L.llama_model_free(self._llama)
             self._llama = None
-
-
-def choose_cpu_kernels(setting: str, device: torch.device, kernels: bool, args: model_mod.ModelArgs,
-                       kv_dtype: torch.dtype, dtype: torch.dtype) -> tuple[cpu_kernels.CpuKernels | None, str]:
-    """The CPU kernels (`--torch-cpu-kernels`), or None and why not (an empty reason: not asked
-    for, or not a CPU path). Their attention serves short spans where its shapes allow; the
-    reason says so where they do not (`cpp` then refuses to start)."""
-    if setting == "ops":
-        return None, ""
-    if device.type != "cpu" or kernels:
-        if setting == "cpp":
-            raise ModelLoadError("--torch-cpu-kernels cpp: the C++ kernels are the CPU path's "
-                                 f"(here: {device}{', the Triton kernels' if kernels else ''})")
-        return None, ""
-    mod, why = cpu_kernels.load()
-    if mod is None:
-        if setting == "cpp":
-            raise ModelLoadError(f"--torch-cpu-kernels cpp: the C++ kernels did not build: {why}")
-        return None, f"ops: {why}"
-    attention = cpu_kernels.unsupported(args.n_head, args.n_head_kv, args.head_dim, kv_dtype)
-    if attention is not None and setting == "cpp":
-        raise ModelLoadError(f"--torch-cpu-kernels cpp: the C++ decode attention cannot serve this model: {attention}")
-    note = f"attention on ops: {attention}" if attention is not None else ""
-    return cpu_kernels.CpuKernels(mod, dtype, attention=attention is None), note
 
 
 def graph_mode(setting: str, kernels: bool, moe: bool, device: torch.device) -> str:
