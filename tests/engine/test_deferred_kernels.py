@@ -31,7 +31,8 @@ from .gguf_fixtures import write_tiny  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    cpu_kernels.load()    # the real build, once: the gated builds below then only load it
+    built, why = cpu_kernels.load()   # the real build, once: the gated builds below then only load it
+    assert built is not None, f"the kernels did not build on this machine: {why}"
     return write_tiny(tmp_path_factory.mktemp("deferred") / "m.gguf", "llama", n_ctx=1024)
 
 
