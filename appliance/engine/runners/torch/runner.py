@@ -142,7 +142,9 @@ class TorchRunner(TextMethods):
         self.expert_plan = plan_offload(cfg, weights, args, self.dtype, self.device, n_ctx)
         offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
                    if self.expert_plan.slots is not None else None)
-        int4 = cpu_kernels.int4_layout("ops" if self.kernels_pending else cfg.torch_cpu_kernels) if self.int4 else False   # packed while the kernels build
+        # packed while the kernels build, for them (or for torch's kernel while ops serve)
+        setting = "ops" if self.kernels_pending else cfg.torch_cpu_kernels
+        int4 = cpu_kernels.int4_layout(setting) if self.int4 else False
         self.model = model_mod.load(weights, args, self.dtype, self.device, int4=int4, offload=offload,
                                     gemm=self.gemm,
                                     fused=Fused(args.spec.rope, args.rope_dim, args.n_head, args.head_dim,
@@ -190,8 +192,8 @@ class TorchRunner(TextMethods):
         return threads
 
     def _choose_cpu_kernels(self, setting: str) -> None:
-        """The CPU kernels (`choose_cpu_kernels`) or torch ops; short spans' attention through
-        them, the fused one of the Triton kernels, or the ops."""
+        """The CPU kernels (`cpu_kernels.choose`; torch ops while they build) or torch ops;
+        short spans' attention through them, the fused one of the Triton kernels, or the ops."""
         k, self.cpu_kernels_note = cpu_kernels.choose("ops" if self.kernels_pending else setting, self.device,
                                                       self.kernels, self.args, self.kv_dtype, self.dtype)
         cpu_kernels.use(self.model, k)
