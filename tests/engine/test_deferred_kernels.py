@@ -193,3 +193,28 @@ def test_the_engine_moves_when_no_request_runs_and_holds_new_ones_meanwhile(mode
                {k: v for k, v in loop.info.settings.items() if k != "speculation"}
     finally:
         fresh.close()
+
+
+def test_a_build_left_running_by_a_stopped_engine_is_waited_for(tmp_path, monkeypatch):
+    """An engine stopped during a first build leaves its ninja and compiler running (without
+    its flock): the next build waits for them instead of writing the same files beside them."""
+    import subprocess
+    import time
+
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    where = cpu_kernels.cache_dir() / "appliance_cpu_kernels_orphan_test"
+    where.mkdir(parents=True)
+    orphan = subprocess.Popen(["sleep", "1.5"], cwd=where)
+    seen = []
+    monkeypatch.setattr(ext, "load", lambda **kw: seen.append(orphan.poll()) or "module")
+    try:
+        assert cpu_kernels._working_in(where) == [orphan.pid]
+        t0 = time.monotonic()
+        assert cpu_kernels._build(where.name) == ("module", "")
+        assert seen == [0] and time.monotonic() - t0 > 1.0    # built after the orphan ended
+        assert cpu_kernels._working_in(where) == []
+    finally:
+        orphan.kill()
+        orphan.wait()

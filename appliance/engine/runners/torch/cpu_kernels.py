@@ -33,6 +33,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -47,6 +48,7 @@ log = logging.getLogger("appliance.torch")
 SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 MAX_HEAD_DIM, MAX_GROUP = 256, 16
+ORPHAN_WAIT_S = 300   # at most this long for a build another process left running
 
 _lock = threading.Lock()
 _loaded: dict[str, tuple[ModuleType | None, str]] = {}
@@ -137,6 +139,7 @@ def _build(name: str) -> tuple[ModuleType | None, str]:
         # guards the build across processes instead, and a `lock` found while holding it is stale.
         with open(where / "appliance.flock", "w") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
+            _wait_for_orphans(where)
             (where / "lock").unlink(missing_ok=True)
             if not any(where.glob("*.so")):
                 log.info("building the CPU kernels (once per machine, about 15 s)")
@@ -147,6 +150,27 @@ def _build(name: str) -> tuple[ModuleType | None, str]:
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         log.warning("the CPU kernels are not available (%s); the torch runner runs on torch ops", reason)
         return None, reason
+
+
+def _wait_for_orphans(where: Path, timeout_s: float = ORPHAN_WAIT_S) -> None:
+    """Wait for a build that a stopped engine left running in `where`: its ninja and compiler
+    go on without it (and without its flock), and a second build beside them would write the
+    same files. Found by their working directory (Linux's /proc; elsewhere none are seen)."""
+    deadline = time.monotonic() + timeout_s
+    while _working_in(where) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _working_in(where: Path) -> list[int]:
+    """The processes whose working directory is `where`."""
+    target, found = os.path.realpath(where), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(proc / "cwd") == target:
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def unsupported(n_head: int, n_head_kv: int, head_dim: int, kv_dtype: torch.dtype) -> str | None:
