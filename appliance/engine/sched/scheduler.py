@@ -138,7 +138,7 @@ class Scheduler:
         return any(s is not None for s in self.slots)
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s is not None for s in self.slots)
+        return bool(self.waiting) or self.running()
 
     def stats(self) -> EngineStats:
         return EngineStats(

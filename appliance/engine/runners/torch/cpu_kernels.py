@@ -22,13 +22,14 @@ build (the compiler in its own process) overlaps reading the weights, and packs 
 matrices in the layout `int4_layout` expects meanwhile. At an engine's start a first build
 (`built()` false) does not hold the start at all: `prefetch(background=True)` runs it at the
 lowest priority, the runner serves on torch ops, and `TorchRunner.upgrade` routes the kernels
-in once `ready()`. `load()` says why when it cannot
-build; the runner then serves on torch ops and reports it (`--torch-cpu-kernels auto`), or refuses to start
-(`--torch-cpu-kernels cpp`).
+in once `ready()`. `load()` says why when it cannot build; the runner then serves on torch
+ops and reports it (`--torch-cpu-kernels auto`), or refuses to start (`--torch-cpu-kernels
+cpp`).
 """
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -62,6 +63,7 @@ def cache_dir(env: dict | None = None) -> Path:
     return base / "appliance" / "torch_ext"
 
 
+@functools.cache
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -111,7 +113,8 @@ def built() -> bool:
 
 def ready() -> bool:
     """Whether `load` returns at once: loaded, or `prefetch`'s build done (never blocks)."""
-    name, building = build_name(), _building.get(build_name())   # no lock, as in built()
+    name = build_name()   # no lock, as in built()
+    building = _building.get(name)
     return name in _loaded or (building is not None and not building.is_alive())
 
 
