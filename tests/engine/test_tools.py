@@ -116,16 +116,16 @@ def deep_calls(depth: int) -> dict[str, str]:
 @pytest.mark.parametrize("kind", list(deep_calls(1)))
 def test_a_call_nested_too_deep_stays_content_whole_and_streamed(depth, kind):
     """Parsed whole, a call nested past jsondepth's limit stays content. Streamed, a hermes call
-    with an object for arguments was already sent as a call when the nesting grew: it stays one,
+    was already sent as a call when the nesting grew (its name goes out first): it stays one,
     its arguments the text as written (every translation that parses them reads them safely)."""
     text, fmt = deep_calls(depth)[kind], kind.split()[0]
     assert tools.parse(text, fmt, NAMES) == (text, [])
     parser = OutputParser(None, tool_stream.StreamParser(fmt, NAMES))
     pieces = [parser.feed(text[i:i + 4096]) for i in range(0, len(text), 4096)] + [parser.flush()]
-    if kind == "hermes":
+    if kind.startswith("hermes"):
         calls = [c for p in pieces for c in p.calls]
         args = '{"city": ' * depth + '"Paris"' + "}" * depth
-        assert "".join(p.content for p in pieces) == "Checking.\n" and parser.n_calls == 1
+        assert "".join(p.content for p in pieces) == text[:text.index("<")] and parser.n_calls == 1
         assert [(c.name, c.arguments) for c in calls] == [("get_weather", args)]
         assert "".join(x.arguments for p in pieces for x in p.parts) == args
     else:
@@ -196,6 +196,25 @@ def test_a_call_cut_off_ends_as_far_as_it_got():
     assert content == "" and json.loads(calls[0].arguments) == {"q": "x"}
 
 
+def test_the_name_goes_out_when_it_closes_before_the_arguments_are_written():
+    text = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
+    _, calls, parts, at = stream(tool_stream.StreamParser("hermes", NAMES), text, size=1)
+    assert parts[0].name == "search" and at[0] == text.index('",') + 2       # at `",`, not `"arguments": {`
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("search", {"q": "x"})]
+
+
+@pytest.mark.parametrize("text, args", [
+    ('<tool_call>\n{"name": "search", "argu', ""),                              # cut off after the name
+    ('<tool_call>\n{"name": "search", "arguments": "q=x"}\n</tool_call>', "q=x"),  # not JSON: as written
+    ('<tool_call>\n{"name": "search", "arguments": [1, 2]}\n</tool_call>', "[1, 2]")])
+def test_a_call_whose_name_went_out_stays_a_call(text, args):
+    parser = tool_stream.StreamParser("hermes", NAMES)
+    content, calls, parts, _ = stream(parser, text)
+    assert content == "" and parser.n_calls == 1 and parts[0].name == "search"
+    assert [(c.id, c.name, c.arguments) for c in calls] == [(parts[0].id, "search", args)]
+    assert "".join(p.arguments for p in parts) == args
+
+
 @pytest.mark.parametrize("text,is_call", [
     ('<tool_call>\n{"name": "unknown", "arguments": {"a": 1}}\n</tool_call> after', False),
     ('<tool_call>\n{"arguments": {"q": "x"}, "name": "search"}\n</tool_call> after', True),
@@ -209,6 +228,7 @@ def test_what_cannot_stream_is_parsed_whole_at_its_close(text, is_call):
     assert bool(got) == is_call
     if is_call:
         assert content == " after" and json.loads(got[0].calls[0].arguments) == {"q": "x"}
-        assert [(x.index, bool(x.id)) for x in got[0].parts] == [(0, True), (0, False)]   # head, then the whole arguments
+        parts = [x for p in pieces for x in p.parts]
+        assert [(x.index, bool(x.id)) for x in parts] == [(0, True), (0, False)]   # head, then the whole arguments
     else:
         assert content == text and not any(p.parts for p in pieces)
