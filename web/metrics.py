@@ -67,6 +67,8 @@ class EngineCollector:
             "prompt_cache_ram_hits": ("requests restored from the RAM tier", c.ram_hits),
             "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", c.disk_hit_tokens),
             "prompt_cache_disk_hits": ("requests restored from the disk tier", c.disk_hits),
+            "prompt_cache_settled_tokens": ("reply tokens recomputed while idle as a prompt computes them, "
+                                            "so that the next turn reuses them exactly", c.settled_tokens),
             "prompt_cache_disk_skipped": ("prompt states not written to disk: the writer's queue was full",
                                           c.disk_skipped),
             "prompt_cache_disk_write_errors": ("prompt state writes that failed (each loses that state)",

@@ -92,6 +92,9 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--agent-turns", type=int, default=8, help="turns per agent conversation")
     bench.add_argument("--agent-system-tokens", type=int, default=2000, help="agent system prompt size")
     bench.add_argument("--agent-turn-tokens", type=int, default=300, help="tool result size per turn")
+    bench.add_argument("--agent-tool-ms", type=int, default=0, metavar="MS",
+                       help="how long each tool call takes: the client waits this long before each follow-up "
+                            "turn, and the server is idle meanwhile (default 0: turns back to back)")
     bench.add_argument("--agent-restart", action="store_true",
                        help="after the replay, restart the server and measure each conversation's next turn "
                             "(restored from the prompt cache's disk tier)")
@@ -280,6 +283,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                            agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
                            agent_system_tokens=args.agent_system_tokens,
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
+                           agent_tool_ms=args.agent_tool_ms,
                            restart_command=args.restart_command,
                            needle_lengths=() if args.no_needle else args.needle_lengths)
     return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))

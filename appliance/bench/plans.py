@@ -14,6 +14,7 @@ import secrets
 import string
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,6 +159,7 @@ class BenchOptions:
     agent_system_tokens: int = 2000
     agent_turn_tokens: int = 300
     agent_reply_tokens: int = 24
+    agent_tool_ms: int = 0                     # the client waits this long before each follow-up (a tool runs)
     agent_restart: bool = False                # restart the server after the replay, then one more turn each
     restart_command: str | None = None         # how to restart a --url server for agent_restart
     needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
@@ -366,10 +368,14 @@ def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
         for c in range(o.agent_conversations):
             def run(c: int = c, turn: int = turn) -> list[ResultCell]:
                 agent = agents()[c]
+                extra = {"cell": "agent", "conversation": c, "turn": turn}
                 if turn > 0:
                     agent.add_turn(turn)
+                    if o.agent_tool_ms:   # the tool's run time: the server is idle meanwhile
+                        time.sleep(o.agent_tool_ms / 1000)
+                        extra["tool_ms"] = o.agent_tool_ms
                 cell, _, _ = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent",
-                                         cache_on=True, extra={"cell": "agent", "conversation": c, "turn": turn})
+                                         cache_on=True, extra=extra)
                 return [cell]
             steps.append(Step(f"agent c{c} turn {turn}", 0, v.label, "served", run))
     if o.agent_restart:

@@ -5,8 +5,10 @@ idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) 
 /tokenize and /detokenize are answered as soon as they are read, between steps. An embed is
 queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
-ten times a second. While idle, the prompt cache saves one slot's state per tick for its disk
-writer thread; at Stop it hands over every idle slot and waits, bounded, for the writes.
+ten times a second. While idle, the prompt cache first settles the replies that ended (one
+piece per turn, commands read between pieces: `PromptCache.settle_one`), then saves one slot's
+state per tick for its disk writer thread; at Stop it hands over every idle slot and waits,
+bounded, for the writes.
 When the runner can move to faster kernels (a torch runner's first build of its CPU kernels
 done), nobody new is admitted until no request holds a slot; the engine then moves
 (`startup.upgrade`) and sends the server a second `Ready` with the new settings.
@@ -118,7 +120,7 @@ class EngineLoop:
         last_stats = 0.0
         busy_at = time.monotonic()
         while True:
-            timeout = 0.0 if self.has_work() else 0.25
+            timeout = 0.0 if self.has_work() or self._settling() else 0.25
             while cmd.poll(timeout):
                 timeout, busy_at = 0.0, time.monotonic()
                 try:
@@ -133,6 +135,9 @@ class EngineLoop:
                 for w in self.workers:
                     if w.has_work():
                         self._step(w)
+                busy_at = time.monotonic()
+            elif self._settling():
+                self.scheduler.cache.settle_one()  # one piece: a request arriving waits for no more
                 busy_at = time.monotonic()
             elif self.scheduler is not None and time.monotonic() - busy_at > IDLE_PERSIST_S:
                 # write-behind: one slot's state per idle tick, so a request that arrives
@@ -176,6 +181,9 @@ class EngineLoop:
 
     def has_work(self) -> bool:
         return any(w.has_work() for w in self.workers)
+
+    def _settling(self) -> bool:
+        return self.scheduler is not None and self.scheduler.cache.settling
 
     def _step(self, worker: Embedder | Scheduler) -> None:
         try:

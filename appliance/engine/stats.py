@@ -18,6 +18,7 @@ class CacheStats:
     cached_tokens: int = 0        # prompt positions kept in idle slots for reuse
     cache_hit_tokens: int = 0     # prompt tokens served from any tier
     inexact_hits: int = 0         # requests --prompt-cache fast served more than exact reuse would
+    settled_tokens: int = 0       # reply tokens recomputed as prompt chunks while idle, to be reused
     ram_bytes: int = 0
     ram_entries: int = 0
     ram_hits: int = 0

@@ -53,7 +53,7 @@ def bench_run(db, sweep_run):
     # a follow-up still reuses a 512-token block and the restart restores one from disk
     out = appliance("bench", "--prompts", "prose,tool-calls", "--tokens", "12", "--runs", "1", "--n-ctx", "2048",
                     "--depths", "700", "--concurrency", "2", "--agent-turns", "3",
-                    "--agent-system-tokens", "100", "--agent-turn-tokens", "100", "--agent-restart",
+                    "--agent-system-tokens", "100", "--agent-turn-tokens", "100", "--agent-restart", "--agent-tool-ms", "50",
                     "--needle-lengths", "300,2300", "--n-slots", "2", "--quiet", "--db-path", db)
     assert out.returncode == 0, out.stderr + out.stdout
     with Store.open(db) as s:
@@ -114,6 +114,7 @@ def test_bench_covers_prompt_sets_depth_concurrency_agent_and_needle(bench_run):
     assert [c.extra["turn"] for c in turns] == [0, 1, 2]
     assert turns[0].prompt_tokens < turns[1].prompt_tokens < turns[2].prompt_tokens
     assert all(c.cached_tokens > 0 for c in turns[1:])        # follow-ups reuse the conversation
+    assert [c.extra.get("tool_ms") for c in turns] == [None, 50, 50]   # the condition, with the cell
     colds = labels(cells, kind="agent-cold")
     assert [c.extra["turn"] for c in colds] == [1, 2] and all(c.cached_tokens == 0 for c in colds)
     # after a restart the conversation comes back from the disk tier, not recomputed

@@ -15,6 +15,13 @@ tokens to compute; otherwise in whole grid blocks. Either way the rest is prefil
 run prefills, so a hit gives exactly the cold answer. Positions computed by one-token decode
 steps (an earlier reply) are never reused exactly: a cold run would compute them in a chunk.
 
+Replies are settled while idle: a request that ends leaves its reply's tokens with its slot, and
+while no request waits the engine recomputes them in chunks the runner was proven to compute as
+a cold prompt's (`settle_one`, SETTLE_ROWS rows a call, at least m), so the next turn, which
+resends the reply, reuses it exactly, as llama-server reuses it inexactly. Only with reuse to the
+token proven (m > 0) and in the default mode; a request that arrives meanwhile waits for at most
+one piece, and takes whatever was settled so far.
+
 `--prompt-cache fast` (opt-in) reuses to the token as llama-server does, replies included:
 each state then knows how many of its leading positions are exact (`exact`), and a request
 that reused more than exact reuse would have is labelled inexact in its timings.
@@ -33,7 +40,7 @@ from typing import Sequence
 
 from ...config import EngineConfig
 from ..grid import Grid, common_prefix
-from ..runners.base import ModelRunner
+from ..runners.base import ModelRunner, Span
 from ..stats import CacheStats
 from .cost import PrefillCost
 from .disk import DiskTier
@@ -42,6 +49,10 @@ from .ram import RamTier, index_block
 log = logging.getLogger("appliance.prefix_cache")
 
 PERSIST_TIMEOUT_S = 45.0   # at shutdown (the server gives the engine 60 s to stop)
+# rows per piece of a reply settled while idle: the time a request arriving meanwhile may wait
+# (llama.cpp here, SmolLM2-135M, 2 threads: 16 rows 74 ms at depth 2,000 and 89 ms at 4,400, at
+# 4.6-5.6 ms a row against 8.6-12.2 for 2-row pieces and 3.8-4.9 for 64)
+SETTLE_ROWS = 16
 
 
 MODES = ("on", "off", "fast")
@@ -66,6 +77,7 @@ class PromptCache:
         self.kept: list[list[int]] = [[] for _ in range(n)]   # the positions each idle slot holds
         self.exact = [0] * n                                  # ... of which the first n are exact
         self.on_disk = [False] * n                            # kept positions already checked/written
+        self.unsettled: list[list[int]] = [[] for _ in range(n)]  # tokens past `kept` to settle while idle
         self.busy: set[int] = set()
         self.prefill_cost = PrefillCost()
         self.ram = (RamTier(ram_bytes, index_block(grid.chunk), self.prefill_cost)
@@ -73,7 +85,7 @@ class PromptCache:
         self.disk = disk if self.enabled else None
         if self.disk is not None:
             self.disk.cost = self.prefill_cost  # disk eviction values entries by the same measured rates
-        self.hit_tokens = self.inexact_hits = 0
+        self.hit_tokens = self.inexact_hits = self.settled_tokens = 0
 
     @classmethod
     def from_config(cls, runner: ModelRunner, cfg: EngineConfig, disk: DiskTier | None = None,
@@ -91,18 +103,19 @@ class PromptCache:
         if use:
             at = self._restore_saved(prompt, slot, at)
         self.runner.truncate(slot, at.reuse)
-        self.kept[slot] = []  # the slot is being rewritten from position `reuse` on
+        self.kept[slot], self.unsettled[slot] = [], []  # the slot is rewritten from position `reuse` on
         self.busy.add(slot)
         self.hit_tokens += at.reuse
         self.inexact_hits += at.inexact
         return at
 
     def release(self, slot: int, prompt: Sequence[int], n_past: int, pin: bool = False,
-                output: Sequence[int] = (), exact: int | None = None) -> None:
+                output: Sequence[int] = (), exact: int | None = None, settle: bool = False) -> None:
         """A request left `slot` with `n_past` positions computed (its prompt, then `output`):
         keep what a later request may reuse, and save it pinned into both tiers if it asked
         (`cache_pin`). `exact`: the request itself reused inexactly, and only that many leading
-        positions are exact."""
+        positions are exact. `settle`: its reply is worth settling while idle (it ended, it was
+        not cancelled)."""
         self.busy.discard(slot)
         n_exact = self.grid.keepable(n_past, len(prompt))
         if exact is not None:
@@ -111,6 +124,10 @@ class PromptCache:
             self.kept[slot] = (list(prompt) + list(output))[:n_past]
         else:
             self.kept[slot] = list(prompt[:n_exact])
+            if settle and output and self.mode == "on" and self.grid.any_position:
+                room = self.runner.info.n_ctx - n_exact  # a reply cut off by the context ends there
+                rest = (list(prompt) + list(output))[n_exact:n_exact + room]
+                self.unsettled[slot] = rest if len(rest) >= self.grid.min_chunk else []
         self.exact[slot] = n_exact
         self.on_disk[slot] = False
         if pin:
@@ -119,12 +136,49 @@ class PromptCache:
     def forget(self) -> None:
         """The runner failed: trust no KV in any slot."""
         self.kept = [[] for _ in self.kept]
+        self.unsettled = [[] for _ in self.kept]
         self.exact = [0] * len(self.kept)
         self.busy.clear()
 
     def observe_prefill(self, start_pos: int, n_tokens: int, ms: float) -> None:
         """A clean measurement (one chunk alone in a step), for the value of entries."""
         self.prefill_cost.observe(start_pos, n_tokens, ms)
+
+    # -- replies settled while idle ----------------------------------------------------------
+    @property
+    def settling(self) -> bool:
+        """Whether an idle slot has reply tokens left to settle."""
+        return any(rest and i not in self.busy for i, rest in enumerate(self.unsettled))
+
+    def settle_one(self) -> int:
+        """Compute the next piece of one idle slot's reply as a prompt chunk, on top of its kept
+        positions (the reply's one-token decode KV is dropped first), and keep it: the count of
+        tokens settled, 0 when nothing is left. At least m rows a piece, the last one included;
+        a runner failure drops that slot's reply and keeps what was settled."""
+        m = self.grid.min_chunk
+        rows = max(SETTLE_ROWS, 2 * m)
+        for slot, rest in enumerate(self.unsettled):
+            if not rest or slot in self.busy:
+                continue
+            if len(rest) < m:
+                self.unsettled[slot] = []
+                continue
+            n = len(rest) if len(rest) <= rows else rows if len(rest) - rows >= m else len(rest) - m
+            start = len(self.kept[slot])
+            self.runner.truncate(slot, start)
+            try:
+                self.runner.forward([Span(slot, tuple(rest[:n]), start, 1)])
+            except Exception:
+                log.exception("prompt cache: settling slot %d's reply failed; it is not kept", slot)
+                self.runner.truncate(slot, start)
+                self.unsettled[slot] = []
+                return 0
+            self.kept[slot] = self.kept[slot] + rest[:n]
+            self.exact[slot] = len(self.kept[slot])
+            self.unsettled[slot], self.on_disk[slot] = rest[n:], False
+            self.settled_tokens += n
+            return n
+        return 0
 
     # -- write-behind --------------------------------------------------------------------
     def persist(self, timeout_s: float = PERSIST_TIMEOUT_S) -> bool:
@@ -170,7 +224,7 @@ class PromptCache:
         ram = self.ram.stats() if self.ram is not None else {}
         disk = self.disk.stats() if self.disk is not None else {}
         return CacheStats(cached_tokens=sum(len(k) for k in self.kept), cache_hit_tokens=self.hit_tokens,
-                          inexact_hits=self.inexact_hits, **ram, **disk)
+                          inexact_hits=self.inexact_hits, settled_tokens=self.settled_tokens, **ram, **disk)
 
     # -- inside ----------------------------------------------------------------------------
     def _place(self, slot: int, prompt: Sequence[int], shared: int, exact: int) -> Placement:

@@ -257,7 +257,7 @@ class Scheduler:
         if act.slot >= 0 and self.slots[act.slot] is act:
             self.slots[act.slot] = None
             self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled",
-                               output=act.out, exact=act.cache_exact)
+                               output=act.out, exact=act.cache_exact, settle=reason != "cancelled")
         self.by_id.pop(act.req.id, None)
         experts = self._expert_counts(act.slot) if act.slot >= 0 else None
         self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec), experts),
