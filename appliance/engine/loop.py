@@ -5,8 +5,8 @@ idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) 
 /tokenize and /detokenize are answered as soon as they are read, between steps. An embed is
 queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
-ten times a second. While idle, the prompt cache first settles the replies that ended (one
-piece per turn, commands read between pieces: `PromptCache.settle_one`), then saves one slot's
+ten times a second. Idle for SETTLE_AFTER_S, the prompt cache first settles the replies that
+ended (one piece per turn, commands read between pieces: `PromptCache.settle_one`), then saves one slot's
 state per tick for its disk writer thread; at Stop it hands over every idle slot and waits,
 bounded, for the writes.
 When the runner can move to faster kernels (a torch runner's first build of its CPU kernels
@@ -33,6 +33,9 @@ log = logging.getLogger("appliance.engine")
 
 STATS_INTERVAL_S = 0.1
 IDLE_PERSIST_S = 1.0   # idle this long, the engine hands kept prompt states to the disk tier
+# idle this long, the engine settles ended replies: a client sending turns back to back has sent
+# the next one by then (bench's agent replay: a few ms), and would otherwise wait for a piece
+SETTLE_AFTER_S = 0.05
 
 
 class EngineLoop:
@@ -120,7 +123,7 @@ class EngineLoop:
         last_stats = 0.0
         busy_at = time.monotonic()
         while True:
-            timeout = 0.0 if self.has_work() or self._settling() else 0.25
+            timeout = self._poll_timeout(busy_at)
             while cmd.poll(timeout):
                 timeout, busy_at = 0.0, time.monotonic()
                 try:
@@ -137,8 +140,8 @@ class EngineLoop:
                         self._step(w)
                 busy_at = time.monotonic()
             elif self._settling():
-                self.scheduler.cache.settle_one()  # one piece: a request arriving waits for no more
-                busy_at = time.monotonic()
+                if time.monotonic() - busy_at >= SETTLE_AFTER_S:
+                    self.scheduler.cache.settle_one()  # one piece: a request arriving waits for no more
             elif self.scheduler is not None and time.monotonic() - busy_at > IDLE_PERSIST_S:
                 # write-behind: one slot's state per idle tick, so a request that arrives
                 # meanwhile waits for at most one save (the file is written by the disk tier's
@@ -184,6 +187,15 @@ class EngineLoop:
 
     def _settling(self) -> bool:
         return self.scheduler is not None and self.scheduler.cache.settling
+
+    def _poll_timeout(self, busy_at: float) -> float:
+        """How long to wait for a command: not at all with work, until settling may start with
+        a reply to settle, else a quarter second."""
+        if self.has_work():
+            return 0.0
+        if self._settling():
+            return max(0.0, busy_at + SETTLE_AFTER_S - time.monotonic())
+        return 0.25
 
     def _step(self, worker: Embedder | Scheduler) -> None:
         try:

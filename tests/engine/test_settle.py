@@ -3,11 +3,14 @@ decode steps, are computed again as prompt chunks of at least m rows, so the nex
 resends the reply, reuses it exactly; on the real model that next turn gives the cold answer."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from appliance.config import EngineConfig
 from appliance.engine.cache.prompt_cache import SETTLE_ROWS, PromptCache
 from appliance.engine.grid import Grid
+from appliance.engine.loop import SETTLE_AFTER_S, EngineLoop
 from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Delta, Done, Request, SamplingParams
 
@@ -49,7 +52,7 @@ def test_a_settled_reply_is_reused_by_the_next_turn_computed_as_a_cold_run_compu
     a = [1 + i % 30 for i in range(45)]
     reply, _ = ask(sched, events, "a", a, max_tokens=20)
     assert sched.cache.kept[0] == a and sched.cache.unsettled[0] == reply and sched.cache.settling
-    assert settle_all(sched.cache) == [SETTLE_ROWS, 4] and not sched.cache.settling
+    assert settle_all(sched.cache) == [SETTLE_ROWS] * (20 // SETTLE_ROWS) + [20 % SETTLE_ROWS] and not sched.cache.settling
     assert sched.cache.kept[0] == a + reply and sched.cache.exact[0] == len(a) + len(reply)
     assert sched.cache.stats().settled_tokens == 20
     follow = a + reply + [7, 8, 9]
@@ -75,8 +78,8 @@ def test_pieces_are_never_shorter_than_m_rows():
     sched, events = make(runner, m=4)
     reply, _ = ask(sched, events, "a", list(range(1, 30)), max_tokens=SETTLE_ROWS + 2)
     n = len(runner.calls)
-    assert settle_all(sched.cache) == [SETTLE_ROWS - 2, 4]          # not 16 then 2
-    assert [(s.start_pos, len(s.tokens)) for c in runner.calls[n:] for s in c] == [(29, 14), (43, 4)]
+    assert settle_all(sched.cache) == [SETTLE_ROWS - 2, 4]          # not SETTLE_ROWS then 2
+    assert [(s.start_pos, len(s.tokens)) for c in runner.calls[n:] for s in c] == [(29, SETTLE_ROWS - 2), (27 + SETTLE_ROWS, 4)]
     assert runner.kv[0] == list(range(1, 30)) + reply
 
 
@@ -140,3 +143,33 @@ def test_the_next_turn_over_a_settled_reply_is_exactly_the_cold_answer(real):  #
     cold = greedy(sched, runner, events, "cold", follow, cache=False)
     assert warm[2] == len(first) + len(reply) and cold[2] == 0
     assert warm[:2] == cold[:2]    # tokens, and every logprob with its top 5
+
+
+# -- the engine loop: when it settles ----------------------------------------------------------------
+
+class _Cache:
+    settling = True
+
+
+class _Sched:
+    cache = _Cache()
+
+    def __init__(self, work: bool) -> None:
+        self.work = work
+
+    def has_work(self) -> bool:
+        return self.work
+
+
+@pytest.mark.parametrize("work, settling, idle_s, expected", [
+    (True, True, 1.0, 0.0),                          # requests first, never a wait
+    (False, True, 0.0, SETTLE_AFTER_S),              # a reply to settle: wait out the grace only
+    (False, True, 1.0, 0.0),                         # ... and past it, one piece after another
+    (False, False, 1.0, 0.25)])                      # nothing to do
+def test_the_loop_settles_only_after_a_short_idle_grace(work, settling, idle_s, expected):
+    loop = EngineLoop.__new__(EngineLoop)
+    loop.scheduler = _Sched(work)
+    loop.scheduler.cache = type("C", (), {"settling": settling})()
+    loop.workers = [loop.scheduler]
+    got = loop._poll_timeout(time.monotonic() - idle_s)
+    assert got == pytest.approx(expected, abs=0.01)

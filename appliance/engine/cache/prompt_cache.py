@@ -50,9 +50,9 @@ log = logging.getLogger("appliance.prefix_cache")
 
 PERSIST_TIMEOUT_S = 45.0   # at shutdown (the server gives the engine 60 s to stop)
 # rows per piece of a reply settled while idle: the time a request arriving meanwhile may wait
-# (llama.cpp here, SmolLM2-135M, 2 threads: 16 rows 74 ms at depth 2,000 and 89 ms at 4,400, at
-# 4.6-5.6 ms a row against 8.6-12.2 for 2-row pieces and 3.8-4.9 for 64)
-SETTLE_ROWS = 16
+# (llama.cpp here, SmolLM2-135M, 2 threads: 8 rows 37 ms at depth 2,000 and 46 ms at 4,400, at
+# 4.7-5.8 ms a row, against 4.6-5.6 for 16 rows, 8.6-12.2 for 2 and 3.8-4.9 for 64)
+SETTLE_ROWS = 8
 
 
 MODES = ("on", "off", "fast")
