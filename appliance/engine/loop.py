@@ -6,9 +6,9 @@ idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) 
 queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
 ten times a second. Idle for SETTLE_AFTER_S, the prompt cache first settles the replies that
-ended (one piece per turn, commands read between pieces: `PromptCache.settle_one`), then saves one slot's
-state per tick for its disk writer thread; at Stop it hands over every idle slot and waits,
-bounded, for the writes.
+ended (one piece per turn, commands read between pieces: `PromptCache.settle_one`), then saves
+one slot's state per tick for its disk writer thread; at Stop it hands over every idle slot and
+waits, bounded, for the writes.
 When the runner can move to faster kernels (a torch runner's first build of its CPU kernels
 done), nobody new is admitted until no request holds a slot; the engine then moves
 (`startup.upgrade`) and sends the server a second `Ready` with the new settings.

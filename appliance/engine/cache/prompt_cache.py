@@ -126,7 +126,7 @@ class PromptCache:
             self.kept[slot] = list(prompt[:n_exact])
             if settle and output and self.mode == "on" and self.grid.any_position:
                 room = self.runner.info.n_ctx - n_exact  # a reply cut off by the context ends there
-                rest = (list(prompt) + list(output))[n_exact:n_exact + room]
+                rest = (list(prompt[n_exact:]) + list(output))[:room]
                 self.unsettled[slot] = rest if len(rest) >= self.grid.min_chunk else []
         self.exact[slot] = n_exact
         self.on_disk[slot] = False
@@ -158,10 +158,7 @@ class PromptCache:
         m = self.grid.min_chunk
         rows = max(SETTLE_ROWS, 2 * m)
         for slot, rest in enumerate(self.unsettled):
-            if not rest or slot in self.busy:
-                continue
-            if len(rest) < m:
-                self.unsettled[slot] = []
+            if not rest or slot in self.busy:   # release and the pieces leave none shorter than m
                 continue
             n = len(rest) if len(rest) <= rows else rows if len(rest) - rows >= m else len(rest) - m
             start = len(self.kept[slot])
