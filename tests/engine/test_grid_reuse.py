@@ -95,6 +95,7 @@ class ShapedRunner(FakeRunner):
 @pytest.mark.parametrize("shape, m", [(lambda rows: 0, 1),              # any chunk computes alike
                                       (lambda rows: rows == 1, 2),      # a one-row chunk differs (llama.cpp)
                                       (lambda rows: rows < 8, 16),      # short chunks differ
+                                      (lambda rows: rows < 64, 64),     # tiled from 64 rows (flash attention)
                                       (lambda rows: rows % 7, 0)])      # every shape differs
 def test_the_probe_finds_the_smallest_chunk_that_computes_as_the_grid(shape, m):
     runner = ShapedRunner(shape)
@@ -206,28 +207,36 @@ STORY = ("The lighthouse keeper climbed the stairs every evening to light the la
 ASK = " What did the keeper write down on the night of the storm, and why?"
 
 
-@pytest.fixture(scope="module")
-def real():
+@pytest.fixture(scope="module", params=[False, True], ids=["default-attention", "flash-attention"])
+def real(request):
     from appliance.engine.runners.llamacpp import LlamaCppRunner
     from appliance.models import embedded_model_path
 
-    runner = LlamaCppRunner(EngineConfig(plan="off", n_slots=1, n_ctx=1024, n_threads=2), embedded_model_path(), "smol")
+    cfg = EngineConfig(plan="off", n_slots=1, n_ctx=1024, n_threads=2, flash_attn=request.param)
+    runner = LlamaCppRunner(cfg, embedded_model_path(), "smol")
     found = check_chunk_invariance(runner, 0, probe_prompt(runner, 128), 128)
     yield runner, found
     runner.close()
 
 
-def test_llamacpp_with_its_default_attention_computes_any_chunk_of_two_rows_as_the_grid(real):
-    # measured on x86 CPUs with llama-cpp-python 0.3.36: one-row chunks take another matmul path
-    _, found = real
-    assert found.min_chunk == 2 and found.failed and found.failed[0].startswith("m=1")
+def test_llamacpp_computes_any_chunk_of_two_rows_or_with_flash_attention_64_as_the_grid(real):
+    # measured on x86 CPUs with llama-cpp-python 0.3.36. Default attention: one-row chunks take
+    # another matmul path. Flash attention with f16 KV: chunks of 64 rows or more are computed
+    # in 64-row tiles, shorter ones row by row in f16, and every smaller candidate fails
+    runner, found = real
+    if runner.llamacpp.flash_attn:
+        assert found.min_chunk == 64 and len(found.failed) == 5, found
+    else:
+        assert found.min_chunk == 2 and len(found.failed) == 1, found
+    assert found.failed[0].startswith("m=1")
 
 
 def test_follow_ups_reusing_a_prefix_that_ends_anywhere_give_the_cold_answer(real):
     runner, found = real
+    m = found.min_chunk
     cfg = EngineConfig(n_slots=1, n_ctx=1024, prefill_chunk=128, cache_ram_bytes=1 << 30)
     events: list = []
-    cache = PromptCache.from_config(runner, cfg, grid=Grid(128, found.min_chunk))
+    cache = PromptCache.from_config(runner, cfg, grid=Grid(128, m))
     sched = Scheduler(runner, cfg, events.append, cache)
     story, ask = runner.tokenize(STORY, True), runner.tokenize(ASK, False)
     rng = np.random.default_rng(3)
@@ -238,10 +247,11 @@ def test_follow_ups_reusing_a_prefix_that_ends_anywhere_give_the_cold_answer(rea
         follow = story[:first_len] + ask[:extra]
         warm = greedy(sched, runner, events, "warm", follow)
         cold = greedy(sched, runner, events, "cold", follow, cache=False)
-        assert warm[2] == first_len and cold[2] == 0        # reused to the token
+        # reused to the token, leaving m to compute
+        assert warm[2] == min(first_len, len(follow) - m) and cold[2] == 0
         assert warm[:2] == cold[:2], f"first prompt {first_len}, {extra} tokens added"
         checked += 1
     # a shorter prompt that shares part of the last one (a retry, an edited question)
     part = story[:233]
     warm, cold = greedy(sched, runner, events, "w", part), greedy(sched, runner, events, "c", part, cache=False)
-    assert warm[2] == 231 and warm[:2] == cold[:2] and checked == 4
+    assert warm[2] == 233 - m and warm[:2] == cold[:2] and checked == 4

@@ -70,7 +70,8 @@ def test_without_settling_the_reply_is_not_reused():
     a = [1 + i % 30 for i in range(45)]
     reply, _ = ask(sched, events, "a", a, max_tokens=20)
     _, warm = ask(sched, events, "warm", a + reply + [7, 8, 9], max_tokens=1)
-    assert warm.usage.cached_tokens == len(a) and not sched.cache.settling  # the slot was taken: nothing left
+    # the slot was taken: only the new one-token reply is left to settle (with a kept position)
+    assert warm.usage.cached_tokens == len(a) and sched.cache.unsettled[0] == list(warm.token_ids)
 
 
 def test_pieces_are_never_shorter_than_m_rows():
@@ -83,6 +84,21 @@ def test_pieces_are_never_shorter_than_m_rows():
     assert runner.kv[0] == list(range(1, 30)) + reply
 
 
+def test_a_reply_shorter_than_m_is_settled_with_the_kept_positions_before_it():
+    # m = 16: a 6-token reply is computed in one 16-row chunk that starts 10 kept positions back
+    runner = ShapedRunner(lambda rows: rows < 16)
+    sched, events = make(runner, m=16)
+    a = [1 + i % 30 for i in range(45)]
+    reply, _ = ask(sched, events, "a", a, max_tokens=6)
+    n = len(runner.calls)
+    assert settle_all(sched.cache) == [6] and sched.cache.kept[0] == a + reply
+    assert [(s.start_pos, len(s.tokens)) for c in runner.calls[n:] for s in c] == [(35, 16)]
+    follow = a + reply + list(range(1, 20))
+    _, warm = ask(sched, events, "warm", follow, max_tokens=1)
+    assert warm.usage.cached_tokens == len(a) + len(reply)
+    assert not any(runner.marks[0][:len(follow)])        # every position from a chunk of 16 or more
+
+
 def test_a_request_arriving_while_a_reply_settles_takes_what_is_settled():
     runner = FakeRunner(n_slots=1, n_ctx=512)
     sched, events = make(runner)
@@ -90,7 +106,7 @@ def test_a_request_arriving_while_a_reply_settles_takes_what_is_settled():
     reply, _ = ask(sched, events, "a", a, max_tokens=30)
     assert sched.cache.settle_one() == SETTLE_ROWS
     _, warm = ask(sched, events, "b", a + reply + [5, 5], max_tokens=1)
-    assert warm.usage.cached_tokens == len(a) + SETTLE_ROWS and not sched.cache.settling
+    assert warm.usage.cached_tokens == len(a) + SETTLE_ROWS and sched.cache.unsettled[0] == list(warm.token_ids)
 
 
 def test_a_settling_slot_left_idle_keeps_its_reply_while_another_slot_serves():
@@ -138,7 +154,8 @@ def test_the_next_turn_over_a_settled_reply_is_exactly_the_cold_answer(real):  #
     reply = greedy(sched, runner, events, "first", first)[0]
     assert len(reply) == 16 and sched.cache.settling
     assert sum(settle_all(sched.cache)) == 16
-    follow = first + reply + runner.tokenize(" And what happened next?", False)
+    # the reply resent, then more than m tokens (m = 64 with flash attention)
+    follow = first + reply + runner.tokenize(" And what happened next? " + STORY, False)[:80]
     warm = greedy(sched, runner, events, "warm", follow)
     cold = greedy(sched, runner, events, "cold", follow, cache=False)
     assert warm[2] == len(first) + len(reply) and cold[2] == 0

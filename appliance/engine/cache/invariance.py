@@ -18,8 +18,11 @@ logits and its saved state) and then the shapes a hit makes, each compared bit f
 
 Measured here (llama.cpp 0.3.36, SmolLM2-135M Q4_1, 2 threads): with f16 KV and the default
 attention every chunk of 2 or more rows agrees with the grid's and a one-row chunk does not
-(another matmul path): m = 2. Flash attention with f16 KV agrees for no cut at all: grid
-reuse only. The torch runner on its own ops (row-wise attention for every span,
+(another matmul path): m = 2. With flash attention and f16 KV, llama.cpp's CPU kernel computes
+a chunk of at least 64 rows in tiles of 64 query rows by 64 keys (each row's scores, softmax
+and sum the same whatever rows share its tile) and a shorter chunk row by row in another
+precision: m = 64. A candidate needing a longer prompt than the probe's (11 m + 1 positions)
+gets one of its own, so the usual case pays for the short probe only. The torch runner on its own ops (row-wise attention for every span,
 `--torch-attention ops`) agrees for every cut, one row included: m = 1. With its CPU decode
 attention kernel (the default on a CPU) spans of up to 16 rows take the kernel and longer ones
 the ops: m = 17. A sample of cuts is a test, not a proof of every cut; the cuts are the ones a
@@ -36,8 +39,9 @@ from ..grid import Grid
 from ..runners.base import ModelRunner, Span
 
 # min_chunk values tried, smallest first; 17: the torch runner on a CPU computes spans of up to
-# 16 rows (decode steps, verifies) with its decode attention kernel, longer ones as chunks
-CANDIDATES = (1, 2, 4, 16, 17)
+# 16 rows (decode steps, verifies) with its decode attention kernel, longer ones as chunks; 64:
+# llama.cpp's CPU flash attention tiles chunks of at least 64 rows (GGML_FA_TILE_Q)
+CANDIDATES = (1, 2, 4, 16, 17, 64)
 TAIL_ROOM = 64               # positions of the probe prompt past its last grid line
 
 
@@ -75,8 +79,14 @@ def check_chunk_invariance(runner: ModelRunner, slot: int, prompt: Sequence[int]
     ref_logits, ref_state = _run(runner, slot, prompt, Grid(chunk), 0, ())
     cases, failed = 0, []
     for m in candidates:
-        if 2 * m > chunk or 3 * m + 8 * m > len(prompt):
+        if 2 * m > chunk:
             break
+        if 11 * m + 1 > len(prompt):              # the cases need 11 m positions and one more
+            longer = _longer(prompt, 11 * m + 1, chunk, m)
+            if len(longer) > runner.info.n_ctx - 8:
+                break
+            prompt = longer
+            ref_logits, ref_state = _run(runner, slot, prompt, Grid(chunk), 0, ())
         grid = Grid(chunk, m)
         for name, (keep, pieces) in _cases(len(prompt), chunk, m).items():
             cases += 1
@@ -92,6 +102,15 @@ def check_chunk_invariance(runner: ModelRunner, slot: int, prompt: Sequence[int]
     return ChunkInvariance(0, cases, tuple(failed))
 
 
+def _longer(prompt: tuple[int, ...], n: int, chunk: int, m: int) -> tuple[int, ...]:
+    """The prompt repeated to at least n positions, and on to m past a grid line if it would
+    end fewer than m past one (the reference's last chunk, cut on the grid, is then at least m
+    rows, as a server's cold run leaves it)."""
+    if 0 < n % chunk < m:
+        n += m - n % chunk
+    return (prompt * (n // len(prompt) + 1))[:n]
+
+
 def _cases(n: int, chunk: int, m: int) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Each case: how many of the reference's positions to keep, and the cut points after
     which the rest is computed by the any-position grid."""
@@ -101,7 +120,8 @@ def _cases(n: int, chunk: int, m: int) -> dict[str, tuple[int, tuple[int, ...]]]
         "pieces": (n - 9 * m - 1, tuple(n - 9 * m - 1 + m * (i + 1) for i in range(8))),
         "tail": (n - m, ()),
         "crossing": (line - 1, ()) if line - 1 > 0 and line + m < n else (n - 3 * m, ()),
-        "follow-up": (Grid(chunk).floor(end - 1), (end, end - 5)),
+        # computed from its last grid line, or from m before its end, as a server cuts it
+        "follow-up": (min(Grid(chunk).floor(end - 1), end - m), (end, end - 5)),
     }
 
 

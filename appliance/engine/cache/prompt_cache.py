@@ -127,7 +127,7 @@ class PromptCache:
             if settle and output and self.mode == "on" and self.grid.any_position:
                 room = self.runner.info.n_ctx - n_exact  # a reply cut off by the context ends there
                 rest = (list(prompt[n_exact:]) + list(output))[:room]
-                self.unsettled[slot] = rest if len(rest) >= self.grid.min_chunk else []
+                self.unsettled[slot] = rest if n_exact + len(rest) >= self.grid.min_chunk else []
         self.exact[slot] = n_exact
         self.on_disk[slot] = False
         if pin:
@@ -153,22 +153,25 @@ class PromptCache:
     def settle_one(self) -> int:
         """Compute the next piece of one idle slot's reply as a prompt chunk, on top of its kept
         positions (the reply's one-token decode KV is dropped first), and keep it: the count of
-        tokens settled, 0 when nothing is left. At least m rows a piece, the last one included;
-        a runner failure drops that slot's reply and keeps what was settled."""
+        tokens settled, 0 when nothing is left. At least m rows a piece, the last one included: a
+        reply shorter than m is computed with the kept positions before it, which compute as
+        they did. A runner failure drops that slot's reply and keeps what was settled (less
+        those kept positions)."""
         m = self.grid.min_chunk
         rows = max(SETTLE_ROWS, 2 * m)
         for slot, rest in enumerate(self.unsettled):
-            if not rest or slot in self.busy:   # release and the pieces leave none shorter than m
+            if not rest or slot in self.busy:   # the pieces leave none shorter than m
                 continue
             n = len(rest) if len(rest) <= rows else rows if len(rest) - rows >= m else len(rest) - m
-            start = len(self.kept[slot])
+            kept = self.kept[slot]
+            start = len(kept) - max(0, m - n)   # a reply shorter than m: kept positions again (they compute alike)
             self.runner.truncate(slot, start)
             try:
-                self.runner.forward([Span(slot, tuple(rest[:n]), start, 1)])
+                self.runner.forward([Span(slot, tuple(kept[start:]) + tuple(rest[:n]), start, 1)])
             except Exception:
                 log.exception("prompt cache: settling slot %d's reply failed; it is not kept", slot)
                 self.runner.truncate(slot, start)
-                self.unsettled[slot] = []
+                self.kept[slot], self.exact[slot], self.unsettled[slot] = kept[:start], start, []
                 return 0
             self.kept[slot] = self.kept[slot] + rest[:n]
             self.exact[slot] = len(self.kept[slot])
