@@ -8,8 +8,8 @@ the repeats. The score at a depth is the time of a typical step of work there: o
 prompt chunk at the measured prefill rate plus 128 tokens at the measured decode rate, plus,
 for a candidate on which the prompt cache can reuse only whole grid blocks (the engine's
 chunk-invariance check fails on it; flash attention with f16 KV passes with pieces of 64 rows,
-m = 64), the half block a follow-up turn then recomputes on average. The lowest score wins; a candidate within
-`NEAR_TIE` of the best loses to an earlier one.
+m = 64), the half block a follow-up turn then recomputes on average. The lowest score wins; a
+candidate within `NEAR_TIE` of the best loses to an earlier one.
 
 `appliance tune --gemm` measures the torch runner's GEMM configurations instead, on the GPU
 that will serve (`kernels.plan`: each candidate checked against the reference before it is

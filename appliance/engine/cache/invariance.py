@@ -22,10 +22,10 @@ attention every chunk of 2 or more rows agrees with the grid's and a one-row chu
 a chunk of at least 64 rows in tiles of 64 query rows by 64 keys (each row's scores, softmax
 and sum the same whatever rows share its tile) and a shorter chunk row by row in another
 precision: m = 64. A candidate needing a longer prompt than the probe's (11 m + 1 positions)
-gets one of its own, so the usual case pays for the short probe only. The torch runner on its own ops (row-wise attention for every span,
-`--torch-attention ops`) agrees for every cut, one row included: m = 1. With its CPU decode
-attention kernel (the default on a CPU) spans of up to 16 rows take the kernel and longer ones
-the ops: m = 17. A sample of cuts is a test, not a proof of every cut; the cuts are the ones a
+gets one of its own, so the usual case pays for the short probe only. The torch runner on its
+own ops (row-wise attention for every span, `--torch-attention ops`) agrees for every cut, one
+row included: m = 1. With its CPU decode attention kernel (the default on a CPU) spans of up
+to 16 rows take the kernel and longer ones the ops: m = 17. A sample of cuts is a test, not a proof of every cut; the cuts are the ones a
 hit makes, and a difference anywhere sends the cache back to grid reuse.
 """
 from __future__ import annotations
