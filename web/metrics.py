@@ -55,6 +55,10 @@ class EngineCollector:
                                                c.disk_pinned_bytes),
             "prompt_cache_disk_queued_bytes": ("bytes of prompt states waiting for the disk tier's writer",
                                                c.disk_queued_bytes),
+            "prompt_cache_unsettled_tokens": ("reply tokens of idle slots not settled yet (idle work left)",
+                                              c.unsettled_tokens),
+            "prompt_cache_unsaved_slots": ("idle slots whose kept state is not handed to the disk tier yet "
+                                           "(idle work left)", c.unsaved_slots),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)

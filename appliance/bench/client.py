@@ -64,6 +64,10 @@ def _dropped_unanswered(e: requests.ConnectionError) -> bool:
                        for x in arg.args) for arg in e.args)
 
 
+# what this appliance's /health "engine" counts as work still to do when no request runs
+IDLE_WORK = ("slots_busy", "unsettled_tokens", "unsaved_slots", "disk_queued_bytes")
+
+
 class Target:
     """A server speaking the OpenAI API at `url`."""
 
@@ -77,6 +81,7 @@ class Target:
         self._counts: dict[str, int] = {}
         self._token_prompts: bool | None = None
         self.server: LocalServer | None = None   # set when the bench started the server
+        self.restart_command: str | None = None  # how to restart one it did not start (agent replay)
 
     # -- what the server is ------------------------------------------------------------------
     def health(self) -> dict[str, Any] | None:
@@ -110,6 +115,23 @@ class Target:
             if time.monotonic() > deadline:
                 raise BenchError(f"{self.url} did not answer within {timeout:.0f} s of --restart-command")
             time.sleep(0.5)
+
+    def wait_idle(self, timeout: float = 60.0, poll_s: float = 0.1) -> bool:
+        """Wait until the server has no idle-time work left (this appliance's /health: reply
+        tokens to settle, states not yet handed to or written by the disk tier), so that in an
+        A/B run one server's background work never runs beside the other's measurement. A
+        server that reports none of it (llama-server) has nothing to wait for. Its engine's
+        statistics arrive a moment late, so a slot still busy counts as work (the release that
+        ends a request comes with what it left to do). False when `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            engine = (self.health() or {}).get("engine")
+            if not isinstance(engine, dict) or "unsettled_tokens" not in engine or not any(
+                    engine.get(k) for k in IDLE_WORK):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_s)
 
     def model_ids(self) -> list[str]:
         try:
@@ -342,10 +364,13 @@ class LocalServer:
 
 
 @contextlib.contextmanager
-def serving(serve_args: Sequence[str] | None, url: str | None, api_key: str | None = None) -> Iterator[Target]:
-    """A Target for --url, or for a server started with these flags (stopped afterwards)."""
+def serving(serve_args: Sequence[str] | None, url: str | None, api_key: str | None = None,
+            restart_command: str | None = None) -> Iterator[Target]:
+    """A Target for --url (restarted by `restart_command`), or for a server started with these
+    flags (stopped afterwards)."""
     if url:
         target = Target(url, api_key)
+        target.restart_command = restart_command
         try:
             yield target
         finally:

@@ -50,6 +50,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ab", nargs=2, metavar=("SETTINGS_A", "SETTINGS_B"),
                    help="start two servers with these extra serve flags (quoted, e.g. '--flash-attn' "
                         "'--no-flash-attn') and alternate A B A B; stores both and the pairwise ratios")
+    p.add_argument("--against", metavar="URL",
+                   help="measure the server at URL (llama-server, another appliance) side by side with "
+                        "this one (the server the bench starts, or --url): A is this one, B that one; cells "
+                        "alternate A B, the agent replay turn by turn, and each waits until its server has "
+                        "no idle work left; stores both and the pairwise ratios")
     p.add_argument("--no-raw", action="store_true",
                    help="skip the raw llama.cpp reference rows")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -101,6 +106,8 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--restart-command", default=None, metavar="CMD",
                        help="with --url and --agent-restart: a shell command that restarts that server "
                             "(the bench then waits until its /v1/models answers)")
+    bench.add_argument("--against-restart-command", default=None, metavar="CMD",
+                       help="with --against and --agent-restart: a shell command that restarts that server")
     bench.add_argument("--needle-lengths", type=_ints, default=None,
                        help="needle prompt lengths (default: 1/4, 1/2, 0.9 of the context and one over it)")
     bench.add_argument("--no-needle", action="store_true", help="skip the needle check")
@@ -157,12 +164,15 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
     from . import report
     from .client import BenchError, serving
     from .plans import Context
-    from .session import Prompts, execute, host_snapshot, maybe_raw, open_variant, peak_rss, phase_summary
+    from .session import (Prompts, execute, host_snapshot, maybe_raw, open_variant, peak_rss, phase_summary,
+                          waiting_idle)
 
     if args.runs < 1:
         return _fail(command, "--runs must be at least 1")
     if args.url and args.ab:
         return _fail(command, "--ab starts its own two servers; it cannot be used with --url")
+    if args.ab and args.against:
+        return _fail(command, "--ab and --against each name a second server; give one of them")
     try:
         cfg = config.load(vars(args))
         claimed, model_path, file_fp = _claim(command, args, cfg)
@@ -170,22 +180,21 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
         return _fail(command, str(e))
     except ApplianceError as e:
         return _fail(command, e.message)
-    base = _engine_flags(args)
-    specs = ([("", base)] if not args.ab
-             else [("A", base + shlex.split(args.ab[0])), ("B", base + shlex.split(args.ab[1]))])
+    specs = _servers(args, _engine_flags(args))
     db_path = cfg.store.resolved_db_path()
     try:
         with contextlib.ExitStack() as stack:
             variants = []
-            for label, serve_args in specs:
-                if not args.url:
-                    print(f"appliance {command}: starting a server{' ' + label if label else ''}: "
-                          f"appliance serve {shlex.join(serve_args)}", file=sys.stderr)
-                target = stack.enter_context(serving(serve_args, args.url, args.api_key))
-                variants.append(open_variant(label, target, claimed, file_fp, serve_args if not args.url else ()))
+            for label, serve_args, url, restart in specs:
+                print(f"appliance {command}: {'server ' + label + ': ' if label else ''}" + (
+                      f"the server at {url}" if url else f"starting appliance serve {shlex.join(serve_args)}"),
+                      file=sys.stderr)
+                target = stack.enter_context(serving(serve_args, url, args.api_key if url == args.url else None,
+                                                     restart))
+                variants.append(open_variant(label, target, claimed, file_fp, serve_args if not url else ()))
             if claimed is None:
                 claimed = _served_model(variants[0])
-            want_raw = not args.no_raw and not args.ab
+            want_raw = not args.no_raw and len(variants) == 1
             raw = stack.enter_context(maybe_raw(model_path, variants[0], cfg.engine.prefill_chunk, want_raw))
             if want_raw and raw is None:
                 print(f"appliance {command}: no raw reference rows: they need the model file (--model) and "
@@ -194,7 +203,7 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
 
             sampler = stack.enter_context(Sampler.for_host(interval_s=0.25))
             ctx = Context(variants, raw, sampler, Prompts(variants[0].target))
-            steps = plan(ctx)
+            steps = waiting_idle(plan(ctx), variants)
             store = stack.enter_context(Store.open(db_path))
             settings = (variants[0].settings() if len(variants) == 1
                         else {v.label: v.settings() for v in variants})
@@ -216,6 +225,18 @@ def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
         return 0
     print(f"appliance {command}: {outcome.note()}", file=sys.stderr)
     return 130 if outcome.status is RunStatus.INTERRUPTED else 1
+
+
+def _servers(args: argparse.Namespace, flags: list[str]) -> list[tuple[str, list[str] | None, str | None, str | None]]:
+    """(label, serve flags, url, restart command) of each server a run measures: the one it
+    starts with `flags` (or --url's); with --against, that one as A and the other server as B;
+    with --ab, two it starts, each with its extra flags."""
+    here = ("", flags, args.url, getattr(args, "restart_command", None))
+    if args.against:
+        return [("A", *here[1:]), ("B", None, args.against, getattr(args, "against_restart_command", None))]
+    if args.ab:
+        return [(label, flags + shlex.split(extra), None, None) for label, extra in zip("AB", args.ab)]
+    return [here]
 
 
 def _claim(command: str, args: argparse.Namespace,
@@ -284,7 +305,6 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                            agent_system_tokens=args.agent_system_tokens,
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
                            agent_tool_ms=args.agent_tool_ms,
-                           restart_command=args.restart_command,
                            needle_lengths=() if args.no_needle else args.needle_lengths)
     return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
 
@@ -296,8 +316,8 @@ def run_soak(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     if args.soak_clients < 1:
         return _fail("bench", "--soak-clients must be at least 1")
-    if args.ab:
-        return _fail("bench", "--soak measures one server; it cannot be used with --ab")
+    if args.ab or args.against:
+        return _fail("bench", "--soak measures one server; it cannot be used with --ab or --against")
     try:
         cfg = config.load(vars(args))
         claimed, _, file_fp = _claim("bench", args, cfg)

@@ -63,6 +63,16 @@ def _ordered(repeat: int, served: list[Step], raw: list[Step]) -> list[Step]:
     return raw + served if repeat % 2 == 0 else served + raw
 
 
+def alternated(per_variant: Sequence[Sequence[Step]]) -> list[Step]:
+    """The variants' step lists taken one step of each at a time, A B then B A (rule 7): an
+    A/B agent replay measures both sides' turn k of a conversation within seconds of each
+    other, whatever the machine drifts meanwhile."""
+    out: list[Step] = []
+    for i in range(max(map(len, per_variant), default=0)):
+        out += [s[i] for s in (per_variant if i % 2 == 0 else per_variant[::-1]) if i < len(s)]
+    return out
+
+
 def _rate_body(n_gen: int) -> dict[str, Any]:
     # exactly n_gen tokens: a rate measured over a reply that stopped early means nothing
     return {"max_tokens": n_gen, "temperature": 0, "ignore_eos": True}
@@ -161,7 +171,6 @@ class BenchOptions:
     agent_reply_tokens: int = 24
     agent_tool_ms: int = 0                     # the client waits this long before each follow-up (a tool runs)
     agent_restart: bool = False                # restart the server after the replay, then one more turn each
-    restart_command: str | None = None         # how to restart a --url server for agent_restart
     needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
 
 
@@ -193,8 +202,7 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
             raw = ([_raw_ids_step(ctx, label, r, seqs, o.tokens, "concurrency", "sweep", concurrency=c, pair=pair)]
                    if ctx.raw else [])
             steps += _ordered(r, served, raw)
-    for v in ctx.variants:
-        steps += agent_steps(ctx, v, o)
+    steps += alternated([agent_steps(ctx, v, o) for v in ctx.variants])
     lengths = o.needle_lengths
     if lengths is None:
         lengths = tuple(int(ctx.n_ctx * f) for f in (0.25, 0.5, 0.9)) + (int(ctx.n_ctx * 1.1),) if ctx.n_ctx else ()
@@ -400,10 +408,11 @@ def _restart_steps(ctx: Context, v: Variant, o: BenchOptions, agents: Callable[[
     def restart() -> list[ResultCell]:
         if v.target.server is not None:
             v.target.server.restart()
-        elif o.restart_command:
-            v.target.restart_with(o.restart_command)
+        elif v.target.restart_command:
+            v.target.restart_with(v.target.restart_command)
         else:
-            raise CellFailed("--agent-restart against --url needs --restart-command (how to restart that server)")
+            raise CellFailed("--agent-restart against a server the bench did not start needs its restart "
+                             "command (--restart-command for --url, --against-restart-command for --against)")
         return []
     steps = [Step("agent restart", 0, v.label, "served", restart)]
     turn = o.agent_turns

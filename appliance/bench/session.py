@@ -203,6 +203,27 @@ class Step:
         return f"{self.label} [{who}] run {self.repeat + 1}"
 
 
+def waiting_idle(steps: Sequence[Step], variants: Sequence[Variant], timeout: float = 60.0) -> list[Step]:
+    """With two servers, each served step ends only once its server has no idle-time work left
+    (`Target.wait_idle`), so that what one does after answering (this appliance settles replies
+    and saves states while idle) never runs beside the other's measurement on the same cores."""
+    if len(variants) < 2:
+        return list(steps)
+    by_label = {v.label: v for v in variants}
+
+    def then_idle(step: Step, v: Variant) -> Step:
+        def measure() -> list[ResultCell]:
+            cells = step.measure()
+            if not v.target.wait_idle(timeout):
+                print(f"appliance: {v.target.url} still had idle work {timeout:.0f} s after {step.key}; "
+                      "the next cell runs beside it", file=sys.stderr)
+            return cells
+        return Step(step.label, step.repeat, step.variant, step.target, measure)
+
+    return [then_idle(s, by_label[s.variant]) if s.target == "served" and s.variant in by_label else s
+            for s in steps]
+
+
 @dataclass
 class Outcome:
     status: RunStatus

@@ -27,7 +27,7 @@ from .embed import Embedder
 from .sched.scheduler import Scheduler
 from .startup import start, start_embedding, upgrade, upgrade_ready
 from .stats import EngineStats
-from .types import Error, Event, Request, Tokenized
+from .types import Done, Error, Event, Request, Tokenized
 
 log = logging.getLogger("appliance.engine")
 
@@ -148,7 +148,8 @@ class EngineLoop:
                 # thread), and a restart finds the conversations
                 self.scheduler.cache.persist_one()
             now = time.monotonic()
-            stats_due = now - last_stats > STATS_INTERVAL_S
+            # and with a request's end: /health then shows what the release left to do idle
+            stats_due = now - last_stats > STATS_INTERVAL_S or any(isinstance(e, (Done, Error)) for e in self.outbox)
             if self.outbox or stats_due:
                 if not self._send(evt, self.stats() if stats_due else None):
                     return

@@ -288,9 +288,9 @@ class EngineClient:
                 return was_ready, None
             match msg:
                 case StepEvents(events, stats):
-                    self._dispatch(events)
-                    if stats is not None:
+                    if stats is not None:   # first: a client that reads /health on an answer sees its effects
                         self.stats = stats
+                    self._dispatch(events)
                 case Ready(info, stats):
                     self.info, self.stats = info, stats
                     was_ready = True

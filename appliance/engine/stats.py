@@ -19,6 +19,9 @@ class CacheStats:
     cache_hit_tokens: int = 0     # prompt tokens served from any tier
     inexact_hits: int = 0         # requests --prompt-cache fast served more than exact reuse would
     settled_tokens: int = 0       # reply tokens recomputed as prompt chunks while idle, to be reused
+    # idle work left (the engine does it while no request runs; an A/B bench waits for none):
+    unsettled_tokens: int = 0     # reply tokens of idle slots not settled yet
+    unsaved_slots: int = 0        # idle slots whose kept state the disk tier has not been handed yet
     ram_bytes: int = 0
     ram_entries: int = 0
     ram_hits: int = 0

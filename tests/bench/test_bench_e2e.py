@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+import requests
 
 from appliance.models import embedded_model_path
 from appliance.store import RunStatus, Store
@@ -239,3 +240,29 @@ def test_ab_alternates_two_servers_and_reports_pairwise_ratios(tmp_path):
     assert all(c.target == "served" for c in cells)
     assert info.engine_settings["A"]["n_ubatch"] == 256 and info.engine_settings["B"]["n_ubatch"] == 512
     assert "A/B: B against A" in out.stdout
+
+
+def test_against_another_server_alternates_the_agent_replay_turn_by_turn(tmp_path):
+    # B: another appliance behind a URL (as llama-server would be); A: the one the bench starts
+    db = str(tmp_path / "r.db")
+    with running_server(tmp_path, "--n-ctx", "2048", "--n-slots", "2") as other:
+        out = appliance("bench", "--prompts", "", "--concurrency", "", "--no-depth", "--no-needle", "--tokens", "4",
+                        "--agent-conversations", "2", "--agent-turns", "2", "--agent-system-tokens", "100",
+                        "--agent-turn-tokens", "60", "--against", other.url, "--n-ctx", "2048", "--n-slots", "2",
+                        "--quiet", "--db-path", db, timeout=600)
+        assert out.returncode == 0, out.stderr + out.stdout
+        metrics = requests.get(other.url + "/metrics", timeout=10).text
+    with Store.open(db) as s:
+        info = s.last_run()
+        cells = s.results(info.id)
+    replay = [(c.variant, c.extra["conversation"], c.extra["turn"]) for c in cells if c.kind == "agent"]
+    # one step of each side at a time, A B then B A
+    assert replay == [("A", 0, 0), ("B", 0, 0), ("B", 1, 0), ("A", 1, 0),
+                      ("A", 0, 1), ("B", 0, 1), ("B", 1, 1), ("A", 1, 1)]
+    assert [(c.variant, c.extra["turn"]) for c in cells if c.kind == "agent-cold"] == [("A", 1), ("B", 1)]
+    assert info.engine_settings["B"]["url"] == other.url and info.engine_settings["A"]["url"] != other.url
+    assert "B against A" in out.stdout and "server B: the server at " + other.url in out.stderr
+    # each B step ended once B had nothing left to do idle: its replies were settled meanwhile
+    gauges = dict(line.split() for line in metrics.splitlines() if line.startswith("appliance_prompt_cache_"))
+    assert float(gauges["appliance_prompt_cache_settled_tokens_total"]) > 0
+    assert float(gauges["appliance_prompt_cache_unsettled_tokens"]) == 0

@@ -156,11 +156,15 @@ def test_idle_write_behind_keeps_one_state_in_flight(tmp_path):
     sched, runner, disk = fake_sched(tmp_path, n_slots=2)
     run(sched, "a", list(range(1, 10)))
     run(sched, "b", list(range(50, 59)))
+    idle_work = lambda: (sched.cache.stats().unsaved_slots, sched.cache.stats().disk_queued_bytes > 0)  # noqa: E731
+    assert idle_work() == (2, False)                    # /health's idle work left: two states to hand over
     assert sched.cache.persist_one() and disk.writing.wait(WAIT_S)
+    assert idle_work() == (1, True)
     assert not sched.cache.persist_one()                # the writer is busy: the next idle tick
     disk.release.set()
     assert disk.drain(WAIT_S) and sched.cache.persist_one() and disk.drain(WAIT_S)
     assert not sched.cache.persist_one() and len(disk.files) == 2
+    assert idle_work() == (0, False)                    # nothing left: an A/B bench goes on
     sched.cache.close()
 
 

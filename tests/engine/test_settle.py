@@ -52,9 +52,10 @@ def test_a_settled_reply_is_reused_by_the_next_turn_computed_as_a_cold_run_compu
     a = [1 + i % 30 for i in range(45)]
     reply, _ = ask(sched, events, "a", a, max_tokens=20)
     assert sched.cache.kept[0] == a and sched.cache.unsettled[0] == reply and sched.cache.settling
+    assert sched.cache.stats().unsettled_tokens == 20         # /health's idle work left
     assert settle_all(sched.cache) == [SETTLE_ROWS] * (20 // SETTLE_ROWS) + [20 % SETTLE_ROWS] and not sched.cache.settling
     assert sched.cache.kept[0] == a + reply and sched.cache.exact[0] == len(a) + len(reply)
-    assert sched.cache.stats().settled_tokens == 20
+    assert sched.cache.stats().settled_tokens == 20 and sched.cache.stats().unsettled_tokens == 0
     follow = a + reply + [7, 8, 9]
     _, warm = ask(sched, events, "warm", follow, max_tokens=1)
     assert warm.usage.cached_tokens == len(a) + len(reply) and warm.timings.cache_reuse == "exact"

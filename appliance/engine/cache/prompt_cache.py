@@ -223,8 +223,13 @@ class PromptCache:
     def stats(self) -> CacheStats:
         ram = self.ram.stats() if self.ram is not None else {}
         disk = self.disk.stats() if self.disk is not None else {}
+        idle = [i for i in range(len(self.kept)) if i not in self.busy]
+        saving = self.disk is not None and self.disk.enabled
         return CacheStats(cached_tokens=sum(len(k) for k in self.kept), cache_hit_tokens=self.hit_tokens,
-                          inexact_hits=self.inexact_hits, settled_tokens=self.settled_tokens, **ram, **disk)
+                          inexact_hits=self.inexact_hits, settled_tokens=self.settled_tokens,
+                          unsettled_tokens=sum(len(self.unsettled[i]) for i in idle),
+                          unsaved_slots=sum(bool(self.kept[i]) and not self.on_disk[i] for i in idle) if saving else 0,
+                          **ram, **disk)
 
     # -- inside ----------------------------------------------------------------------------
     def _place(self, slot: int, prompt: Sequence[int], shared: int, exact: int) -> Placement:
