@@ -191,3 +191,23 @@ def test_the_loop_settles_only_after_a_short_idle_grace(work, settling, idle_s, 
     loop.workers = [loop.scheduler]
     got = loop._poll_timeout(time.monotonic() - idle_s)
     assert got == pytest.approx(expected, abs=0.01)
+
+
+def test_a_turn_that_changes_a_settled_reply_saves_no_state_for_the_few_tokens_it_drops():
+    # an agent's client resends the tool call it got, rewritten: the turn reuses the prompt and
+    # the reply's first tokens, and what only the slot held (the rest of the reply) is fewer
+    # tokens than a reuse is worth, so no state is copied out on the way to the first token
+    runner = FakeRunner(n_slots=1, n_ctx=512)
+    saves = []
+    save = runner.save
+    runner.save = lambda slot: saves.append(slot) or save(slot)
+    sched, events = make(runner, ram=1 << 20)           # chunk 32: min_reuse 32
+    a = list(range(1, 60))
+    reply, _ = ask(sched, events, "a", a, max_tokens=20)
+    settle_all(sched.cache)
+    _, warm = ask(sched, events, "b", a + reply[:3] + [7] * 40, max_tokens=2)
+    assert warm.usage.cached_tokens == len(a) + 3 and saves == []
+    assert sched.cache.stats().ram_entries == 0
+    # a turn that leaves 32 or more kept positions behind saves them first, as before
+    _, other = ask(sched, events, "c", a[:20] + [9] * 30, max_tokens=2)
+    assert other.usage.cached_tokens == 0 and saves == [0] and sched.cache.stats().ram_entries == 1

@@ -274,9 +274,13 @@ class PromptCache:
         return at
 
     def _spill(self, slot: int, reuse: int) -> None:
-        """Positions kept in a slot that is about to be overwritten go to the RAM and disk tiers."""
+        """Positions kept in a slot that is about to be overwritten go to the RAM and disk tiers,
+        unless the request reuses all but fewer than `min_reuse` of them: they stay in the slot
+        but for those few, which a later request wanting them recomputes for less than a reuse
+        is worth, while a save copies the whole state on this request's way to its first token
+        (a settled reply the next turn resends changed: ~200 ms at 1,800 positions)."""
         kept = self.kept[slot]
-        if not kept or len(kept) <= reuse:
+        if not kept or len(kept) - reuse < self.grid.min_reuse:
             return
         want_ram = self.ram is not None and not self.ram.holds(kept)
         want_disk = self.disk is not None and self.disk.enabled and not self.disk.holds(kept)
