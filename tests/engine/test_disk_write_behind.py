@@ -137,6 +137,26 @@ def test_a_spill_does_not_wait_for_its_write_and_the_next_turn_hits_the_queue(tm
     sched.cache.close()
 
 
+def test_a_file_is_read_only_when_it_holds_more_than_the_slot_already_does(tmp_path):
+    # a conversation saved while it idled, then its next turn in the same slot: the slot holds
+    # all the file does, so the file is not read (a whole state, checked) on the way to the
+    # first token; once another prompt took the slot, the same turn reads it
+    sched, runner, disk = fake_sched(tmp_path)
+    disk.release.set()
+    reads = []
+    read = disk._read
+    disk._read = lambda owner, path: reads.append(path) or read(owner, path)
+    a = list(range(1, 14))
+    run(sched, "a", a)
+    assert sched.cache.persist_one() and disk.drain(WAIT_S) and len(disk.files) == 1
+    run(sched, "a2", a + [50, 51])
+    assert sched.cache.hit_tokens == 12 and disk.hits == 0 and reads == []
+    run(sched, "b", [30] * 9)
+    run(sched, "c", a + [60])
+    assert disk.hits == 1 and len(reads) == 1 and runner.kv[0][:14] == a + [60]
+    sched.cache.close()
+
+
 def test_persist_at_stop_drains_the_writer_within_its_timeout(tmp_path, caplog):
     sched, runner, disk = fake_sched(tmp_path, n_slots=2)
     run(sched, "a", list(range(1, 10)))

@@ -25,7 +25,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..grid import common_prefix
 from . import kvfile
@@ -297,11 +297,13 @@ class DiskTier:
         self.files[owner].path.with_suffix(".pin").unlink(missing_ok=True)
 
     # -- reading -----------------------------------------------------------------------------
-    def lookup(self, prompt: Sequence[int]) -> tuple[int, tuple[int, ...], bytes | None, int]:
+    def lookup(self, prompt: Sequence[int], wanted: Callable[[int, int], bool] | None = None
+               ) -> tuple[int, tuple[int, ...], bytes | None, int]:
         """The state on disk or queued for it that shares the longest prefix with `prompt`
         (found by whole blocks, then compared token by token): how many tokens it shares, its
         tokens, its blob (a file's checked) and how many leading positions are exact; or
-        (0, (), None, 0)."""
+        (0, (), None, 0). `wanted(shared, exact)`: whether such a state is worth its blob; a
+        file is read only then (not the one a slot already holds, saved while it idled)."""
         if not self.enabled:
             return 0, (), None, 0
         for key in reversed(block_chain(prompt, self.block)):
@@ -309,11 +311,12 @@ class DiskTier:
                 owner = self.index.get(key)
                 item = self.queued.get(owner) if owner is not None else None
                 held = self.files.get(owner) if item is None and owner is not None else None
-            if item is not None:
-                return common_prefix(item.tokens, prompt), item.tokens, item.blob, item.exact
-            blob = self._read(owner, held.path) if held is not None else None
+            state = item or held
+            if state is None or (wanted is not None and not wanted(common_prefix(state.tokens, prompt), state.exact)):
+                continue
+            blob = item.blob if item is not None else self._read(owner, held.path)
             if blob is not None:
-                return common_prefix(held.tokens, prompt), held.tokens, blob, held.exact
+                return common_prefix(state.tokens, prompt), state.tokens, blob, state.exact
         return 0, (), None, 0
 
     def _read(self, owner: bytes, path: Path) -> bytes | None:

@@ -262,7 +262,10 @@ class PromptCache:
                 self.runner.restore(slot, entry.blob)
                 self.ram.record_hit(got.reuse)
                 return got
-        found, tokens, blob, exact = self.disk.lookup(prompt) if self.disk is not None else (0, (), None, 0)
+        def beats(shared: int, exact: int) -> bool:
+            return self._place(slot, prompt, shared, exact).reuse > at.reuse
+
+        found, tokens, blob, exact = self.disk.lookup(prompt, beats) if self.disk is not None else (0, (), None, 0)
         if blob is not None:
             got = self._place(slot, prompt, found, exact)
             if got.reuse > at.reuse:
