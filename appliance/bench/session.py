@@ -140,6 +140,10 @@ def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any
             if trace.timings and k in trace.timings}
     if spec.get("speculation", "off") != "off":
         cell["extra"] = {**cell.get("extra", {}), **spec}
+    engine = {f"engine_{k}": round(float(trace.timings[k]), 1) for k in ("prompt_ms", "queue_ms")
+              if trace.timings and isinstance(trace.timings.get(k), (int, float))}
+    if engine:  # what of the TTFT the engine spent waiting and prefilling: the rest is outside it
+        cell["extra"] = {**cell.get("extra", {}), **engine}
     return to_cell(m, variant=variant.label, **cell), trace, m
 
 

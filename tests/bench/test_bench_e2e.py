@@ -116,6 +116,9 @@ def test_bench_covers_prompt_sets_depth_concurrency_agent_and_needle(bench_run):
     assert turns[0].prompt_tokens < turns[1].prompt_tokens < turns[2].prompt_tokens
     assert all(c.cached_tokens > 0 for c in turns[1:])        # follow-ups reuse the conversation
     assert [c.extra.get("tool_ms") for c in turns] == [None, 50, 50]   # the condition, with the cell
+    # the engine's own part of each TTFT is stored with it: what it waited and what it prefilled
+    for c in turns + labels(cells, kind="agent-cold"):
+        assert 0 < c.extra["engine_prompt_ms"] <= c.ttft_ms and 0 <= c.extra["engine_queue_ms"] < c.ttft_ms
     colds = labels(cells, kind="agent-cold")
     assert [c.extra["turn"] for c in colds] == [1, 2] and all(c.cached_tokens == 0 for c in colds)
     # after a restart the conversation comes back from the disk tier, not recomputed
