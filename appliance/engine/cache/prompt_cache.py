@@ -14,6 +14,8 @@ compute any chunk of at least m rows as the grid does (invariance.py), to the to
 tokens to compute; otherwise in whole grid blocks. Either way the rest is prefilled as a cold
 run prefills, so a hit gives exactly the cold answer. Positions computed by one-token decode
 steps (an earlier reply) are never reused exactly: a cold run would compute them in a chunk.
+(Two-row decode steps, the last token again beside the new one, would give a reply a chunk's
+KV; on llama.cpp here such a step cost 1.5-1.8x a one-row step, more than the recompute.)
 
 Replies are settled while idle: a request that ends leaves its reply's tokens with its slot, and
 while no request waits the engine recomputes them in chunks the runner was proven to compute as
