@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping
 
-from .engine.templates import BUILTIN, RENDER_ARGS, load_template
+from .chat_templates import BUILTIN, RENDER_ARGS, load_template
 
 ENV_PREFIX = "APPLIANCE_"
 

@@ -1,25 +1,20 @@
 """Chat templates: the GGUF's own Jinja template, rendered in jinja2's immutable sandbox.
 
-The environment mirrors what Hugging Face's `apply_chat_template` gives templates
-(trim_blocks, lstrip_blocks, loop controls, a `tojson` that takes `indent`, `raise_exception`,
-`strftime_now`), so a model's template renders here as it does there. A model without a
-template gets ChatML; `--chat-template` puts a shipped one (engine/templates/) or a file's in
-place of the GGUF's before this module sees it (startup._with_template). A template that raises
+The environment, which mirrors what Hugging Face's `apply_chat_template` gives templates, is
+appliance/chat_templates/'s (compile_template). A model without a template gets ChatML;
+`--chat-template` puts a shipped one (appliance/chat_templates/) or a file's in place of the
+GGUF's before this module sees it (startup._with_template). A template that raises
 (for example "roles must alternate"), or that recurses past the stack on deeply nested tools or
 arguments, is the client's mistake: an InvalidRequest, never a crash.
 """
 from __future__ import annotations
 
-import json
-from datetime import datetime
-from functools import lru_cache
 from typing import Any, Sequence
 
 import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .. import jsondepth
+from ..chat_templates import TemplateError, compile_template
 from ..errors import InvalidRequest
 from .types import ChatMessage, ToolCall
 
@@ -29,34 +24,6 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-class TemplateError(InvalidRequest):
-    """The chat template refused these messages."""
-
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(f"the model's chat template refused the messages: {message}")
-
-
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii,
-                      separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=8)
-def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
 
 
 class ChatTemplate:

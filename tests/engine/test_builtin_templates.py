@@ -1,4 +1,4 @@
-"""The chat templates shipped for `--chat-template NAME` (appliance/engine/templates/), rendered
+"""The chat templates shipped for `--chat-template NAME` (appliance/chat_templates/), rendered
 to the exact strings their formats define; a Jinja file as the template; the names and files
 refused; `--chat-template-kwargs` under a request's own; the override in the engine's info."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ import re
 
 import pytest
 
+from appliance.chat_templates import BUILTIN, load_template
 from appliance.config import EngineConfig
 from appliance.engine import tools
 from appliance.engine.chat import ChatTemplate
 from appliance.engine.prompts import PromptBuilder
 from appliance.engine.startup import _with_template
-from appliance.engine.templates import BUILTIN, load_template
 from appliance.engine.types import ChatMessage, Request, ToolCall
 
 from .fake_runner import FakeRunner

@@ -6,7 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from appliance.engine.chat import CHATML, ChatTemplate, TemplateError
+from appliance.chat_templates import TemplateError
+from appliance.engine.chat import CHATML, ChatTemplate
 from appliance.errors import InvalidRequest
 from appliance.engine.types import ChatMessage, ToolCall
 

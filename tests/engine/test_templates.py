@@ -13,7 +13,8 @@ from datetime import datetime
 
 import pytest
 
-from appliance.engine.chat import ChatTemplate, TemplateError
+from appliance.chat_templates import TemplateError
+from appliance.engine.chat import ChatTemplate
 from appliance.engine.types import ChatMessage
 from appliance.errors import InvalidRequest
 
