@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 
-from . import __version__, config
+from . import __version__, config, flags
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "with a chat page at / and an OpenAI-compatible API at /v1. "
                                        "Every flag can also be set by its APPLIANCE_* environment "
                                        "variable; flags win.")
-    config.add_arguments(serve, config.EngineConfig, config.ServerConfig)
+    flags.add_arguments(serve, config.EngineConfig, config.ServerConfig)
     serve.set_defaults(func=_serve)
     host = sub.add_parser("hostcheck", help="report the host settings that change measured speed",
                           description="Read the CPU, memory, kernel command line, IOMMU, GPUs and "

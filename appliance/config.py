@@ -2,12 +2,11 @@
 
 This is the only module that reads the environment. Every field of `EngineConfig` and
 `ServerConfig` is a command-line flag (`--n-slots`) and an environment variable
-(`APPLIANCE_N_SLOTS`); the field's metadata holds its help text, so `appliance serve --help`
+(`APPLIANCE_N_SLOTS`) by flags.py; the field holds its help text, so `appliance serve --help`
 documents every setting by construction.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import ipaddress
 import json
@@ -17,12 +16,7 @@ from pathlib import Path
 from typing import Any, Collection, Mapping
 
 from .chat_templates import BUILTIN, RENDER_ARGS, load_template
-
-ENV_PREFIX = "APPLIANCE_"
-
-
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+from .flags import ENV_PREFIX, flag, opt, values_of
 
 
 @dataclass(frozen=True)
@@ -55,92 +49,92 @@ class LlamaCppSettings:
 class EngineConfig:
     """What the engine process needs to load a model and schedule requests."""
 
-    model: str | None = _opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
-    model_alias: str | None = _opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
-    engine: str = _opt("llamacpp", "model runner: llamacpp (llama.cpp) or torch (the own PyTorch runner)")
-    torch_dtype: str = _opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
-                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
-    torch_int4: bool = _opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit and "
-                            "multiply with torch's int4 kernel (off: dequantize them)")
-    torch_device: str = _opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
-    torch_kernels: str = _opt("auto", "torch runner: auto | triton | off. GGUF block weights (Q4_0, Q4_1, "
-                              "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
-                              "Triton kernels of kernels/ (auto: on a CUDA device when Triton is installed; "
-                              "triton: required, on a CPU only under TRITON_INTERPRET=1; off: dequantized)")
-    torch_graphs: str = _opt("auto", "torch runner with its kernels: decode steps as CUDA graphs, one per "
-                             "batch bucket, auto | eager | off (auto: on a CUDA device for a dense model; "
-                             "eager: the same fixed-shape step without capture, a check that runs on a CPU; "
-                             "off: the ordinary forward)")
-    torch_cpu_kernels: str = _opt("auto", "torch runner on a CPU: auto | cpp | ops. cpp: C++ kernels built once "
-                                  "per machine for RMSNorm, RoPE, SwiGLU and the attention of decode steps "
-                                  "and verifies (each row on its own, over exactly its own keys); ops: torch "
-                                  "ops; auto: cpp when they build (the attention where it fits the model), "
-                                  "else ops; a first build does not hold the engine's start: torch ops serve "
-                                  "until the engine, next idle, moves to the kernels (cpp waits for it)")
-    expert_cache: str = _opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
-                             "host memory and a device cache of SLOTS experts, shared by the layers, holds "
-                             "the ones the router uses most (auto: a cache only when the experts do not fit "
-                             "on a discrete GPU, sized to what does; off: every expert on the device)")
-    expert_compute: str = _opt("auto", "torch runner with an expert cache: where an expert the cache lacks is "
-                               "computed, auto (the measured cost model: a few rows on the CPU, a long "
-                               "prefill chunk copied in) | cpu | device (always copied in: keeps the "
-                               "runner exact on a GPU)")
-    n_ctx: int = _opt(8192, "context positions per slot (prompt + output); 0 = the model's trained context")
-    n_slots: int = _opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
-    n_threads: int = _opt(0, "threads for decode (0 = physical cores)")
-    n_threads_batch: int = _opt(0, "threads for prefill (0 = same as --n-threads)")
-    n_batch: int = _opt(512, "most tokens passed to one llama_decode call")
-    n_ubatch: int = _opt(512, "physical micro-batch size inside llama.cpp")
-    prefill_chunk: int = _opt(512, "prefill chunk, aligned to absolute positions, so a long prompt "
-                              "never holds other streams for more than one chunk")
-    step_token_budget: int = _opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
-    flash_attn: bool = _opt(False, "use llama.cpp's flash attention")
-    n_gpu_layers: str = _opt("auto", "llama.cpp: layers on the GPU, N | all | auto (auto: the fit planner "
-                             "puts the most that fits there, experts leaving it first; see `appliance fit`)")
-    cpu_moe: bool = _opt(False, "llama.cpp: keep every routed expert in host memory")
-    n_cpu_moe: int | None = _opt(None, "llama.cpp: keep the routed experts of the first N layers in host memory")
-    override_tensor: str | None = _opt(None, "llama.cpp: REGEX=DEVICE[,REGEX=DEVICE...]: tensors whose name "
-                                       "matches go to DEVICE (CPU, GPU0, or llama.cpp's CUDA0, Vulkan0...); "
-                                       "the first match wins (llama-server's -ot)")
-    kv_type: str = _opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
-                        "flash attention, which llama.cpp needs for them)")
-    main_gpu: int = _opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
-    prompt_cache: str = _opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse "
-                             "its longest common prefix. on: exactly (to the token where the runner proves "
-                             "at start that any chunk computes as the grid's, else in whole --prefill-chunk "
-                             "blocks), so a hit gives the cold answer; fast: to the token, replies included, "
-                             "as llama-server does, and responses that reused more than exact reuse would "
-                             "say cache_reuse: inexact", switch=True)
-    cache_ram_bytes: int = _opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
-                                "is needed for other work (0 = no RAM tier)")
-    cache_dir: str | None = _opt(None, "directory of the prompt cache's disk tier, which survives "
-                                 "restarts (default: $XDG_DATA_HOME/appliance/prompt-cache)")
-    cache_disk_bytes: int = _opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
-    plan: str | None = _opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
-                            "directory, when present); 'off' to use the fixed defaults")
-    speculate: str = _opt("auto", "speculative decoding: auto (on where the runner proves at start that "
-                          "a k-token verify equals k one-token steps bit for bit, else off; drafts from "
-                          "--draft-model when given, else by prompt lookup), lookup or draft (that kind, "
-                          "and refuse to start if it cannot), off; a request's \"speculate\" wins")
-    draft_model: str | None = _opt(None, "a smaller GGUF with the same vocabulary that drafts tokens "
-                                   "greedily for the served model to verify ('embedded': the embedded model)")
-    draft_engine: str | None = _opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
-    embedding_model: str | None = _opt(None, "an embedding GGUF served beside the chat models for /v1/embeddings "
-                                       "and Ollama's /api/embed, named by its file name (a request naming no "
-                                       "model gets it); 'chat': the chat models answer embeddings themselves, "
-                                       "with the mean of their last hidden states (llama.cpp runner)")
-    speculate_inexact: bool = _opt(False, "allow speculation on a runner that is not exact (the output may "
-                                   "differ from serial decoding; every response says so in timings)")
-    max_queue: int = _opt(64, "requests that may wait for a slot; past this the API answers 503")
-    max_tokens_default: int = _opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
-    seed: int | None = _opt(None, "sampling seed for requests that give none, so the same request gets "
-                            "the same reply (default: a random seed per request)")
-    chat_template: str | None = _opt(None, "chat template in place of the model's own: a built-in name ("
-                                     + ", ".join(BUILTIN) + ") or a Jinja file; serve's is the default "
-                                     "model's (another model's comes from settings.toml)")
-    chat_template_kwargs: str | None = _opt(None, "JSON object of chat template variables every request gets, "
-                                            "e.g. '{\"enable_thinking\": false}'; a request's own "
-                                            "chat_template_kwargs win key by key")
+    model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    model_alias: str | None = opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
+    engine: str = opt("llamacpp", "model runner: llamacpp (llama.cpp) or torch (the own PyTorch runner)")
+    torch_dtype: str = opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
+                           "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
+    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit and "
+                           "multiply with torch's int4 kernel (off: dequantize them)")
+    torch_device: str = opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
+    torch_kernels: str = opt("auto", "torch runner: auto | triton | off. GGUF block weights (Q4_0, Q4_1, "
+                             "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
+                             "Triton kernels of kernels/ (auto: on a CUDA device when Triton is installed; "
+                             "triton: required, on a CPU only under TRITON_INTERPRET=1; off: dequantized)")
+    torch_graphs: str = opt("auto", "torch runner with its kernels: decode steps as CUDA graphs, one per "
+                            "batch bucket, auto | eager | off (auto: on a CUDA device for a dense model; "
+                            "eager: the same fixed-shape step without capture, a check that runs on a CPU; "
+                            "off: the ordinary forward)")
+    torch_cpu_kernels: str = opt("auto", "torch runner on a CPU: auto | cpp | ops. cpp: C++ kernels built once "
+                                 "per machine for RMSNorm, RoPE, SwiGLU and the attention of decode steps "
+                                 "and verifies (each row on its own, over exactly its own keys); ops: torch "
+                                 "ops; auto: cpp when they build (the attention where it fits the model), "
+                                 "else ops; a first build does not hold the engine's start: torch ops serve "
+                                 "until the engine, next idle, moves to the kernels (cpp waits for it)")
+    expert_cache: str = opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
+                            "host memory and a device cache of SLOTS experts, shared by the layers, holds "
+                            "the ones the router uses most (auto: a cache only when the experts do not fit "
+                            "on a discrete GPU, sized to what does; off: every expert on the device)")
+    expert_compute: str = opt("auto", "torch runner with an expert cache: where an expert the cache lacks is "
+                              "computed, auto (the measured cost model: a few rows on the CPU, a long "
+                              "prefill chunk copied in) | cpu | device (always copied in: keeps the "
+                              "runner exact on a GPU)")
+    n_ctx: int = opt(8192, "context positions per slot (prompt + output); 0 = the model's trained context")
+    n_slots: int = opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
+    n_threads: int = opt(0, "threads for decode (0 = physical cores)")
+    n_threads_batch: int = opt(0, "threads for prefill (0 = same as --n-threads)")
+    n_batch: int = opt(512, "most tokens passed to one llama_decode call")
+    n_ubatch: int = opt(512, "physical micro-batch size inside llama.cpp")
+    prefill_chunk: int = opt(512, "prefill chunk, aligned to absolute positions, so a long prompt "
+                             "never holds other streams for more than one chunk")
+    step_token_budget: int = opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
+    flash_attn: bool = opt(False, "use llama.cpp's flash attention")
+    n_gpu_layers: str = opt("auto", "llama.cpp: layers on the GPU, N | all | auto (auto: the fit planner "
+                            "puts the most that fits there, experts leaving it first; see `appliance fit`)")
+    cpu_moe: bool = opt(False, "llama.cpp: keep every routed expert in host memory")
+    n_cpu_moe: int | None = opt(None, "llama.cpp: keep the routed experts of the first N layers in host memory")
+    override_tensor: str | None = opt(None, "llama.cpp: REGEX=DEVICE[,REGEX=DEVICE...]: tensors whose name "
+                                      "matches go to DEVICE (CPU, GPU0, or llama.cpp's CUDA0, Vulkan0...); "
+                                      "the first match wins (llama-server's -ot)")
+    kv_type: str = opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
+                       "flash attention, which llama.cpp needs for them)")
+    main_gpu: int = opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
+    prompt_cache: str = opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse "
+                            "its longest common prefix. on: exactly (to the token where the runner proves "
+                            "at start that any chunk computes as the grid's, else in whole --prefill-chunk "
+                            "blocks), so a hit gives the cold answer; fast: to the token, replies included, "
+                            "as llama-server does, and responses that reused more than exact reuse would "
+                            "say cache_reuse: inexact", switch=True)
+    cache_ram_bytes: int = opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
+                               "is needed for other work (0 = no RAM tier)")
+    cache_dir: str | None = opt(None, "directory of the prompt cache's disk tier, which survives "
+                                "restarts (default: $XDG_DATA_HOME/appliance/prompt-cache)")
+    cache_disk_bytes: int = opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
+    plan: str | None = opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
+                           "directory, when present); 'off' to use the fixed defaults")
+    speculate: str = opt("auto", "speculative decoding: auto (on where the runner proves at start that "
+                         "a k-token verify equals k one-token steps bit for bit, else off; drafts from "
+                         "--draft-model when given, else by prompt lookup), lookup or draft (that kind, "
+                         "and refuse to start if it cannot), off; a request's \"speculate\" wins")
+    draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens "
+                                  "greedily for the served model to verify ('embedded': the embedded model)")
+    draft_engine: str | None = opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
+    embedding_model: str | None = opt(None, "an embedding GGUF served beside the chat models for /v1/embeddings "
+                                      "and Ollama's /api/embed, named by its file name (a request naming no "
+                                      "model gets it); 'chat': the chat models answer embeddings themselves, "
+                                      "with the mean of their last hidden states (llama.cpp runner)")
+    speculate_inexact: bool = opt(False, "allow speculation on a runner that is not exact (the output may "
+                                  "differ from serial decoding; every response says so in timings)")
+    max_queue: int = opt(64, "requests that may wait for a slot; past this the API answers 503")
+    max_tokens_default: int = opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
+    seed: int | None = opt(None, "sampling seed for requests that give none, so the same request gets "
+                           "the same reply (default: a random seed per request)")
+    chat_template: str | None = opt(None, "chat template in place of the model's own: a built-in name ("
+                                    + ", ".join(BUILTIN) + ") or a Jinja file; serve's is the default "
+                                    "model's (another model's comes from settings.toml)")
+    chat_template_kwargs: str | None = opt(None, "JSON object of chat template variables every request gets, "
+                                           "e.g. '{\"enable_thinking\": false}'; a request's own "
+                                           "chat_template_kwargs win key by key")
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache, bool):  # EngineConfig(prompt_cache=False), as before it had modes
@@ -242,45 +236,45 @@ class EngineConfig:
 class ServerConfig:
     """What the HTTP server needs."""
 
-    host: str = _opt("127.0.0.1", "addresses to bind, comma-separated (127.0.0.1,::1: both loopbacks; "
-                     "0.0.0.0 exposes the server to the network)")
-    port: int = _opt(8080, "port to listen on")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but the pages and "
-                               "/health, which without it tells the status only")
-    cors_origins: str = _opt("", "comma-separated origins allowed by CORS besides pages served from this "
-                             "machine (http(s)://localhost, 127.0.0.1 or [::1] on any port, always allowed); "
-                             "'*' allows any")
-    http_threads: int = _opt(64, "HTTP worker threads (more than slots + queue, so waiting clients "
+    host: str = opt("127.0.0.1", "addresses to bind, comma-separated (127.0.0.1,::1: both loopbacks; "
+                    "0.0.0.0 exposes the server to the network)")
+    port: int = opt(8080, "port to listen on")
+    api_key: str | None = opt(None, "require 'Authorization: Bearer KEY' on every route but the pages and "
+                              "/health, which without it tells the status only")
+    cors_origins: str = opt("", "comma-separated origins allowed by CORS besides pages served from this "
+                            "machine (http(s)://localhost, 127.0.0.1 or [::1] on any port, always allowed); "
+                            "'*' allows any")
+    http_threads: int = opt(64, "HTTP worker threads (more than slots + queue, so waiting clients "
                               "never block /health)")
-    max_body_bytes: int = _opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
-    max_connections: int = _opt(1000, "open client connections at most; at the limit, a new one closes the "
-                                "connection quiet longest among those with no request running")
-    request_timeout: float = _opt(60.0, "seconds a client may take to send a whole request, headers and "
-                                  "body, from its first byte (408 and closed past it)")
-    send_timeout: float = _opt(60.0, "seconds a reply may wait for a client that reads none of it; past "
-                               "it the connection is closed and its request cancelled, freeing its slot")
-    engine_start_timeout: float = _opt(300.0, "seconds to wait for the engine to load at start")
-    shutdown_grace: float = _opt(30.0, "seconds SIGTERM waits for in-flight requests")
-    keepalive_s: float = _opt(5.0, "seconds between SSE comment lines while a streamed request "
-                              "waits for its first token (queued, prefilling, or its model loading); 0 = off")
-    library: str | None = _opt(None, "the model library's directory, where `appliance pull` puts models "
-                               "(default: $XDG_DATA_HOME/appliance/models)")
-    models_dir: str = _opt("", "comma-separated directories whose GGUF models are served too (without "
-                           "--model)")
-    default_model: str | None = _opt(None, "the model a request without 'model' gets, loaded at start "
-                                     "(default: the embedded model)")
-    default_model_fallback: bool = _opt(False, "with several models served, a request for a name no model "
-                                        "has gets the default model instead of a 404 (with one model served, "
-                                        "any name gets it)")
-    max_loaded: int = _opt(0, "most models loaded at once; a request for another unloads the least "
-                           "recently used idle one (0 = as many as fit in memory)")
-    idle_unload: float = _opt(0.0, "seconds a model stays loaded after its last request when the request "
-                              "gave no keep_alive (0 = until it must make room)")
-    conversations_db: str | None = _opt(None, "SQLite file for the chat page's conversations "
-                                        "(default: conversations.db in the data directory)")
-    host_report: str | None = _opt(None, "show this saved 'appliance hostcheck --json' output on the "
-                                   "host page instead of checking this host")
-    log_level: str = _opt("info", "logging level: debug, info, warning, error")
+    max_body_bytes: int = opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
+    max_connections: int = opt(1000, "open client connections at most; at the limit, a new one closes the "
+                               "connection quiet longest among those with no request running")
+    request_timeout: float = opt(60.0, "seconds a client may take to send a whole request, headers and "
+                                 "body, from its first byte (408 and closed past it)")
+    send_timeout: float = opt(60.0, "seconds a reply may wait for a client that reads none of it; past "
+                              "it the connection is closed and its request cancelled, freeing its slot")
+    engine_start_timeout: float = opt(300.0, "seconds to wait for the engine to load at start")
+    shutdown_grace: float = opt(30.0, "seconds SIGTERM waits for in-flight requests")
+    keepalive_s: float = opt(5.0, "seconds between SSE comment lines while a streamed request "
+                             "waits for its first token (queued, prefilling, or its model loading); 0 = off")
+    library: str | None = opt(None, "the model library's directory, where `appliance pull` puts models "
+                              "(default: $XDG_DATA_HOME/appliance/models)")
+    models_dir: str = opt("", "comma-separated directories whose GGUF models are served too (without "
+                          "--model)")
+    default_model: str | None = opt(None, "the model a request without 'model' gets, loaded at start "
+                                    "(default: the embedded model)")
+    default_model_fallback: bool = opt(False, "with several models served, a request for a name no model "
+                                       "has gets the default model instead of a 404 (with one model served, "
+                                       "any name gets it)")
+    max_loaded: int = opt(0, "most models loaded at once; a request for another unloads the least "
+                          "recently used idle one (0 = as many as fit in memory)")
+    idle_unload: float = opt(0.0, "seconds a model stays loaded after its last request when the request "
+                             "gave no keep_alive (0 = until it must make room)")
+    conversations_db: str | None = opt(None, "SQLite file for the chat page's conversations "
+                                       "(default: conversations.db in the data directory)")
+    host_report: str | None = opt(None, "show this saved 'appliance hostcheck --json' output on the "
+                                  "host page instead of checking this host")
+    log_level: str = opt("info", "logging level: debug, info, warning, error")
 
 
     def __post_init__(self) -> None:
@@ -325,8 +319,8 @@ class ServerConfig:
 class StoreConfig:
     """Where bench and sweep keep their results."""
 
-    db_path: str | None = _opt(None, "SQLite file for benchmark results "
-                               "(default: $XDG_DATA_HOME/appliance/results.db)")
+    db_path: str | None = opt(None, "SQLite file for benchmark results "
+                              "(default: $XDG_DATA_HOME/appliance/results.db)")
 
     def resolved_db_path(self, env: Mapping[str, str] | None = None) -> Path:
         """The configured file, or results.db in the appliance's XDG data directory."""
@@ -356,68 +350,6 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-SWITCH_WORDS = {"1": "on", "true": "on", "yes": "on", "on": "on", "0": "off", "false": "off", "no": "off",
-                "off": "off"}
-
-
-def _parse_value(kind: Any, raw: str, name: str, switch: bool = False) -> Any:
-    kind = str(kind)
-    if switch:  # a mode that is also a switch: --prompt-cache fast, --no-prompt-cache, APPLIANCE_PROMPT_CACHE=0
-        return SWITCH_WORDS.get(raw.strip().lower(), raw.strip().lower())
-    if "bool" in kind:
-        low = raw.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected a boolean, got {raw!r}")
-    try:
-        if "int" in kind:
-            return int(raw)
-        if "float" in kind:
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected {kind}, got {raw!r}") from None
-    return raw
-
-
-def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
-    """One flag per field; defaults are None so that 'not given' falls through to env."""
-    for cls in classes:
-        group = parser.add_argument_group(cls.__name__.replace("Config", "").lower())
-        for f in dataclasses.fields(cls):
-            env = ENV_PREFIX + f.name.upper()
-            default = f"default: {f.default}" if f.default not in (None, "") else "no default"
-            help_text = f"{f.metadata['help']} [env {env}; {default}]"
-            if f.metadata.get("switch"):
-                group.add_argument(_flag(f.name), dest=f.name, default=None, nargs="?", const="on",
-                                   metavar="MODE", help=help_text)
-                group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
-                                   const="off", help=argparse.SUPPRESS)
-            elif "bool" in str(f.type):
-                group.add_argument(_flag(f.name), dest=f.name, default=None,
-                                   action=argparse.BooleanOptionalAction, help=help_text)
-            else:
-                group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
-                                   help=help_text)
-
-
-def _values(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    values = {}
-    for f in dataclasses.fields(cls):
-        given = flags.get(f.name)
-        switch = bool(f.metadata.get("switch"))
-        if given is not None:
-            values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name, switch)
-        elif ENV_PREFIX + f.name.upper() in env:
-            values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name, switch)
-    return values
-
-
 # (a setting, the one it may not exceed, why)
 AT_MOST = (("prefill_chunk", "n_batch", "a prompt chunk is one llama_decode"),
            ("n_ubatch", "n_batch", "llama.cpp's micro-batch is a piece of its batch"))
@@ -435,13 +367,13 @@ def fit_engine(values: Mapping[str, Any], given: Collection[str]) -> tuple[Engin
             continue
         if small not in given:
             fitted[small] = fitted[big]
-            notes.append(f"{small} follows {_flag(big)}: {fitted[big]}")
+            notes.append(f"{small} follows {flag(big)}: {fitted[big]}")
         elif big not in given:
             fitted[big] = fitted[small]
-            notes.append(f"{big} follows {_flag(small)}: {fitted[small]}")
+            notes.append(f"{big} follows {flag(small)}: {fitted[small]}")
         else:
-            raise ValueError(f"{_flag(small)} {fitted[small]} is larger than {_flag(big)} {fitted[big]} ({why}): "
-                             f"give a smaller {_flag(small)}, a larger {_flag(big)}, or only one of them")
+            raise ValueError(f"{flag(small)} {fitted[small]} is larger than {flag(big)} {fitted[big]} ({why}): "
+                             f"give a smaller {flag(small)}, a larger {flag(big)}, or only one of them")
     return EngineConfig(**fitted), tuple(notes)
 
 
@@ -452,9 +384,9 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     env = os.environ if env is None else env
     given = frozenset(f.name for cls in (EngineConfig, ServerConfig, StoreConfig) for f in dataclasses.fields(cls)
                       if flags.get(f.name) is not None or ENV_PREFIX + f.name.upper() in env)
-    engine, adjusted = fit_engine(_values(EngineConfig, flags, env), given)
-    return Config(engine=engine, server=ServerConfig(**_values(ServerConfig, flags, env)),
-                  store=StoreConfig(**_values(StoreConfig, flags, env)), given=given, adjusted=adjusted)
+    engine, adjusted = fit_engine(values_of(EngineConfig, flags, env), given)
+    return Config(engine=engine, server=ServerConfig(**values_of(ServerConfig, flags, env)),
+                  store=StoreConfig(**values_of(StoreConfig, flags, env)), given=given, adjusted=adjusted)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -22,12 +22,12 @@ BUFFER = re.compile(r"(\S+)\s+(model|KV|compute) buffer size\s*=\s*([\d.]+) MiB"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from appliance import config
+    from appliance import config, flags
     from appliance.engine.runners.llamacpp import LlamaCppRunner
     from appliance.models import resolve
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    config.add_arguments(ap, config.EngineConfig)
+    flags.add_arguments(ap, config.EngineConfig)
     args = ap.parse_args(argv)
     cfg = config.load({**vars(args), "plan": "off"}).engine
     lines: list[str] = []

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..flags import add_arguments
 from ..store import ModelFingerprint, RunStatus, Store
 
 EPILOG_SETTINGS = ("Engine flags (--n-ctx, --n-slots, --flash-attn, ...) are those of `appliance serve` "
@@ -58,7 +59,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-raw", action="store_true",
                    help="skip the raw llama.cpp reference rows")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    config.add_arguments(p, config.EngineConfig, config.StoreConfig)
+    add_arguments(p, config.EngineConfig, config.StoreConfig)
 
 
 def add_parsers(sub: Any) -> None:
@@ -132,7 +133,7 @@ def add_parsers(sub: Any) -> None:
     results.add_argument("--plot-runs", type=_ints, default=None, help="runs to plot (default: the last run)")
     results.add_argument("--estimate", nargs=2, type=int, metavar=("PROMPT_TOKENS", "OUTPUT_TOKENS"),
                          help="how long a job takes, from a run's stored curves (default: the last sweep)")
-    config.add_arguments(results, config.StoreConfig)
+    add_arguments(results, config.StoreConfig)
     results.set_defaults(func=run_results)
 
 
