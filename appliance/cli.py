@@ -23,12 +23,11 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("appliance.config").info("%s", note)
     from appliance.models import resolve
 
-    try:
-        ref = resolve(cfg.engine.model, cfg.engine.model_alias)
+    try:   # a model that is not there is said at once, before the server starts (the pool logs its path)
+        resolve(cfg.engine.model, cfg.engine.model_alias)
     except ApplianceError as e:
         print(f"appliance serve: {e.message}", file=sys.stderr)
         return 2
-    logging.getLogger("appliance").info("model file %s", ref.path)
     from web.server import serve  # the only place the core reaches the web layer
 
     return serve(cfg)

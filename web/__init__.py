@@ -69,6 +69,7 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
 
     from .anthropic import bp as anthropic_bp
     from .api import bp as api_bp
+    from .openai_chat import bp as openai_bp
     from .benchruns import bp as bench_bp
     from .conversations import bp as conversations_bp
     from .embeddings import bp as embeddings_bp
@@ -76,9 +77,10 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     from .llamaserver import bp as llamaserver_bp
     from .ollama import bp as ollama_bp
     from .openai_responses import bp as openai_responses_bp
+    from .tokens import bp as tokens_bp
     from .ui import bp as ui_bp
 
-    for bp in (api_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, conversations_bp,
+    for bp in (api_bp, openai_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, tokens_bp, conversations_bp,
                host_bp, bench_bp, ui_bp):
         app.register_blueprint(bp)
     app.before_request(_start_clock)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, jsonify
 from werkzeug.exceptions import HTTPException
 
 from appliance import jsondepth
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
-from . import api
+from . import serving
 
 bp = Blueprint("anthropic", __name__)
 
@@ -248,7 +248,7 @@ def _message_id(request_id: str) -> str:
     return "msg_" + request_id.split("-", 1)[-1]
 
 
-def message_response(sub: api.Submitted, model: str, deltas: list[Delta], done: Done) -> dict[str, Any]:
+def message_response(sub: serving.Submitted, model: str, deltas: list[Delta], done: Done) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     reasoning = "".join(d.reasoning for d in deltas)
     if reasoning:
@@ -278,7 +278,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 class EventWriter:
     """Anthropic's stream for one reply: blocks opened and closed in order, indices counted."""
 
-    def __init__(self, sub: api.Submitted, model: str) -> None:
+    def __init__(self, sub: serving.Submitted, model: str) -> None:
         self.sub, self.model = sub, model
         self.index, self.open = -1, ""     # the current block's index and type ("" none)
 
@@ -340,20 +340,18 @@ class EventWriter:
 
 @bp.post("/v1/messages")
 def messages():
-    body = api._body()
-    model = api.resolve_model(body)
+    body = serving.read_body()
+    model = serving.resolve_model(body)
     oai = to_openai(body, model)
-    sub = api.parse_submit(oai, chat=True)
-    if sub.parsed.stream:
-        return api.stream_response(sub, EventWriter(sub, model))
-    got = api.collect(sub)
-    return Response(status=499) if got is None else jsonify(message_response(sub, model, *got))
+    sub = serving.parse_submit(oai, chat=True)
+    return serving.reply(sub, lambda: EventWriter(sub, model),
+                         lambda deltas, done: message_response(sub, model, deltas, done))
 
 
 @bp.post("/v1/messages/count_tokens")
 def count_tokens():
     """The prompt's tokens as the model's template and tokenizer make them (nothing is run)."""
-    body = api._body()
-    model = api.resolve_model(body)
-    return jsonify({"input_tokens": len(api.render_prompt(to_openai(body, model, count_only=True)).ids)})
+    body = serving.read_body()
+    model = serving.resolve_model(body)
+    return jsonify({"input_tokens": len(serving.render_prompt(to_openai(body, model, count_only=True)).ids)})
 

@@ -21,7 +21,7 @@ from flask import Blueprint, Response, jsonify
 from appliance.engine.ipc import Embed
 from appliance.engine.types import Embedded
 
-from . import api, wire
+from . import serving, wire
 
 bp = Blueprint("embeddings", __name__)
 
@@ -41,33 +41,33 @@ def embed(body: dict[str, Any], inputs: tuple[Input, ...], *, truncate: bool, di
     """The vectors of `inputs` by the model `body` names (none: the model is loaded and nothing
     embedded, as Ollama does for an empty input). None when the client left."""
     t0 = time.perf_counter()
-    with api._model(body, embeddings=True) as (name, engine):
+    with serving.model(body, embeddings=True) as (name, engine):
         load_s = time.perf_counter() - t0
         if not inputs:
             return Embeddings(name, Embedded("", b"", 0, ()), load_s)
         stream = engine.embed(Embed(engine.new_id("embd"), inputs, truncate, dimensions, normalize))
     try:
-        got = api._wait(stream, api._client_gone())
+        got = serving.wait(stream, serving.client_gone())
     finally:
         stream.abort()
     if got is None:
         return None
-    api._state().metrics.prompt_tokens.inc(sum(got.n_tokens))
+    serving.state().metrics.prompt_tokens.inc(sum(got.n_tokens))
     return Embeddings(name, got, load_s)
 
 
 def parse_input(value: Any) -> tuple[Input, ...]:
     """OpenAI's `input`: a string, a list of strings, a list of token ids, or a list of lists of
     token ids (a list mixing strings and id lists too, as llama-server takes). Nothing empty."""
-    api.need(isinstance(value, (str, list)), "'input' is required: a string, a list of strings, a list of "
+    serving.need(isinstance(value, (str, list)), "'input' is required: a string, a list of strings, a list of "
              "token ids or a list of lists of token ids", "input")
-    items = [value] if isinstance(value, str) or (value and wire._is_ids(value)) else value
-    api.need(len(items) > 0, "'input' must not be empty", "input")
-    api.need(len(items) <= MAX_INPUTS, f"'input' has {len(items)} items; at most {MAX_INPUTS} are taken", "input")
+    items = [value] if isinstance(value, str) or (value and wire.is_ids(value)) else value
+    serving.need(len(items) > 0, "'input' must not be empty", "input")
+    serving.need(len(items) <= MAX_INPUTS, f"'input' has {len(items)} items; at most {MAX_INPUTS} are taken", "input")
     for i, item in enumerate(items):
-        api.need(isinstance(item, str) or wire._is_ids(item), f"input[{i}] must be a string or a list of token ids",
+        serving.need(isinstance(item, str) or wire.is_ids(item), f"input[{i}] must be a string or a list of token ids",
                  f"input[{i}]")
-        api.need(len(item) > 0, f"input[{i}] is empty", f"input[{i}]")
+        serving.need(len(item) > 0, f"input[{i}] is empty", f"input[{i}]")
     return tuple(item if isinstance(item, str) else tuple(item) for item in items)
 
 
@@ -76,22 +76,22 @@ def _optional(body: dict[str, Any], key: str, kind: type, what: str, default: An
     value = body.get(key)
     if value is None:
         return default
-    api.need(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), f"'{key}' must be {what}", key)
+    serving.need(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), f"'{key}' must be {what}", key)
     return value
 
 
 def dimensions(body: dict[str, Any]) -> int | None:
     dims = _optional(body, "dimensions", int, "a positive integer")
-    api.need(dims is None or dims >= 1, "'dimensions' must be a positive integer", "dimensions")
+    serving.need(dims is None or dims >= 1, "'dimensions' must be a positive integer", "dimensions")
     return dims
 
 
 @bp.post("/v1/embeddings")
 def embeddings():
-    body = api._body()
+    body = serving.read_body()
     inputs = parse_input(body.get("input"))
     encoding = _optional(body, "encoding_format", str, "\"float\" or \"base64\"", "float")
-    api.need(encoding in ("float", "base64"), "'encoding_format' must be \"float\" or \"base64\"", "encoding_format")
+    serving.need(encoding in ("float", "base64"), "'encoding_format' must be \"float\" or \"base64\"", "encoding_format")
     _optional(body, "model", str, "a string")
     _optional(body, "user", str, "a string")
     truncate = _optional(body, "truncate", bool, "true or false", False)

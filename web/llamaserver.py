@@ -5,7 +5,7 @@ llama.vim and llama.vscode, scripts, its web UI's probes): `POST /completion` (a
 `/models`).
 
 /completion and /infill are translated onto the OpenAI completions request
-(`api.parse_submit`): validation, limits, the prompt cache, speculation and timings are those of
+(`serving.parse_submit`): validation, limits, the prompt cache, speculation and timings are those of
 /v1/completions. What that request cannot say (n_predict -1 or 0, up to 20 n_probs, a GBNF
 grammar) is set on the validated request (`Native.adjust`). Absent sampling fields take
 llama-server's defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), not OpenAI's.
@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from appliance import __version__
 from appliance.engine.chat import CHATML
@@ -32,8 +32,8 @@ from appliance.engine.runners.base import FimTokens
 from appliance.engine.types import Constraint, Delta, Done, Request, SamplingParams, TokenLogprob, TopLogprob
 from appliance.errors import ApplianceError
 
-from . import api, openai_responses, responses
-from .api import need
+from . import api, openai_chat, openai_responses, responses, serving
+from .serving import need
 from .params import MAX_TOP_LOGPROBS, N_CTX, Param
 
 bp = Blueprint("llamaserver", __name__)
@@ -254,7 +254,7 @@ def pick(out: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
 class Reply:
     """One submitted /completion or /infill request, answered in llama-server's shape."""
 
-    sub: api.Submitted
+    sub: serving.Submitted
     native: Native
     prompt: str                   # the prompt as text (llama-server's `prompt`)
 
@@ -316,28 +316,25 @@ class CompletionWriter:
 # -- routes ---------------------------------------------------------------------------------------
 def _model_name(body: dict[str, Any]) -> str:
     """The default model when the body names none; with one model served, any name is it."""
-    return api._pool().default if body.get("model") is None else api.resolve_model(body)
+    return serving.pool().default if body.get("model") is None else serving.resolve_model(body)
 
 
 def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | list[int]]) -> Any:
     """Serve a /completion or /infill body, its prompt made by `prompt_of` (text or ids)."""
-    body = api._body()
+    body = serving.read_body()
     body = {**body, "model": _model_name(body)}
-    with api._model(body) as (_, engine):
-        native = Native.read(body, api._n_ctx(engine))
+    with serving.model(body) as (_, engine):
+        native = Native.read(body, serving.n_ctx(engine))
         prompt = prompt_of(engine, body, native)
         oai = openai_body(body, prompt)
-    sub = api.parse_submit(oai, chat=False, adjust=native.adjust)
+    sub = serving.parse_submit(oai, chat=False, adjust=native.adjust)
     try:
         shown = prompt if isinstance(prompt, str) else engine.detokenize(tuple(prompt)).text
     except ApplianceError:
         sub.stream.abort()
         raise
     reply = Reply(sub, native, shown)
-    if sub.parsed.stream:
-        return api.stream_response(sub, CompletionWriter(reply))
-    got = api.collect(sub)
-    return Response(status=499) if got is None else jsonify(reply.final(*got))
+    return serving.reply(sub, lambda: CompletionWriter(reply), reply.final)
 
 
 def _completion_prompt(engine: EngineClient, body: dict[str, Any], native: Native) -> str | list[int]:
@@ -359,7 +356,7 @@ def infill():
 @bp.get("/props")
 def props():
     name = _model_name({"model": request.args.get("model")})
-    with api._model({"model": name}) as (_, engine):
+    with serving.model({"model": name}) as (_, engine):
         info = engine.info
     return jsonify({
         "default_generation_settings": {"n_ctx": info.n_ctx, "params": settings(DEFAULTS, Native(), False)},
@@ -373,11 +370,11 @@ def props():
 @bp.post("/apply-template")
 def apply_template():
     """The chat request's prompt as the model's template renders it; nothing is generated."""
-    body = api._body()
-    return jsonify({"prompt": api.render_prompt({**body, "model": _model_name(body)}).text})
+    body = serving.read_body()
+    return jsonify({"prompt": serving.render_prompt({**body, "model": _model_name(body)}).text})
 
 
 # the OpenAI routes without /v1, as llama-server answers them (its /embeddings is its own format)
-bp.add_url_rule("/chat/completions", "chat_completions", api.chat_completions, methods=["POST"])
+bp.add_url_rule("/chat/completions", "chat_completions", openai_chat.chat_completions, methods=["POST"])
 bp.add_url_rule("/responses", "responses", openai_responses.create, methods=["POST"])
 bp.add_url_rule("/models", "models", api.models, methods=["GET"])

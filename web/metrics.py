@@ -36,54 +36,9 @@ class EngineCollector:
 
     def collect(self) -> Iterator:
         s = self.stats() or EngineStats()
-        c, sp = s.cache, s.spec
-        gauges = {
-            "queue_depth": ("requests waiting for a slot", s.queue_depth),
-            "slots_busy": ("slots holding a request", s.slots_busy),
-            "slots": ("slots configured", s.n_slots),
-            "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.kv_bytes),
-            "kv_pool_tokens": ("positions in the KV pool", s.kv_capacity),
-            "kv_used_tokens": ("positions of the KV pool holding a live request", s.kv_tokens),
-            "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", c.cached_tokens),
-            "prompt_cache_ram_bytes": ("bytes of saved prompt states in the RAM tier", c.ram_bytes),
-            "prompt_cache_ram_entries": ("saved prompt states in the RAM tier", c.ram_entries),
-            "prompt_cache_ram_pinned_bytes": ("bytes of pinned prompt states in the RAM tier",
-                                              c.ram_pinned_bytes),
-            "prompt_cache_disk_bytes": ("bytes of saved prompt states in the disk tier", c.disk_bytes),
-            "prompt_cache_disk_entries": ("saved prompt states in the disk tier", c.disk_entries),
-            "prompt_cache_disk_pinned_bytes": ("bytes of pinned prompt states in the disk tier",
-                                               c.disk_pinned_bytes),
-            "prompt_cache_disk_queued_bytes": ("bytes of prompt states waiting for the disk tier's writer",
-                                               c.disk_queued_bytes),
-            "prompt_cache_unsettled_tokens": ("reply tokens of idle slots not settled yet (idle work left)",
-                                              c.unsettled_tokens),
-            "prompt_cache_unsaved_slots": ("idle slots whose kept state is not handed to the disk tier yet "
-                                           "(idle work left)", c.unsaved_slots),
-        }
-        for name, (doc, value) in gauges.items():
+        for name, (doc, value) in _gauges(s).items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
-        counters = {
-            "engine_steps": ("scheduler steps run", s.steps),
-            "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", c.cache_hit_tokens),
-            "prompt_cache_inexact_hits": ("requests that --prompt-cache fast served more of than exact reuse "
-                                          "would (their timings say cache_reuse: inexact)", c.inexact_hits),
-            "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", c.ram_hit_tokens),
-            "prompt_cache_ram_hits": ("requests restored from the RAM tier", c.ram_hits),
-            "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", c.disk_hit_tokens),
-            "prompt_cache_disk_hits": ("requests restored from the disk tier", c.disk_hits),
-            "prompt_cache_settled_tokens": ("reply tokens recomputed while idle as a prompt computes them, "
-                                            "so that the next turn reuses them exactly", c.settled_tokens),
-            "prompt_cache_disk_skipped": ("prompt states not written to disk: the writer's queue was full",
-                                          c.disk_skipped),
-            "prompt_cache_disk_write_errors": ("prompt state writes that failed (each loses that state)",
-                                               c.disk_write_errors),
-            "draft_tokens_proposed": ("tokens proposed by speculative drafting", sp.draft_proposed),
-            "draft_tokens_accepted": ("drafted tokens accepted by verification", sp.draft_accepted),
-            "speculative_steps": ("decode steps that verified a draft", sp.spec_steps),
-            "speculative_tokens_committed": ("tokens committed by steps that verified a draft",
-                                             sp.spec_committed),
-        }
-        for name, (doc, value) in counters.items():
+        for name, (doc, value) in _counters(s).items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
         if s.experts is not None:
             yield from _expert_metrics(s.experts)
@@ -92,6 +47,60 @@ class EngineCollector:
         for rows, n in sorted(s.decode_batches.items()):
             batches.add_metric([str(rows)], n)
         yield batches
+
+
+def _gauges(s: EngineStats) -> dict[str, tuple[str, float]]:
+    """name: (help, value) of what the engine holds now."""
+    c = s.cache
+    return {
+        "queue_depth": ("requests waiting for a slot", s.queue_depth),
+        "slots_busy": ("slots holding a request", s.slots_busy),
+        "slots": ("slots configured", s.n_slots),
+        "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.kv_bytes),
+        "kv_pool_tokens": ("positions in the KV pool", s.kv_capacity),
+        "kv_used_tokens": ("positions of the KV pool holding a live request", s.kv_tokens),
+        "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", c.cached_tokens),
+        "prompt_cache_ram_bytes": ("bytes of saved prompt states in the RAM tier", c.ram_bytes),
+        "prompt_cache_ram_entries": ("saved prompt states in the RAM tier", c.ram_entries),
+        "prompt_cache_ram_pinned_bytes": ("bytes of pinned prompt states in the RAM tier",
+                                          c.ram_pinned_bytes),
+        "prompt_cache_disk_bytes": ("bytes of saved prompt states in the disk tier", c.disk_bytes),
+        "prompt_cache_disk_entries": ("saved prompt states in the disk tier", c.disk_entries),
+        "prompt_cache_disk_pinned_bytes": ("bytes of pinned prompt states in the disk tier",
+                                           c.disk_pinned_bytes),
+        "prompt_cache_disk_queued_bytes": ("bytes of prompt states waiting for the disk tier's writer",
+                                           c.disk_queued_bytes),
+        "prompt_cache_unsettled_tokens": ("reply tokens of idle slots not settled yet (idle work left)",
+                                          c.unsettled_tokens),
+        "prompt_cache_unsaved_slots": ("idle slots whose kept state is not handed to the disk tier yet "
+                                       "(idle work left)", c.unsaved_slots),
+    }
+
+
+def _counters(s: EngineStats) -> dict[str, tuple[str, float]]:
+    """name: (help, value) of what the engine has done since it started."""
+    c, sp = s.cache, s.spec
+    return {
+        "engine_steps": ("scheduler steps run", s.steps),
+        "prompt_cache_hit_tokens": ("prompt tokens served from the prompt cache", c.cache_hit_tokens),
+        "prompt_cache_inexact_hits": ("requests that --prompt-cache fast served more of than exact reuse "
+                                      "would (their timings say cache_reuse: inexact)", c.inexact_hits),
+        "prompt_cache_ram_hit_tokens": ("prompt tokens restored from the RAM tier", c.ram_hit_tokens),
+        "prompt_cache_ram_hits": ("requests restored from the RAM tier", c.ram_hits),
+        "prompt_cache_disk_hit_tokens": ("prompt tokens restored from the disk tier", c.disk_hit_tokens),
+        "prompt_cache_disk_hits": ("requests restored from the disk tier", c.disk_hits),
+        "prompt_cache_settled_tokens": ("reply tokens recomputed while idle as a prompt computes them, "
+                                        "so that the next turn reuses them exactly", c.settled_tokens),
+        "prompt_cache_disk_skipped": ("prompt states not written to disk: the writer's queue was full",
+                                      c.disk_skipped),
+        "prompt_cache_disk_write_errors": ("prompt state writes that failed (each loses that state)",
+                                           c.disk_write_errors),
+        "draft_tokens_proposed": ("tokens proposed by speculative drafting", sp.draft_proposed),
+        "draft_tokens_accepted": ("drafted tokens accepted by verification", sp.draft_accepted),
+        "speculative_steps": ("decode steps that verified a draft", sp.spec_steps),
+        "speculative_tokens_committed": ("tokens committed by steps that verified a draft",
+                                         sp.spec_committed),
+    }
 
 
 def _expert_metrics(e: ExpertStats) -> Iterator:

@@ -17,7 +17,7 @@ import datetime
 import json
 import os
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from flask import Blueprint, Response, g, jsonify
 from werkzeug.exceptions import HTTPException
@@ -26,7 +26,7 @@ from appliance import __version__, jsondepth
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
-from . import api, embeddings
+from . import embeddings, serving
 
 bp = Blueprint("ollama", __name__)
 
@@ -193,41 +193,43 @@ def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def _ndjson(sub: api.Submitted, model: str, chat: bool) -> Iterator[bytes]:
-    try:
-        while True:
-            try:
-                ev = api._wait(sub.stream, sub.gone)
-            except ApplianceError as e:
-                yield _line({"error": e.message})
-                return
-            if ev is None:
-                return
-            if isinstance(ev, Delta):
-                if ev.text or ev.reasoning or ev.tool_calls:   # Ollama sends a call whole, once complete
-                    yield _line({**_piece(model, chat, [ev]), "done": False})
-            elif isinstance(ev, Done):
-                yield _line({**_piece(model, chat, []), **_stats(ev)})
-                return
-    finally:
-        sub.stream.abort()
+class LineWriter:
+    """Ollama's NDJSON stream for one reply: a line a piece of text, thinking or a whole call,
+    the last line with `done: true` and the durations; an error is an `{"error": ...}` line."""
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self.model, self.chat = model, chat
+
+    def start(self) -> bytes:
+        return b""
+
+    def delta(self, ev: Delta) -> bytes:
+        if not (ev.text or ev.reasoning or ev.tool_calls):   # Ollama sends a call whole, once complete
+            return b""
+        return _line({**_piece(self.model, self.chat, [ev]), "done": False})
+
+    def end(self, done: Done) -> bytes:
+        return _line({**_piece(self.model, self.chat, []), **_stats(done)})
+
+    @staticmethod
+    def error(e: ApplianceError) -> bytes:
+        return _line({"error": e.message})
+
+    @staticmethod
+    def idle() -> bytes:
+        return b""                  # NDJSON has no comment line: the client waits in silence
 
 
 def _serve(oai: dict[str, Any], model: str, chat: bool):
     """Submit and answer in /api/chat's shape (`chat`) or /api/generate's."""
-    sub = api.parse_submit(oai, chat="messages" in oai)
-    if sub.parsed.stream:
-        return Response(_ndjson(sub, model, chat), mimetype="application/x-ndjson")
-    got = api.collect(sub)
-    if got is None:
-        return Response(status=499)
-    deltas, done = got
-    return jsonify({**_piece(model, chat, deltas), **_stats(done)})
+    sub = serving.parse_submit(oai, chat="messages" in oai)
+    return serving.reply(sub, lambda: LineWriter(model, chat),
+                         lambda deltas, done: {**_piece(model, chat, deltas), **_stats(done)}, serving.NDJSON)
 
 
 def _loaded_only(body: dict[str, Any], model: str, chat: bool):
     """A request with nothing to answer loads (or, keep_alive 0, unloads) the model, as Ollama's do."""
-    with api._model(body):
+    with serving.model(body):
         pass
     reason = "unload" if body.get("keep_alive") in (0, "0", "0s") else "load"
     empty = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
@@ -236,7 +238,7 @@ def _loaded_only(body: dict[str, Any], model: str, chat: bool):
 
 @bp.post("/api/chat")
 def chat():
-    body = api._body()
+    body = serving.read_body()
     model = _model_name(body)
     if not body.get("messages"):
         return _loaded_only(body, model, chat=True)
@@ -245,7 +247,7 @@ def chat():
 
 @bp.post("/api/generate")
 def generate():
-    body = api._body()
+    body = serving.read_body()
     model = _model_name(body)
     if not body.get("prompt") and not body.get("raw"):
         return _loaded_only(body, model, chat=False)
@@ -256,7 +258,7 @@ def _model_name(body: dict[str, Any]) -> str:
     """A served model's name, exactly: Ollama answers 404 for any other (its clients pull then)."""
     model = body.get("model")
     _need(isinstance(model, str) and model != "", "'model' is required", "model")
-    return api._pool().resolve(model.removesuffix(":latest"), exact=True)
+    return serving.pool().resolve(model.removesuffix(":latest"), exact=True)
 
 
 # -- embeddings ---------------------------------------------------------------------------------
@@ -273,7 +275,7 @@ def _embed(body: dict[str, Any], inputs: tuple[str, ...], truncate: bool,
 def embed():
     """{model, input: text or texts, truncate (default true), dimensions, options, keep_alive}: the
     L2-normalised vectors; an empty input loads the model and embeds nothing, as Ollama does."""
-    body = api._body()
+    body = serving.read_body()
     texts = body.get("input")
     if isinstance(texts, str):
         texts = [texts] if texts else []
@@ -291,7 +293,7 @@ def embed():
 @bp.post("/api/embeddings")
 def embeddings_legacy():
     """Ollama's older {model, prompt} -> {embedding}: one vector, not normalised (as Ollama's)."""
-    body = api._body()
+    body = serving.read_body()
     prompt = body.get("prompt") or ""
     _need(isinstance(prompt, str), "'prompt' must be a string", "prompt")
     got = _embed(body, (prompt,) if prompt else (), True, normalize=False)
@@ -326,22 +328,22 @@ def _tag(row: dict[str, Any]) -> dict[str, Any]:
 
 @bp.get("/api/tags")
 def tags():
-    return jsonify({"models": [_tag(row) for row in api._pool().status()]})
+    return jsonify({"models": [_tag(row) for row in serving.pool().status()]})
 
 
 @bp.get("/api/ps")
 def ps():
-    rows = [r for r in api._pool().status() if r["state"] == "loaded"]
+    rows = [r for r in serving.pool().status() if r["state"] == "loaded"]
     return jsonify({"models": [{**_tag(r), "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0,
                                 "context_length": r.get("n_ctx", 0)} for r in rows]})
 
 
 @bp.post("/api/show")
 def show():
-    body = api._body()
+    body = serving.read_body()
     name = _model_name(body)
-    row = next(r for r in api._pool().status() if r["name"] == name)
-    engine = api._pool().client(name)
+    row = next(r for r in serving.pool().status() if r["name"] == name)
+    engine = serving.pool().client(name)
     info = engine.info if engine is not None else None
     out = {"modelfile": "", "parameters": "", "template": (info.chat_template or "") if info else "",
            "details": _details(row["path"]), "model_info": {"general.architecture": info.arch} if info else {},

@@ -30,11 +30,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, current_app, jsonify
 
+from appliance.engine.types import Delta, Done
 from appliance.errors import InvalidRequest, NotFound
 
-from . import api
+from . import serving
 from .openai_responses_writer import ResponseWriter, SseWriter, new_response
 
 bp = Blueprint("openai_responses", __name__)
@@ -105,7 +106,7 @@ def history(store: ResponseStore, body: dict[str, Any]) -> list[dict[str, Any]]:
     prev = body.get("previous_response_id")
     if prev is None:
         return []
-    api.need(isinstance(prev, str), "'previous_response_id' must be a string", "previous_response_id")
+    serving.need(isinstance(prev, str), "'previous_response_id' must be a string", "previous_response_id")
     stored = store.get(prev)
     if stored is None:
         raise InvalidRequest(f"previous response '{prev}' is not stored on this server: it never was (store: false, "
@@ -120,20 +121,20 @@ def _text(content: Any, where: str) -> str:
     """A message's content: a string, or text parts (an assistant's refusal counts as its text)."""
     if isinstance(content, str):
         return content
-    api.need(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
+    serving.need(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        api.need(kind in TEXT_PARTS, f"{where}[{j}]: {kind!r} parts are not supported (this server takes text: "
+        serving.need(kind in TEXT_PARTS, f"{where}[{j}]: {kind!r} parts are not supported (this server takes text: "
                  "input_text, output_text)", f"{where}[{j}].type")
         text = part.get(TEXT_PARTS[kind])
-        api.need(isinstance(text, str), f"{where}[{j}].{TEXT_PARTS[kind]} must be a string", f"{where}[{j}]")
+        serving.need(isinstance(text, str), f"{where}[{j}].{TEXT_PARTS[kind]} must be a string", f"{where}[{j}]")
         out.append(text)
     return "".join(out)
 
 
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    api.need(all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")),
+    serving.need(all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")),
              f"{where}: a function_call item needs call_id, name and arguments (strings)", where)
     return {"id": item["call_id"], "type": "function",
             "function": {"name": item["name"], "arguments": item["arguments"]}}
@@ -145,21 +146,21 @@ def messages(items: list[Any], where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
-        api.need(isinstance(item, dict), f"{at} must be an object", at)
+        serving.need(isinstance(item, dict), f"{at} must be an object", at)
         kind = item.get("type", "message")
         if kind == "message":
-            api.need(item.get("role") in ROLES, f"{at}.role must be one of {', '.join(ROLES)}", f"{at}.role")
+            serving.need(item.get("role") in ROLES, f"{at}.role must be one of {', '.join(ROLES)}", f"{at}.role")
             out.append({"role": item["role"], "content": _text(item.get("content"), f"{at}.content")})
         elif kind == "function_call":
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(_call(item, at))
         elif kind == "function_call_output":
-            api.need(isinstance(item.get("call_id"), str), f"{at}.call_id must be a string", f"{at}.call_id")
+            serving.need(isinstance(item.get("call_id"), str), f"{at}.call_id must be a string", f"{at}.call_id")
             output = _text(item.get("output"), f"{at}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         else:
-            api.need(kind == "reasoning", f"{at}: {kind!r} items are not supported (message, function_call, "
+            serving.need(kind == "reasoning", f"{at}: {kind!r} items are not supported (message, function_call, "
                      "function_call_output and reasoning are)", f"{at}.type")
     return out
 
@@ -168,16 +169,16 @@ def _input(body: dict[str, Any]) -> list[dict[str, Any]]:
     items = body.get("input")
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    api.need(isinstance(items, list) and len(items) > 0, "'input' is required: a string or a non-empty list of items",
+    serving.need(isinstance(items, list) and len(items) > 0, "'input' is required: a string or a non-empty list of items",
              "input")
     return messages(items, "input")
 
 
 def _tool(t: Any, where: str) -> dict[str, Any]:
     kind = t.get("type") if isinstance(t, dict) else None
-    api.need(kind == "function", f"{where}.type must be 'function': this server runs no hosted tools (got {kind!r})",
+    serving.need(kind == "function", f"{where}.type must be 'function': this server runs no hosted tools (got {kind!r})",
              f"{where}.type")
-    api.need(isinstance(t.get("name"), str), f"{where}.name must be a string", f"{where}.name")
+    serving.need(isinstance(t.get("name"), str), f"{where}.name must be a string", f"{where}.name")
     return {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
                                              if t.get(k) is not None}}
 
@@ -185,14 +186,14 @@ def _tool(t: Any, where: str) -> dict[str, Any]:
 def _tools(body: dict[str, Any], oai: dict[str, Any]) -> None:
     tools = body.get("tools")
     if tools is not None:
-        api.need(isinstance(tools, list), "'tools' must be a list", "tools")
+        serving.need(isinstance(tools, list), "'tools' must be a list", "tools")
         oai["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
-        api.need(isinstance(choice.get("name"), str), "tool_choice of type 'function' needs a name", "tool_choice.name")
+        serving.need(isinstance(choice.get("name"), str), "tool_choice of type 'function' needs a name", "tool_choice.name")
         oai["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif choice is not None:
-        api.need(choice in ("auto", "none", "required"),
+        serving.need(choice in ("auto", "none", "required"),
                  "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}", "tool_choice")
         oai["tool_choice"] = choice
 
@@ -203,18 +204,18 @@ def _text_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
     if text is None:
         return
     unknown = sorted(set(text) - {"format", "verbosity"}) if isinstance(text, dict) else []
-    api.need(isinstance(text, dict) and not unknown, "'text' must be an object with 'format' (and 'verbosity')",
+    serving.need(isinstance(text, dict) and not unknown, "'text' must be an object with 'format' (and 'verbosity')",
              f"text.{unknown[0]}" if unknown else "text")
     fmt = text.get("format")
     if fmt is None:
         return
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    api.need(kind in ("text", "json_object", "json_schema"), "text.format.type must be text, json_object or json_schema",
+    serving.need(kind in ("text", "json_object", "json_schema"), "text.format.type must be text, json_object or json_schema",
              "text.format.type")
     if kind == "json_object":
         oai["response_format"] = {"type": "json_object"}
     elif kind == "json_schema":
-        api.need(isinstance(fmt.get("schema"), dict), "text.format.schema (a JSON schema object) is required",
+        serving.need(isinstance(fmt.get("schema"), dict), "text.format.schema (a JSON schema object) is required",
                  "text.format.schema")
         js = {"name": fmt.get("name", "output"), "schema": fmt["schema"]}
         if fmt.get("strict") is not None:
@@ -224,11 +225,11 @@ def _text_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
 
 def _reasoning(body: dict[str, Any], oai: dict[str, Any]) -> None:
     reasoning = body.get("reasoning")
-    api.need(reasoning is None or isinstance(reasoning, dict), "'reasoning' must be an object", "reasoning")
+    serving.need(reasoning is None or isinstance(reasoning, dict), "'reasoning' must be an object", "reasoning")
     effort = (reasoning or {}).get("effort")
     if effort is None:
         return   # the template's default
-    api.need(effort in EFFORTS, f"reasoning.effort must be one of {', '.join(EFFORTS)}", "reasoning.effort")
+    serving.need(effort in EFFORTS, f"reasoning.effort must be one of {', '.join(EFFORTS)}", "reasoning.effort")
     kwargs: dict[str, Any] = {"enable_thinking": effort not in THINKING_OFF}
     if effort in TEMPLATE_EFFORTS:
         kwargs["reasoning_effort"] = effort
@@ -237,19 +238,19 @@ def _reasoning(body: dict[str, Any], oai: dict[str, Any]) -> None:
 
 def _checked(body: dict[str, Any]) -> None:
     unknown = sorted(set(body) - TRANSLATED - ACCEPTED - set(EXTENSIONS) - set(REFUSED))
-    api.need(not unknown, f"unknown field(s): {', '.join(unknown)}", unknown[0] if unknown else "")
+    serving.need(not unknown, f"unknown field(s): {', '.join(unknown)}", unknown[0] if unknown else "")
     for name, what in REFUSED.items():
-        api.need(body.get(name) in (None, False, 0), f"'{name}' ({what}) is not supported by this server", name)
-    api.need(body.get("truncation") in (None, "auto", "disabled"), "'truncation' must be auto or disabled", "truncation")
-    api.need(body.get("store") is None or isinstance(body["store"], bool), "'store' must be true or false", "store")
-    api.need(body.get("metadata") is None or isinstance(body["metadata"], dict), "'metadata' must be an object",
+        serving.need(body.get(name) in (None, False, 0), f"'{name}' ({what}) is not supported by this server", name)
+    serving.need(body.get("truncation") in (None, "auto", "disabled"), "'truncation' must be auto or disabled", "truncation")
+    serving.need(body.get("store") is None or isinstance(body["store"], bool), "'store' must be true or false", "store")
+    serving.need(body.get("metadata") is None or isinstance(body["metadata"], dict), "'metadata' must be an object",
              "metadata")
-    api.need(body.get("instructions") is None or isinstance(body["instructions"], str),
+    serving.need(body.get("instructions") is None or isinstance(body["instructions"], str),
              "'instructions' must be a string", "instructions")
     n = body.get("max_output_tokens")
-    api.need(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
+    serving.need(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
              "'max_output_tokens' must be a positive integer", "max_output_tokens")
-    api.need(body.get("stream") is None or isinstance(body["stream"], bool), "'stream' must be true or false", "stream")
+    serving.need(body.get("stream") is None or isinstance(body["stream"], bool), "'stream' must be true or false", "stream")
 
 
 def to_openai(body: dict[str, Any], model: str, earlier: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
@@ -272,11 +273,11 @@ def to_openai(body: dict[str, Any], model: str, earlier: Sequence[dict[str, Any]
 
 @bp.post("/v1/responses")
 def create():
-    body = api._body()
-    model = api.resolve_model(body)
+    body = serving.read_body()
+    model = serving.resolve_model(body)
     store = _store()
     oai = to_openai(body, model, history(store, body))
-    sub = api.parse_submit(oai, chat=True)
+    sub = serving.parse_submit(oai, chat=True)
     suffix = sub.parsed.request.id.split("-", 1)[-1]
     writer = ResponseWriter(new_response(body, "resp_" + suffix, model), suffix)
     asked = oai["messages"][1 if body.get("instructions") else 0:]   # what a later turn continues
@@ -285,17 +286,14 @@ def create():
         if body.get("store") is not False:
             store.put(response["id"], Stored(asked + messages(response["output"], "output"), response))
 
-    if sub.parsed.stream:
-        return api.stream_response(sub, SseWriter(writer, finished))
-    got = api.collect(sub)
-    if got is None:
-        return Response(status=499)   # nobody is listening
-    deltas, done = got
-    for d in deltas:
-        writer.delta(d)
-    writer.end(done)
-    finished(writer.response)
-    return jsonify(writer.response)
+    def whole(deltas: list[Delta], done: Done) -> dict[str, Any]:
+        for d in deltas:
+            writer.delta(d)
+        writer.end(done)
+        finished(writer.response)
+        return writer.response
+
+    return serving.reply(sub, lambda: SseWriter(writer, finished), whole)
 
 
 def _stored(rid: str) -> Stored:

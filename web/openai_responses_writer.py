@@ -166,7 +166,7 @@ def sse(events: list[dict[str, Any]]) -> bytes:
 
 @dataclass
 class SseWriter:
-    """A ResponseWriter's events as server-sent events, for `api.stream_response`; the finished
+    """A ResponseWriter's events as server-sent events, for `serving.stream_response`; the finished
     response goes to `finished` (the store)."""
 
     writer: ResponseWriter

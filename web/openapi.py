@@ -162,11 +162,26 @@ def _tokenizer(n_vocab: int) -> dict[str, Any]:
             "/detokenize": _post("Token ids to text (llama-server's)", detokenize_body, content, stream=False)}
 
 
-def build(model: str, n_ctx: int, n_vocab: int,
-          more: Callable[[dict, dict], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The document of OpenAI's core routes; `more(chat_post, models_get)` adds the other APIs'
-    paths (openapi_apis.build passes them: that module builds on this one's schemas)."""
+def _health() -> dict[str, Any]:
+    return {"description": "engine state", "content": {"application/json": {"schema": {
+        "type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string"},
+            "exposed": {"type": "boolean", "description": "the network gets everything: no API key on a "
+                                                          "non-loopback address"},
+            "warnings": {"type": "array", "items": {"type": "string"}}}}}}}
 
+
+def _models() -> dict[str, Any]:
+    return {"get": {"summary": "The served model", "responses": {
+        "200": {"description": "a list of one model", "content": {"application/json": {"schema": {
+            "type": "object", "required": ["object", "data"], "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": {"type": "array", "items": MODEL}}}}}},
+        **_errors(401, 403, 503)}}}
+
+
+def _generation(model: str, n_ctx: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chat and completion request bodies."""
     chat_body = {"type": "object", "required": ["messages"], "properties": {
         **_scalars(params.CHAT, n_ctx), **_structured(model),
         "messages": {"type": "array", "minItems": 1, "items": _message()},
@@ -178,18 +193,15 @@ def build(model: str, n_ctx: int, n_vocab: int,
                         {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}}]}
     completion_body = {"type": "object", "required": ["prompt"], "properties": {
         **_scalars(params.COMPLETION, n_ctx), **_structured(model), "prompt": prompt}}
-    health = {"description": "engine state", "content": {"application/json": {"schema": {
-        "type": "object", "required": ["status"], "properties": {
-            "status": {"type": "string"},
-            "exposed": {"type": "boolean", "description": "the network gets everything: no API key on a "
-                                                          "non-loopback address"},
-            "warnings": {"type": "array", "items": {"type": "string"}}}}}}}
-    models = {"get": {"summary": "The served model", "responses": {
-        "200": {"description": "a list of one model", "content": {"application/json": {"schema": {
-            "type": "object", "required": ["object", "data"], "properties": {
-                "object": {"type": "string", "enum": ["list"]},
-                "data": {"type": "array", "items": MODEL}}}}}},
-        **_errors(401, 403, 503)}}}
+    return chat_body, completion_body
+
+
+def build(model: str, n_ctx: int, n_vocab: int,
+          more: Callable[[dict, dict], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The document of OpenAI's core routes; `more(chat_post, models_get)` adds the other APIs'
+    paths (openapi_apis.build passes them: that module builds on this one's schemas)."""
+    chat_body, completion_body = _generation(model, n_ctx)
+    health, models = _health(), _models()
     chat = _post("Chat completion", chat_body, CHAT_RESPONSE)
     return {
         "openapi": "3.0.3",

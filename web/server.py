@@ -43,29 +43,46 @@ def serve(config: Config) -> int:
         pool.close()
         return 1
     info = engine.info
-    log.info("model %s: %d slots x %d tokens of context, KV pool %.1f MiB (%d bytes), %s",
-             info.model_name, info.n_slots, info.n_ctx, info.kv_bytes / 2**20, info.kv_bytes, info.settings)
     if len(specs) > 1:
         log.info("also served, loaded on request: %s", ", ".join(s.name for s in specs if s.name != default))
     app = create_app(config, pool)
-    listen = " ".join(_address(host, srv_cfg.port) for host in srv_cfg.hosts())
-    connection_limit = srv_cfg.max_connections
-    fd_limit = http_server.raise_fd_limit(connection_limit + FDS_BESIDES_CONNECTIONS)
-    if fd_limit < connection_limit + FDS_BESIDES_CONNECTIONS:
-        connection_limit = max(16, fd_limit - FDS_BESIDES_CONNECTIONS)
-        log.warning("max_connections lowered to %d: this process may open only %d files", connection_limit, fd_limit)
     try:
-        socket_map, servers, dispatcher = http_server.create(
-            app, listen, threads=srv_cfg.http_threads, connection_limit=connection_limit,
-            request_timeout=srv_cfg.request_timeout, send_timeout=srv_cfg.send_timeout)
+        socket_map, servers, dispatcher = _listen(app, srv_cfg)
     except (OSError, ValueError) as e:     # an address this host lacks, a port in use
-        log.error("cannot listen on %s: %s", listen, e)
+        log.error("cannot listen on %s: %s", _listen_on(srv_cfg), e)
         pool.close()
         return 1
     urls = ", ".join(f"http://{_address(s.effective_host, s.effective_port)}" for s in servers)
     announce(info.model_name, urls, srv_cfg)
+    try:
+        _run(app, servers, socket_map, srv_cfg)
+    finally:
+        dispatcher.shutdown()
+        wasyncore.close_all(socket_map)
+        pool.close()
+    log.info("stopped")
+    return 0
 
+
+def _listen_on(cfg: ServerConfig) -> str:
+    return " ".join(_address(host, cfg.port) for host in cfg.hosts())
+
+
+def _listen(app, cfg: ServerConfig):
+    """waitress's sockets on every address, as many connections as this process may open files for."""
+    connection_limit = cfg.max_connections
+    fd_limit = http_server.raise_fd_limit(connection_limit + FDS_BESIDES_CONNECTIONS)
+    if fd_limit < connection_limit + FDS_BESIDES_CONNECTIONS:
+        connection_limit = max(16, fd_limit - FDS_BESIDES_CONNECTIONS)
+        log.warning("max_connections lowered to %d: this process may open only %d files", connection_limit, fd_limit)
+    return http_server.create(app, _listen_on(cfg), threads=cfg.http_threads, connection_limit=connection_limit,
+                              request_timeout=cfg.request_timeout, send_timeout=cfg.send_timeout)
+
+
+def _run(app, servers, socket_map, cfg: ServerConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then drain: refuse new requests, finish those in flight."""
     stopping = threading.Event()
+    pool = app.extensions["appliance"].pool
 
     def drain(signum, _frame):
         state = app.extensions["appliance"]
@@ -73,24 +90,17 @@ def serve(config: Config) -> int:
             return
         state.draining = True
         log.info("signal %d: refusing new requests, finishing %d in flight (up to %.0f s)",
-                 signum, pool.in_flight(), srv_cfg.shutdown_grace)
-        threading.Thread(target=_finish, args=(pool, srv_cfg.shutdown_grace, stopping), daemon=True).start()
+                 signum, pool.in_flight(), cfg.shutdown_grace)
+        threading.Thread(target=_finish, args=(pool, cfg.shutdown_grace, stopping), daemon=True).start()
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
-    try:
-        # waitress's own run() loops until every socket is closed; this loop also stops
-        # when draining is over, while still answering (503) whoever connects meanwhile
-        while not stopping.is_set():
-            for s in servers:
-                s.make_room()
-            wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
-    finally:
-        dispatcher.shutdown()
-        wasyncore.close_all(socket_map)
-        pool.close()
-    log.info("stopped")
-    return 0
+    # waitress's own run() loops until every socket is closed; this loop also stops
+    # when draining is over, while still answering (503) whoever connects meanwhile
+    while not stopping.is_set():
+        for s in servers:
+            s.make_room()
+        wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
 
 
 def announce(model: str, urls: str, cfg: ServerConfig) -> None:

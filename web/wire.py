@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance import jsondepth
-from appliance.engine.types import ChatMessage, Constraint, Request, SamplingParams, Tokenized, ToolCall, ToolSpec
+from appliance.engine.types import ChatMessage, Constraint, Request, SamplingParams, ToolCall, ToolSpec
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
-from .params import (CHAT, COMPLETION, MAX_STOPS, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOKENIZE, TOOL_CHOICES,
+from .params import (CHAT, COMPLETION, MAX_STOPS, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES,
                      TOOL_NAME_PATTERN, Param)
 
 # accepted and ignored: they change nothing for a single local model
@@ -373,7 +373,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         text, ids = prompt, None
-    elif prompt and _is_ids(prompt):
+    elif prompt and is_ids(prompt):
         text, ids = None, tuple(prompt)
     elif prompt is None:
         raise InvalidRequest("'prompt' is required", param="prompt")
@@ -388,35 +388,6 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     return ParsedRequest(req, stream, include_usage, model)
 
 
-def _is_ids(v: Any) -> bool:
+def is_ids(v: Any) -> bool:
+    """Whether `v` is a list of token ids."""
     return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-
-
-def parse_tokenize(body: dict) -> tuple[str, bool, bool, bool]:
-    """llama-server's /tokenize body: (content, add_special, parse_special, with_pieces)."""
-    content = body.get("content")
-    if not isinstance(content, str):
-        raise InvalidRequest("'content' is required and must be a string", param="content")
-    t = TOKENIZE
-    return content, t["add_special"].read(body), t["parse_special"].read(body), t["with_pieces"].read(body)
-
-
-def parse_detokenize(body: dict) -> tuple[int, ...]:
-    """llama-server's /detokenize body: the token ids (checked against the vocabulary by the engine)."""
-    tokens = body.get("tokens")
-    if not _is_ids(tokens):
-        raise InvalidRequest("'tokens' is required and must be a list of token ids", param="tokens")
-    return tuple(tokens)
-
-
-def _piece(raw: bytes) -> str | list[int]:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:  # part of a multi-byte character: its bytes, as llama-server gives them
-        return list(raw)
-
-
-def tokenize_response(ev: Tokenized, with_pieces: bool) -> dict[str, Any]:
-    if not with_pieces:
-        return {"tokens": list(ev.ids)}
-    return {"tokens": [{"id": t, "piece": _piece(p)} for t, p in zip(ev.ids, ev.pieces)]}

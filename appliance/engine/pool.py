@@ -180,7 +180,7 @@ class ModelPool:
         if start:
             m.load_s, m.loads = time.monotonic() - (m.load_started or 0), m.loads + 1
             m.ready.set()
-            log.info("loaded %s in %.1f s", name, m.load_s)
+            log.debug("loaded %s in %.1f s", name, m.load_s)   # the engine said it, with its figures
         return client
 
     def release(self, name: str) -> None:

@@ -87,9 +87,11 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
         ctx = for_chat_model(runner)
         embedder = _embedder(ctx, runner, prompts, emit)
         info = _with_settings(info, embeddings=ctx.report())
-    log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB, %s",
-             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots,
-             info.n_ctx, info.kv_bytes / 2**20, info.settings)
+    # the settings were each said as they were decided (placement, speculation, prompt cache);
+    # the whole dict is /health's "settings"
+    log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB",
+             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots, info.n_ctx, info.kv_bytes / 2**20)
+    log.debug("settings: %s", info.settings)
     return Engine(info, runner, prompts, scheduler, embedder)
 
 

@@ -229,7 +229,7 @@ def test_a_server_side_http_error_stays_a_5xx(app, monkeypatch):
 
 
 def test_a_bug_after_the_status_line_ends_the_stream_with_an_error_event(app):
-    from web import api
+    from web import serving
     from appliance.engine.types import Delta
 
     class Stream:
@@ -252,7 +252,7 @@ def test_a_bug_after_the_status_line_ends_the_stream_with_an_error_event(app):
         def delta(self, ev): pass
         def done(self, ev): pass
 
-    sub = api.Submitted(parsed=None, stream=Stream(), gone=lambda: False, fingerprint="", accepted=None)
+    sub = serving.Submitted(parsed=None, stream=Stream(), gone=lambda: False, fingerprint="", accepted=None)
     with app.app_context():
-        out = b"".join(api.stream(sub, Writer(), Tally(), keepalive=0))
+        out = b"".join(serving.stream(sub, Writer(), Tally(), keepalive=0))
     assert out == b"start\nerror 500 internal server error\n" and sub.stream.aborted

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import pytest
 
 from appliance.errors import InvalidRequest
-from web import openapi, params, wire
+from web import openapi, params, tokens, wire
 from web import openapi_apis
 from web.params import Param
 
@@ -35,7 +35,7 @@ def _stream_options(body: dict) -> Any:
 
 
 def _tokenize(body: dict) -> Any:
-    return wire.parse_tokenize({"content": "x", **body})
+    return tokens.parse_tokenize({"content": "x", **body})
 
 
 # (where, declarations, the published properties, the parser that uses them, hand-written scalars)

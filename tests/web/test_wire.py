@@ -8,7 +8,8 @@ import pytest
 from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Tokenized, Usage
 from appliance.errors import EngineCrashed, InvalidRequest, ModelNotFound, UnsupportedMediaType
 from web.responses import ChunkWriter
-from web.wire import parse_chat, parse_completion, parse_detokenize, parse_json_body, parse_tokenize, tokenize_response
+from web.tokens import parse_detokenize, parse_tokenize, tokenize_response
+from web.wire import parse_chat, parse_completion, parse_json_body
 
 MODEL = "smollm2"
 SERVED = {MODEL}

@@ -1,0 +1,165 @@
+"""The serving core (web/serving.py) under every dialect: each API's requests, streamed or
+whole, are counted in /metrics (TTFT, tokens, duration), and an engine error after the status
+line ends each API's stream in its own error shape. Flask's test client over a pool whose engine
+plays a scripted reply, so what is checked is the web layer, not a model."""
+from __future__ import annotations
+
+import json
+import queue
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from appliance.config import Config, ServerConfig
+from appliance.engine.types import Accepted, Delta, Done, Error, Timings, Usage
+from appliance.errors import from_wire
+from tests.engine.fake_runner import FakeRunner
+from web import create_app
+
+MODEL = "fake"
+USER = [{"role": "user", "content": "hi"}]
+WORDS = ("Hello", " there", " friend")
+
+
+class Stream:
+    """One request's scripted events, as the engine client's RequestStream hands them out."""
+
+    def __init__(self, request_id: str, events: list) -> None:
+        self.id, self.queue, self.aborted = request_id, queue.Queue(), False
+        for ev in events:
+            self.queue.put(ev)
+
+    def get(self, timeout=None):
+        try:
+            ev = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(ev, Error):
+            raise from_wire(ev.kind, ev.message, ev.fields)
+        return ev
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class Engine:
+    """A loaded model that answers every request with WORDS, or fails after the first (`fail`)."""
+
+    info = FakeRunner().info
+    stats = None
+
+    def __init__(self) -> None:
+        self.fail = False
+        self.n = 0
+
+    def new_id(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}-{self.n}"
+
+    def submit(self, request):
+        rid = request.id
+        deltas = [Delta(rid, w, (i + 1,)) for i, w in enumerate(WORDS)]
+        tail = ([Error(rid, "EngineFailure", "the engine process died", {})] if self.fail else
+                [Done(rid, "stop", Usage(7, len(WORDS)), Timings(7, 0, 5.0, 2, 4.0, 2.0, 1),
+                      token_ids=tuple(range(1, len(WORDS) + 1)))])
+        return Stream(rid, [Accepted(rid, 7), *(deltas[:1] if self.fail else deltas), *tail])
+
+
+class Pool:
+    default = MODEL
+
+    def __init__(self) -> None:
+        self.engine = Engine()
+
+    def resolve(self, name=None, exact=False):
+        return MODEL
+
+    def kind(self, name):
+        return "chat"
+
+    def acquire(self, name, keep_alive=None):
+        return self.engine
+
+    def release(self, name):
+        pass
+
+    def client(self, name=None):
+        return self.engine
+
+    def state_of(self, name):
+        return "loaded"
+
+    def engine_pids(self):
+        return {}
+
+
+# each dialect: its route, a body asking for a stream, and how its stream says an error
+DIALECTS = {
+    "openai": ("/v1/chat/completions", {"model": MODEL, "messages": USER},
+               lambda text: '"error"' in text and "the engine process died" in text),
+    "completions": ("/v1/completions", {"model": MODEL, "prompt": "hi"},
+                    lambda text: '"error"' in text and "the engine process died" in text),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "hi"},
+                  lambda text: "event: error" in text and "the engine process died" in text),
+    "anthropic": ("/v1/messages", {"model": MODEL, "messages": USER, "max_tokens": 16},
+                  lambda text: "event: error" in text and "the engine process died" in text),
+    "ollama": ("/api/chat", {"model": MODEL, "messages": USER},
+               lambda text: json.loads(text.splitlines()[-1]) == {"error": "the engine process died"}),
+    "ollama-generate": ("/api/generate", {"model": MODEL, "prompt": "hi"},
+                        lambda text: json.loads(text.splitlines()[-1]) == {"error": "the engine process died"}),
+    "llama-server": ("/completion", {"prompt": "hi"},
+                     lambda text: '"error"' in text and "the engine process died" in text),
+}
+
+
+@pytest.fixture
+def app(tmp_path):
+    return create_app(Config(server=ServerConfig(conversations_db=str(tmp_path / "c.db"))), Pool())
+
+
+def counted(app) -> dict[str, float]:
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name in ("appliance_time_to_first_token_seconds_count", "appliance_prompt_tokens_total",
+                          "appliance_generated_tokens_total", "appliance_request_duration_seconds_count",
+                          "appliance_inter_token_seconds_count")}
+
+
+def stream_body(name: str) -> dict:
+    _, body, _ = DIALECTS[name]
+    return {**body, "stream": True} if name != "ollama" and name != "ollama-generate" else body  # Ollama streams by default
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "whole"])
+def test_every_dialect_is_counted_in_metrics(app, name, streamed):
+    path, body, _ = DIALECTS[name]
+    body = stream_body(name) if streamed else {**body, "stream": False}
+    resp = app.test_client().post(path, json=body)
+    text = resp.get_data(as_text=True)
+    assert resp.status_code == 200, text
+    assert "there" in text and "friend" in text
+    got = counted(app)
+    assert got["appliance_time_to_first_token_seconds_count"] == 1
+    assert got["appliance_inter_token_seconds_count"] == len(WORDS) - 1
+    assert got["appliance_prompt_tokens_total"] == 7 and got["appliance_generated_tokens_total"] == len(WORDS)
+    assert got["appliance_request_duration_seconds_count"] == 1
+
+
+def test_an_ollama_stream_is_ndjson(app):
+    resp = app.test_client().post("/api/chat", json={"model": MODEL, "messages": USER})
+    assert resp.mimetype == "application/x-ndjson"
+    lines = [json.loads(line) for line in resp.get_data(as_text=True).splitlines()]
+    assert [ln["message"]["content"] for ln in lines[:-1]] == list(WORDS)
+    assert lines[-1]["done"] is True and lines[-1]["eval_count"] == len(WORDS)
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_an_engine_error_mid_stream_ends_each_dialects_stream_in_its_shape(app, name):
+    app.extensions["appliance"].pool.engine.fail = True
+    path, _, says_error = DIALECTS[name]
+    resp = app.test_client().post(path, json=stream_body(name))
+    text = resp.get_data(as_text=True)
+    assert resp.status_code == 200 and "Hello" in text      # the status line went out with the first token
+    assert says_error(text), text
+    assert counted(app)["appliance_time_to_first_token_seconds_count"] == 1
