@@ -99,25 +99,25 @@ class EngineConfig:
     kv_type: str = opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
                        "flash attention, which llama.cpp needs for them)")
     main_gpu: int = opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
-    prompt_cache: str = opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse "
-                            "its longest common prefix. on: exactly (to the token where the runner proves "
-                            "at start that any chunk computes as the grid's, else in whole --prefill-chunk "
-                            "blocks), so a hit gives the cold answer; fast: to the token, replies included, "
-                            "as llama-server does, and responses that reused more than exact reuse would "
-                            "say cache_reuse: inexact", switch=True)
-    cache_ram_bytes: int = opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot "
-                               "is needed for other work (0 = no RAM tier)")
-    cache_dir: str | None = opt(None, "directory of the prompt cache's disk tier, which survives "
-                                "restarts (default: $XDG_DATA_HOME/appliance/prompt-cache)")
+    prompt_cache: str = opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse its longest "
+                            "common prefix. on: exactly (to the token where the runner proves at start that any "
+                            "chunk computes as the grid's, else in whole --prefill-chunk blocks), so a hit gives the "
+                            "cold answer; fast: to the token, replies included, as llama-server does, and responses "
+                            "that reused more than exact reuse would say cache_reuse: inexact", switch=True)
+    cache_ram_bytes: int = opt(2 * 1024**3, "bytes of saved prompt states kept in RAM when their slot is needed "
+                               "for other work (0 = no RAM tier)")
+    cache_dir: str | None = opt(None, "directory of the prompt cache's disk tier, which survives restarts "
+                                "(default: $XDG_DATA_HOME/appliance/prompt-cache)")
     cache_disk_bytes: int = opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
+    probe_cache: str | None = opt(None, "directory of start-up probe results a restart reads back (default: off)")
     plan: str | None = opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
                            "directory, when present); 'off' to use the fixed defaults")
     speculate: str = opt("auto", "speculative decoding: auto (on where the runner proves at start that "
                          "a k-token verify equals k one-token steps bit for bit, else off; drafts from "
                          "--draft-model when given, else by prompt lookup), lookup or draft (that kind, "
                          "and refuse to start if it cannot), off; a request's \"speculate\" wins")
-    draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens "
-                                  "greedily for the served model to verify ('embedded': the embedded model)")
+    draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens greedily for "
+                                  "the served model to verify ('embedded': the embedded model)")
     draft_engine: str | None = opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
     embedding_model: str | None = opt(None, "an embedding GGUF served beside the chat models for /v1/embeddings "
                                       "and Ollama's /api/embed, named by its file name (a request naming no "

@@ -15,6 +15,7 @@ also embeds (an `Embedder` over a second llama.cpp context on the same weights);
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -26,16 +27,17 @@ from ..errors import ModelLoadError
 from ..models import resolve
 from . import plan as plan_mod
 from .cache.disk import WRITE_QUEUE_BYTES, DiskTier
-from .cache.invariance import check_chunk_invariance, probe_prompt
+from .cache.invariance import CANDIDATES, ChunkInvariance, check_chunk_invariance, probe_prompt
 from .cache.prompt_cache import PromptCache
 from .cache.ram import index_block
 from .embed import Embedder, EmbeddingContext
 from .grid import Grid
+from .probe_memo import ProbeMemo
 from .prompts import PromptBuilder
 from .runners import make_runner
 from .runners.base import ModelRunner, RunnerInfo, Span
 from .sched.scheduler import Scheduler
-from .spec import CostModel, DraftCost, Speculator, decide, probe
+from .spec import CostModel, DraftCost, Exactness, Speculator, decide, probe
 from .spec.draft import SAMPLE, DraftModel, check_vocab
 from .types import Event
 
@@ -151,6 +153,11 @@ def _embedder(ctx: EmbeddingContext, runner: ModelRunner, prompts: PromptBuilder
     return embedder
 
 
+def _digest(ids: Sequence[int]) -> str:
+    """A probe prompt's tokens, as its memo's key holds them."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
 def _with_settings(info: RunnerInfo, **more) -> RunnerInfo:
     return dataclasses.replace(info, settings={**info.settings, **more})
 
@@ -184,7 +191,10 @@ def prefill_grid(cfg: EngineConfig, runner: ModelRunner) -> tuple[Grid, dict]:
     if not cfg.prompt_cache_on:
         return Grid(cfg.prefill_chunk), {"mode": "off"}
     t0 = time.perf_counter()
-    found = check_chunk_invariance(runner, 0, probe_prompt(runner, cfg.prefill_chunk), cfg.prefill_chunk)
+    prompt = probe_prompt(runner, cfg.prefill_chunk)
+    found = ProbeMemo(cfg.probe_cache, runner)(
+        "chunk-invariance", {"prompt": _digest(prompt), "chunk": cfg.prefill_chunk, "candidates": CANDIDATES},
+        lambda: check_chunk_invariance(runner, 0, prompt, cfg.prefill_chunk), ChunkInvariance)
     grid = Grid(cfg.prefill_chunk, found.min_chunk)
     how = (f"to the token, at least {found.min_chunk} recomputed" if found.min_chunk
            else f"in whole {cfg.prefill_chunk}-token blocks")
@@ -213,16 +223,19 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     if cfg.speculate == "off":
         return Speculator()
     ids = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
+    memo = ProbeMemo(cfg.probe_cache, runner)
     exactness = None
     for at in EXACTNESS_AT:  # a context too small for a position checks what fits
         n = max(1, min(at, runner.info.n_ctx - 12))
-        exactness = probe.check_exact(runner, 0, ids[:n], k=8)
+        exactness = memo("verify-exactness", {"prompt": _digest(ids[:n]), "k": 8},
+                         lambda: probe.check_exact(runner, 0, ids[:n], k=8), Exactness)
         if not exactness.exact or n < at:
             break
     prompt = ids[:48]
     cost, drafter = CostModel(), None
     if exactness.exact or cfg.speculate_inexact:
-        cost = probe.measure_costs(runner, 0, prompt)
+        cost = memo("verify-costs", {"prompt": _digest(prompt), "rows": probe.COST_ROWS},
+                    lambda: probe.measure_costs(runner, 0, prompt), CostModel)
         if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
             drafter = load_draft(cfg, runner, cost, prompt)
     try:

@@ -1,6 +1,9 @@
 """End to end through HTTP with the official `openai` client, against `appliance serve` on the
 embedded SmolLM2-135M model: one server per runner (llama.cpp, and torch where installed),
-each for the whole module."""
+each for the whole module. What the web layer and the engine's runner-independent parts do
+(request shapes, bad input, streaming, stops, tools, structured output) is proven on llama.cpp;
+what a runner's arithmetic decides (determinism, seeds, batching, logprobs, the prompt cache,
+recall at depth, tokenizing) is proven on every runner (`@every_runner`)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -23,7 +26,16 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module", params=KINDS)
+every_runner = pytest.mark.every_runner
+
+
+def pytest_generate_tests(metafunc):
+    if "server" in metafunc.fixturenames:
+        kinds = KINDS if metafunc.definition.get_closest_marker("every_runner") else ["llamacpp"]
+        metafunc.parametrize("server", kinds, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory, request):
     with running_server(tmp_path_factory.mktemp("srv"), "--engine", request.param,
                         "--n-ctx", str(N_CTX), "--n-slots", "4",
@@ -66,6 +78,7 @@ def test_models_lists_the_served_model_with_its_context(server, client):
     assert raw["data"][0]["context_length"] == N_CTX
 
 
+@every_runner
 def test_health_reports_the_engine(server):
     h = server.health()
     assert h["status"] == "ok" and h["n_ctx"] == N_CTX and h["n_slots"] == 4
@@ -79,6 +92,7 @@ def test_health_reports_the_engine(server):
         assert p["devices"]["CPU"]["kv"] == h["kv_bytes"] and p["llama_devices"][0]["name"] == "CPU"
 
 
+@every_runner
 def test_chat_non_streamed(client, model):
     r = chat(client, model, QUESTIONS[0])
     choice = r.choices[0]
@@ -91,6 +105,7 @@ def test_chat_non_streamed(client, model):
     assert t["prompt_n"] + t["cache_n"] == r.usage.prompt_tokens and t["predicted_per_second"] > 0
 
 
+@every_runner
 def test_chat_streamed_with_usage_matches_non_streamed(client, model):
     text, chunks = stream_text(client, model, QUESTIONS[1], stream_options={"include_usage": True})
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -109,6 +124,7 @@ def test_stream_ends_with_done_marker(server, model):
     assert all(ln.startswith(b"data: ") for ln in lines)
 
 
+@every_runner
 def test_completion(client, model):
     r = client.completions.create(model=model, prompt="The first three planets are", max_tokens=12,
                                   temperature=0)
@@ -120,12 +136,14 @@ def test_completion(client, model):
     assert streamed == r.choices[0].text
 
 
+@every_runner
 def test_temperature_zero_is_deterministic(client, model):
     a = chat(client, model, QUESTIONS[3], max_tokens=60).choices[0].message.content
     b = chat(client, model, QUESTIONS[3], max_tokens=60).choices[0].message.content
     assert a == b
 
 
+@every_runner
 def test_seed_reproduces_sampled_output(client, model):
     kw = {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "max_tokens": 40}
     a = chat(client, model, QUESTIONS[1], **kw).choices[0].message.content
@@ -170,6 +188,7 @@ def test_prompt_over_the_context_is_a_400_with_counts(client, model, server):
         chat(client, model, "word " * (N_CTX - 100), max_tokens=200)
 
 
+@every_runner
 @pytest.mark.parametrize("n", [2, 4])
 def test_concurrent_greedy_streams_match_alone_and_share_batches(client, model, server, n):
     alone = [stream_text(client, model, q, max_tokens=48)[0] for q in QUESTIONS[:n]]
@@ -256,6 +275,7 @@ def test_a_final_assistant_message_is_continued(client, model):
     assert whole.startswith(head + rest[:10]) and rest[:10].strip()
 
 
+@every_runner
 def test_logprobs_chat_and_completion(client, model):
     r = chat(client, model, QUESTIONS[0], max_tokens=12, logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
@@ -459,6 +479,7 @@ def needle_prompt(n_sentences: int, code: str) -> str:
     return ". ".join(sents) + ".\n\nWhat is the secret code? Answer with the number only."
 
 
+@every_runner
 @pytest.mark.parametrize("n_sentences,code", [(5, "4817"), (20, "93015"), (40, "27364"), (48, "58102")])
 def test_recall_of_a_planted_code_up_to_the_context_limit(client, model, n_sentences, code):
     r = chat(client, model, needle_prompt(n_sentences, code), max_tokens=12)
@@ -475,6 +496,7 @@ def test_planted_code_past_the_context_limit_is_a_400(client, model):
 STORY = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 30
 
 
+@every_runner
 @pytest.mark.parametrize("kind", ["resend", "half prefix", "extended"])
 def test_prompt_cache_hit_is_exactly_the_cold_answer(client, model, server, kind):
     first = [{"role": "user", "content": STORY}]
@@ -514,6 +536,7 @@ def settled_tokens(server) -> int:
     raise AssertionError("no settled tokens counter in /metrics")
 
 
+@every_runner
 def test_the_next_turn_reuses_the_reply_settled_while_idle_and_gives_the_cold_answer(client, model, server):
     # both runners prove reuse to the token here (llama.cpp m = 2, torch m = 17): replies settle
     assert requests.get(server.url + "/health", timeout=10).json()["settings"]["prompt_cache_reuse"]["min_chunk"] > 0
@@ -555,6 +578,7 @@ def detokenize(server, ids):
     return r.json()["content"]
 
 
+@every_runner
 def test_tokenize_then_detokenize_round_trips(server):
     ids = tokenize(server, TEXT)
     assert ids and all(isinstance(t, int) for t in ids)
@@ -586,6 +610,7 @@ def _added_specials() -> tuple[int | None, int | None]:
         L.llama_model_free(m)
 
 
+@every_runner
 def test_add_special_adds_the_bos_only_if_the_model_adds_one(server):
     bos, eos = _added_specials()
     without = tokenize(server, TEXT)
@@ -593,6 +618,7 @@ def test_add_special_adds_the_bos_only_if_the_model_adds_one(server):
     assert with_special == [bos] * (bos is not None) + without + [eos] * (eos is not None)
 
 
+@every_runner
 def test_with_pieces_concatenate_to_the_text(server):
     tokens = tokenize(server, TEXT, with_pieces=True)
     assert [t["id"] for t in tokens] == tokenize(server, TEXT)
@@ -614,6 +640,7 @@ def test_tokenize_only_at_llama_server_paths(server):
     assert requests.get(server.url + "/tokenize").status_code == 405
 
 
+@every_runner
 def test_token_count_agrees_with_completion_usage(client, model, server):
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     r = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)

@@ -1,5 +1,6 @@
 """The prompt cache's disk tier across a server restart: a conversation's saved prefix is
-restored and gives exactly the cold answer."""
+restored and gives exactly the cold answer. The restart also reads its start-up probes back
+(--probe-cache, which the suite sets for every server) and decides what the first start did."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,7 @@ def test_restart_restores_from_disk_exactly(tmp_path, kind):
     first = [{"role": "user", "content": STORY}]
     with running_server(tmp_path, *args) as srv:
         ask(srv, first)
+        decided = srv.health()["settings"]
     # SIGTERM: the idle slot's kept blocks were written to disk
     assert list((tmp_path / "kv").glob("*.kv"))
     follow = first + [{"role": "assistant", "content": "He lit the lamp."},
@@ -34,6 +36,11 @@ def test_restart_restores_from_disk_exactly(tmp_path, kind):
         warm = ask(srv, follow)
         cold = ask(srv, follow, cache=False)
         health = srv.health()["engine"]
+        again = srv.health()["settings"]
+        log = srv.log()
+    assert "chunk-invariance: remembered" in log
+    assert again["prompt_cache_reuse"] == decided["prompt_cache_reuse"]
+    assert again["speculation"] == decided["speculation"]
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 256
     assert health["disk_hits"] == 1 and health["disk_entries"] >= 1
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]

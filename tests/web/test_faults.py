@@ -161,7 +161,8 @@ def test_engine_death_mid_request_is_a_clean_error_and_the_engine_restarts(serve
 
 
 def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(tmp_path):
-    with running_server(tmp_path, "--n-ctx", "512", "--n-slots", "1") as srv:
+    # a grace longer than the reply takes on a busy machine: what is tested is that it finishes
+    with running_server(tmp_path, "--n-ctx", "512", "--n-slots", "1", "--shutdown-grace", "300") as srv:
         body = {**LONG, "max_tokens": 120, "stream": True}
         with requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
             lines = r.iter_lines()
