@@ -1,4 +1,6 @@
-"""A real server for the end-to-end tests: `appliance serve` in a subprocess, one per module."""
+"""A real server for the end-to-end tests: `appliance serve` in a subprocess, one per module
+(`running_server`), or one per set of arguments for the whole session (`shared_server`), which
+modules that only read the server share."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import pytest
 import requests
 
 
@@ -79,3 +82,22 @@ def wait_until(pred, timeout: float = 10.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     return pred()
+
+
+# the server that the API modules which only read share: the embedded model, 1,024 positions, 2 slots
+SHARED = ("--n-ctx", "1024", "--n-slots", "2")
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """`shared_server(*args)`: the session's server started with `args`, started on first use and
+    stopped when the session ends. For modules that only read: nothing they do may change what
+    another module's tests see (no restarts, loads, signals or counters asserted)."""
+    servers: dict[tuple[str, ...], Server] = {}
+    with contextlib.ExitStack() as stack:
+        def get(*args: str) -> Server:
+            if args not in servers:
+                servers[args] = stack.enter_context(running_server(tmp_path_factory.mktemp("shared"), *args))
+            return servers[args]
+
+        yield get

@@ -10,16 +10,15 @@ import json
 import pytest
 import requests
 
-from .conftest import running_server
+from .conftest import SHARED
 
 anthropic = pytest.importorskip("anthropic")
 ollama = pytest.importorskip("ollama")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("anthropic"), "--n-ctx", "1024", "--n-slots", "2") as srv:
-        yield srv
+def server(shared_server):
+    return shared_server(*SHARED)
 
 
 @pytest.fixture(scope="module")

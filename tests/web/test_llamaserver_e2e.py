@@ -11,17 +11,16 @@ import pytest
 import requests
 
 from ..engine.gguf_fixtures import write_tiny_llama
-from .conftest import running_server
+from .conftest import SHARED, running_server
 
-N_CTX, SLOTS = 1024, 2
+N_CTX, SLOTS = 1024, 2          # the shared server's (conftest.SHARED)
 PROMPT = "The three primary colours are"
 GREEDY = {"temperature": 0, "seed": 7}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("llamaserver"), "--n-ctx", str(N_CTX), "--n-slots", str(SLOTS)) as srv:
-        yield srv
+def server(shared_server):
+    return shared_server(*SHARED)
 
 
 def post(server, path: str, body: dict, status: int = 200) -> dict:

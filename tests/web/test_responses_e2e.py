@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from .conftest import running_server
+from .conftest import SHARED
 
 MODEL = "SmolLM2-135M-Instruct-Q4_1"
 ASK = "What is the capital of France?"
@@ -18,9 +18,9 @@ GREEDY = dict(model="gpt-5-mini", temperature=0)   # any name reaches the one se
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("responses"), "--n-ctx", "1024", "--n-slots", "2") as srv:
-        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(shared_server):
+    srv = shared_server(*SHARED)
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def post(client, body, **kw) -> requests.Response:
