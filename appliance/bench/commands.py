@@ -1,19 +1,17 @@
-"""`appliance sweep`, `appliance bench` and `appliance results`: argument parsing and the
-driver that ties a plan to its servers, the store and the host sampler."""
+"""`appliance sweep`, `appliance bench` and `appliance results`: their arguments, and each
+command's checks before it hands a plan to the driver (driver.py) or reads the store."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import config
 from ..flags import add_arguments
-from ..store import ModelFingerprint, RunStatus, Store
+from ..store import Store
+from .driver import claim, drive, drive_soak, fail
 
 EPILOG_SETTINGS = ("Engine flags (--n-ctx, --n-slots, --flash-attn, ...) are those of `appliance serve` "
                    "and configure the server the command starts; with --url they are ignored and the "
@@ -63,6 +61,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
+    _add_sweep(sub)
+    _add_bench(sub)
+    _add_results(sub)
+
+
+def _add_sweep(sub: Any) -> None:
     sweep = sub.add_parser(
         "sweep", help="TTFT, prefill and decode rate by prompt size, served and raw",
         description="For each prompt size: TTFT, prefill rate, then client and engine decode rate at "
@@ -77,6 +81,8 @@ def add_parsers(sub: Any) -> None:
     _common(sweep)
     sweep.set_defaults(func=run_sweep)
 
+
+def _add_bench(sub: Any) -> None:
     bench = sub.add_parser(
         "bench", help="the workloads users run: prompt sets by kind, depth, concurrency, agent replay, needle",
         description="Named prompt sets by kind of text, a long-context row, 1/2/4 concurrent streams "
@@ -121,6 +127,8 @@ def add_parsers(sub: Any) -> None:
     _common(bench)
     bench.set_defaults(func=run_bench)
 
+
+def _add_results(sub: Any) -> None:
     results = sub.add_parser("results", help="list stored runs, show one, compare two, plot, estimate a job",
                              description="Read the result store that bench and sweep write.")
     results.add_argument("run", nargs="?", type=int, help="the run to show (default: the list of runs)")
@@ -137,153 +145,29 @@ def add_parsers(sub: Any) -> None:
     results.set_defaults(func=run_results)
 
 
-# -- the driver ------------------------------------------------------------------------------
-
-def _engine_flags(args: argparse.Namespace) -> list[str]:
-    """The engine flags given on this command line, as `appliance serve` flags."""
-    out: list[str] = []
-    for f in dataclasses.fields(config.EngineConfig):
-        value = getattr(args, f.name, None)
-        if value is None:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + f.name.replace("_", "-"))
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def _fail(command: str, message: str) -> int:
-    print(f"appliance {command}: {message}", file=sys.stderr)
-    return 2
-
-
-def _drive(command: str, args: argparse.Namespace, argv: Sequence[str],
-           plan: Callable[[Any], list[Any]]) -> int:
-    from ..errors import ApplianceError
-    from . import report
-    from .client import BenchError, serving
-    from .plans import Context
-    from .session import (Prompts, execute, host_snapshot, maybe_raw, open_variant, peak_rss, phase_summary,
-                          waiting_idle)
-
-    if args.runs < 1:
-        return _fail(command, "--runs must be at least 1")
-    if args.url and args.ab:
-        return _fail(command, "--ab starts its own two servers; it cannot be used with --url")
-    if args.ab and args.against:
-        return _fail(command, "--ab and --against each name a second server; give one of them")
-    try:
-        cfg = config.load(vars(args))
-        claimed, model_path, file_fp = _claim(command, args, cfg)
-    except (ValueError, TypeError) as e:
-        return _fail(command, str(e))
-    except ApplianceError as e:
-        return _fail(command, e.message)
-    specs = _servers(args, _engine_flags(args))
-    db_path = cfg.store.resolved_db_path()
-    try:
-        with contextlib.ExitStack() as stack:
-            variants = []
-            for label, serve_args, url, restart in specs:
-                print(f"appliance {command}: {'server ' + label + ': ' if label else ''}" + (
-                      f"the server at {url}" if url else f"starting appliance serve {shlex.join(serve_args)}"),
-                      file=sys.stderr)
-                target = stack.enter_context(serving(serve_args, url, args.api_key if url == args.url else None,
-                                                     restart))
-                variants.append(open_variant(label, target, claimed, file_fp, serve_args if not url else ()))
-            if claimed is None:
-                claimed = _served_model(variants[0])
-            want_raw = not args.no_raw and len(variants) == 1
-            raw = stack.enter_context(maybe_raw(model_path, variants[0], cfg.engine.prefill_chunk, want_raw))
-            if want_raw and raw is None:
-                print(f"appliance {command}: no raw reference rows: they need the model file (--model) and "
-                      "a llama.cpp server that reports its settings in /health", file=sys.stderr)
-            from hostcheck.sampler import Sampler
-
-            sampler = stack.enter_context(Sampler.for_host(interval_s=0.25))
-            ctx = Context(variants, raw, sampler, Prompts(variants[0].target))
-            steps = waiting_idle(plan(ctx), variants)
-            store = stack.enter_context(Store.open(db_path))
-            settings = (variants[0].settings() if len(variants) == 1
-                        else {v.label: v.settings() for v in variants})
-            snapshot = host_snapshot()
-            run_id = store.start_run(["appliance", command, *argv], settings, claimed, kind=command)
-            store.record_host(run_id, snapshot, {})
-            print(f"appliance {command}: run {run_id}, {len(steps)} cells", file=sys.stderr)
-            outcome = execute(store, run_id, steps, progress=not args.quiet)
-            sampler.stop()
-            rss = {k: n for v in variants for k, n in peak_rss(v).items()}
-            store.record_host(run_id, {**snapshot, "peak_rss_bytes": rss}, phase_summary(sampler))
-            store.finish_run(run_id, outcome.status, outcome.note())
-            info = store.run(run_id)
-            print(report.render_run(info, store.host(run_id), store.results(run_id), "md"))
-    except BenchError as e:
-        return _fail(command, str(e))
-    print(f"stored as run {run_id} in {db_path}" + (f" ({outcome.status.value})" if outcome.missing else ""))
-    if outcome.status is RunStatus.COMPLETE:
-        return 0
-    print(f"appliance {command}: {outcome.note()}", file=sys.stderr)
-    return 130 if outcome.status is RunStatus.INTERRUPTED else 1
-
-
-def _servers(args: argparse.Namespace, flags: list[str]) -> list[tuple[str, list[str] | None, str | None, str | None]]:
-    """(label, serve flags, url, restart command) of each server a run measures: the one it
-    starts with `flags` (or --url's); with --against, that one as A and the other server as B;
-    with --ab, two it starts, each with its extra flags."""
-    here = ("", flags, args.url, getattr(args, "restart_command", None))
-    if args.against:
-        return [("A", *here[1:]), ("B", None, args.against, getattr(args, "against_restart_command", None))]
-    if args.ab:
-        return [(label, flags + shlex.split(extra), None, None) for label, extra in zip("AB", args.ab)]
-    return [here]
-
-
-def _claim(command: str, args: argparse.Namespace,
-           cfg: config.Config) -> tuple[ModelFingerprint | None, str | None, str | None]:
-    """The model the run claims to measure (fingerprint, path, file fingerprint): the one the
-    started server serves, or --model's with --url; nothing for --url alone."""
-    from ..models import file_fingerprint, resolve
-    from ..store import model_fingerprint
-
-    if args.model is None and args.url:
-        return None, None, None
-    ref = resolve(cfg.engine.model, cfg.engine.model_alias)
-    print(f"appliance {command}: hashing {ref.path.name} ...", file=sys.stderr)
-    return model_fingerprint(ref.path), str(ref.path), file_fingerprint(ref.path)
-
-
-def _served_model(variant: Any) -> ModelFingerprint:
-    """What a --url run without --model claims: the server's model id and file fingerprint."""
-    fp = (variant.health or {}).get("model_fingerprint") or ""
-    size = int(fp.split(":")[0]) if fp and fp.split(":")[0].isdigit() else 0
-    return ModelFingerprint(name=variant.model_id, sha256=f"fingerprint:{fp}" if fp else "unknown",
-                            quant="unknown", size_bytes=size)
-
-
 def run_sweep(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from .plans import sweep_plan
 
     if args.tokens < 2:
-        return _fail("sweep", "-n must be at least 2 (a decode rate needs two tokens)")
+        return fail("sweep", "-n must be at least 2 (a decode rate needs two tokens)")
     need = max(args.prompt_sizes) + args.tokens
     try:
         configured = config.load(vars(args)).engine.n_ctx
     except (ValueError, TypeError) as e:
-        return _fail("sweep", str(e))
+        return fail("sweep", str(e))
     if not args.url and args.n_ctx is None and configured and need > configured:
         # the server this sweep starts gets the context its largest cell needs
         args.n_ctx = -(-need // 256) * 256
         print(f"appliance sweep: serving with --n-ctx {args.n_ctx} for the {max(args.prompt_sizes)}-token "
               f"prompt and {args.tokens} generated tokens", file=sys.stderr)
-    return _drive("sweep", args, argv, lambda ctx: sweep_plan(ctx, args.prompt_sizes, args.tokens, args.runs,
-                                                             args.cache == "on"))
+    return drive("sweep", args, argv, lambda ctx: sweep_plan(ctx, args.prompt_sizes, args.tokens, args.runs,
+                                                            args.cache == "on"))
 
 
 def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from . import prompt_sets
-    from .plans import BenchOptions, bench_plan
+    from .context import BenchOptions
+    from .plans import bench_plan
 
     if args.list_prompts:
         for name in prompt_sets.names():
@@ -293,13 +177,13 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if args.soak is not None:
         return run_soak(args, argv)
     if args.tokens < 2:
-        return _fail("bench", "--tokens must be at least 2 (a decode rate needs two tokens)")
+        return fail("bench", "--tokens must be at least 2 (a decode rate needs two tokens)")
     try:
         sets = args.prompts if args.prompts is not None else prompt_sets.DEFAULT_SETS
         for name in sets:
             prompt_sets.load(name)
     except prompt_sets.UnknownPromptSet as e:
-        return _fail("bench", str(e))
+        return fail("bench", str(e))
     options = BenchOptions(modes=args.modes, prompt_sets=tuple(sets), tokens=args.tokens, runs=args.runs,
                            depths=None if args.no_depth else args.depths, concurrency=args.concurrency,
                            agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
@@ -307,7 +191,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
                            agent_tool_ms=args.agent_tool_ms,
                            needle_lengths=() if args.no_needle else args.needle_lengths)
-    return _drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
+    return drive("bench", args, argv, lambda ctx: bench_plan(ctx, options))
 
 
 def run_soak(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -316,78 +200,22 @@ def run_soak(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from ..errors import ApplianceError
 
     if args.soak_clients < 1:
-        return _fail("bench", "--soak-clients must be at least 1")
+        return fail("bench", "--soak-clients must be at least 1")
     if args.ab or args.against:
-        return _fail("bench", "--soak measures one server; it cannot be used with --ab or --against")
+        return fail("bench", "--soak measures one server; it cannot be used with --ab or --against")
     try:
         cfg = config.load(vars(args))
-        claimed, _, file_fp = _claim("bench", args, cfg)
+        claimed, _, file_fp = claim("bench", args, cfg)
     except (ValueError, TypeError) as e:
-        return _fail("bench", str(e))
+        return fail("bench", str(e))
     except ApplianceError as e:
-        return _fail("bench", e.message)
+        return fail("bench", e.message)
     from .client import BenchError
 
     try:
-        return _soak(args, argv, cfg, claimed, file_fp)
+        return drive_soak(args, argv, cfg, claimed, file_fp)
     except BenchError as e:
-        return _fail("bench", str(e))
-
-
-def _soak(args: argparse.Namespace, argv: Sequence[str], cfg: config.Config, claimed: ModelFingerprint | None,
-          file_fp: str | None) -> int:
-    from hostcheck.sampler import Sampler
-
-    from . import report, soakreport
-    from .client import BenchError, serving
-    from .session import host_snapshot, open_variant, peak_rss, phase_summary
-    from .soak import Soak, SoakPlan
-    from .soakmix import MIN_CTX
-
-    serve_args = _engine_flags(args)
-    db_path = cfg.store.resolved_db_path()
-    plan = SoakPlan(args.soak, args.soak_clients)
-    with contextlib.ExitStack() as stack:
-        if not args.url:
-            print(f"appliance bench: starting a server: appliance serve {shlex.join(serve_args)}", file=sys.stderr)
-        target = stack.enter_context(serving(serve_args, args.url, args.api_key))
-        variant = open_variant("", target, claimed, file_fp, serve_args if not args.url else ())
-        if variant.n_ctx and variant.n_ctx < MIN_CTX:
-            raise BenchError(f"--soak needs a context of at least {MIN_CTX} tokens per slot (its largest requests "
-                             f"are ~950 tokens with their replies); the server has {variant.n_ctx}")
-        claimed = claimed or _served_model(variant)
-        store = stack.enter_context(Store.open(db_path))
-        snapshot = host_snapshot()
-        run_id = store.start_run(["appliance", "bench", *argv], variant.settings(), claimed, kind="soak")
-        store.record_host(run_id, snapshot, {})
-        print(f"appliance bench: run {run_id}, soak of {plan.minutes:g} min with {plan.clients} clients",
-              file=sys.stderr)
-        sampler = stack.enter_context(Sampler.for_host(interval_s=1.0))
-        soak = Soak(target, args.api_key, variant.model_id, variant.n_ctx, plan,
-                    lambda batch: store.add_cells(run_id, soakreport.to_cells(batch, plan.clients)),
-                    progress=not args.quiet, sampler=sampler)
-        try:
-            result = soak.run()
-        except BenchError as e:
-            store.finish_run(run_id, RunStatus.FAILED, str(e))
-            raise
-        sampler.stop()
-        verdict = soakreport.build(result)
-        store.record_host(run_id, {**snapshot, "peak_rss_bytes": peak_rss(variant), "soak": soakreport.record(result)},
-                          phase_summary(sampler))
-        store.finish_run(run_id, *_soak_status(result.interrupted, verdict))
-        print(report.render_run(store.run(run_id), store.host(run_id), store.results(run_id), "md"))
-    print(f"stored as run {run_id} in {db_path}")
-    return 130 if result.interrupted else 0 if verdict.passed else 1
-
-
-def _soak_status(interrupted: bool, verdict: Any) -> tuple[RunStatus, str]:
-    """The stored run's status and note: complete only when the verdict is PASS."""
-    from .soakreport import verdict_line
-
-    if interrupted:
-        return RunStatus.INTERRUPTED, "stopped by the user; " + verdict_line(verdict)
-    return (RunStatus.COMPLETE, "") if verdict.passed else (RunStatus.FAILED, verdict_line(verdict))
+        return fail("bench", str(e))
 
 
 def run_results(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -397,15 +225,15 @@ def run_results(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     cfg = config.load(vars(args))
     db_path = cfg.store.resolved_db_path()
     if not Path(db_path).exists():
-        return _fail("results", f"no results yet: {db_path} does not exist (run `appliance sweep` or "
+        return fail("results", f"no results yet: {db_path} does not exist (run `appliance sweep` or "
                                 "`appliance bench` first)")
     with Store.open(db_path) as store:
         try:
             return _results(args, store, results, report)
         except UnknownRun as e:
-            return _fail("results", str(e))
+            return fail("results", str(e))
         except ValueError as e:
-            return _fail("results", str(e))
+            return fail("results", str(e))
 
 
 def _results(args: argparse.Namespace, store: Store, results: Any, report: Any) -> int:
@@ -421,14 +249,14 @@ def _results(args: argparse.Namespace, store: Store, results: Any, report: Any) 
     if args.plot:
         ids = args.plot_runs or ((args.run,) if args.run else ((last.id,) if last else ()))
         if not ids:
-            return _fail("results", "no runs to plot")
+            return fail("results", "no runs to plot")
         results.plot([(store.run(i), store.results(i)) for i in ids], args.plot)
         print(f"wrote {args.plot}")
         return 0
     if args.run or args.last:
         run_id = args.run or (last.id if last else None)
         if run_id is None:
-            return _fail("results", "no runs stored yet")
+            return fail("results", "no runs stored yet")
         print(report.render_run(store.run(run_id), store.host(run_id), store.results(run_id), args.format))
         return 0
     print(report.render_runs(store.runs(), report.cell_counts(store)))

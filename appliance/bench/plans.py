@@ -1,5 +1,6 @@
 """What `sweep` and `bench` measure: each builds a plan of steps (session.Step) over the
-variants (one server, or A and B) and the raw reference.
+variants (one server, or A and B) and the raw reference (context.py: what plans are built
+from; agent.py: bench's agent replay).
 
 Order inside a repeat alternates what is compared: raw then served on even repeats, served then
 raw on odd ones; A then B always (shared/BENCHMARKING.md, rule 7). The same token sequence is
@@ -14,49 +15,16 @@ import secrets
 import string
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..store import ResultCell
 from . import prompt_sets
+from .agent import agent_steps
 from .client import BenchError, CellFailed
-from .raw import RawReference
-from .session import Prompts, Step, Variant, nonce, raw_cells, served_cell, to_cell
+from .context import CHAT, COMPLETIONS, BenchOptions, Context, once
+from .session import Step, Variant, nonce, raw_cells, served_cell, to_cell
 from .timing import aggregate_rate, measure
-
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
-
-
-@dataclass
-class Context:
-    variants: list[Variant]
-    raw: RawReference | None
-    sampler: Any
-    prompts: Prompts
-
-    @property
-    def n_ctx(self) -> int:
-        known = [v.n_ctx for v in self.variants if v.n_ctx]
-        return min(known) if known else 0
-
-    @property
-    def n_slots(self) -> int:
-        return min(v.n_slots for v in self.variants)
-
-
-def _once(make: Callable[[], Any]) -> Callable[[], Any]:
-    """A value built on first use and shared by the steps of one repeat (the same prompt for
-    raw and served, A and B)."""
-    box: list[Any] = []
-
-    def get() -> Any:
-        if not box:
-            box.append(make())
-        return box[0]
-    return get
 
 
 def _ordered(repeat: int, served: list[Step], raw: list[Step]) -> list[Step]:
@@ -140,7 +108,7 @@ def sweep_plan(ctx: Context, sizes: Sequence[int], n_gen: int, runs: int, cache:
     for r in range(runs):
         for p in sizes:
             label = f"sweep p={p}"
-            ids = _once(lambda p=p: ctx.prompts.ids(p))
+            ids = once(lambda p=p: ctx.prompts.ids(p))
             pair: dict = {}
             served = [_served_ids_step(ctx, v, label, r, ids, n_gen, "sweep", "sweep", pair=pair)
                       for v in ctx.variants]
@@ -154,25 +122,6 @@ def sweep_plan(ctx: Context, sizes: Sequence[int], n_gen: int, runs: int, cache:
 
 
 # -- bench -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BenchOptions:
-    modes: tuple[str, ...] = ("serial",)
-    prompt_sets: tuple[str, ...] = prompt_sets.DEFAULT_SETS
-    tokens: int = 128
-    runs: int = 3
-    depths: tuple[int, ...] | None = ()       # empty: half the context; None: no depth rows
-    concurrency: tuple[int, ...] = (1, 2, 4)
-    concurrency_prompt_tokens: int = 512
-    agent_conversations: int = 1
-    agent_turns: int = 8
-    agent_system_tokens: int = 2000
-    agent_turn_tokens: int = 300
-    agent_reply_tokens: int = 24
-    agent_tool_ms: int = 0                     # the client waits this long before each follow-up (a tool runs)
-    agent_restart: bool = False                # restart the server after the replay, then one more turn each
-    needle_lengths: tuple[int, ...] | None = None   # None: fractions of the context; () = off
-
 
 SUPPORTED_MODES = ("serial", "lookup", "draft")
 
@@ -196,7 +145,7 @@ def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:
             steps += [_depth_step(ctx, v, d, r, o.tokens) for v in ctx.variants]
         for c in levels:
             label = f"concurrency {c}"
-            seqs = _once(lambda c=c: [ctx.prompts.ids(o.concurrency_prompt_tokens) for _ in range(c)])
+            seqs = once(lambda c=c: [ctx.prompts.ids(o.concurrency_prompt_tokens) for _ in range(c)])
             pair: dict = {}
             served = [_concurrent_step(ctx, v, label, r, seqs, o.tokens, pair) for v in ctx.variants]
             raw = ([_raw_ids_step(ctx, label, r, seqs, o.tokens, "concurrency", "sweep", concurrency=c, pair=pair)]
@@ -321,111 +270,6 @@ def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callabl
         texts = [t.text for t in traces]
         return [_with_identity(c, pair, "served", texts) for c in cells]
     return Step(label, r, v.label, "served", run)
-
-
-# -- agent replay ------------------------------------------------------------------------------
-
-AGENT_SYSTEM = (
-    "You are a coding agent working in a Python repository. Work in small steps: read the files "
-    "you need with read_file, search with search_code, run the tests with run_shell, and change "
-    "files with write_file. After each tool result, say in one sentence what you learned and call "
-    "the next tool. Never guess a file's contents; read it first.\n\n"
-    "Project notes follow.\n\n")
-
-
-class Agent:
-    """One replayed agent conversation: a long system prompt with tools, then turns that each
-    append a tool call and its result of a few hundred tokens and resend everything."""
-
-    def __init__(self, ctx: Context, o: BenchOptions, index: int, tools: Sequence[dict]) -> None:
-        rng = random.Random(1000 + index)
-        notes = prompt_sets.filler(ctx.prompts.chars_for(o.agent_system_tokens), seed=rng.randrange(1 << 30))
-        self.tools = list(tools)
-        self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": f"[{nonce()}] " + AGENT_SYSTEM + notes},
-            {"role": "user", "content": "The test suite fails in the storage module. Find out why and fix it."}]
-        self.index, self.o, self.ctx, self.rng = index, o, ctx, rng
-
-    def add_turn(self, turn: int) -> None:
-        call_id = f"call_{self.index}_{turn}"
-        path = f"src/storage/part_{turn}.py"
-        # content "" rather than none: templates that print message.content (SmolLM2's, rendered
-        # by llama-cpp-python's server) need the field
-        self.messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": "read_file", "arguments": json.dumps({"path": path})}}]})
-        body = prompt_sets.filler(self.ctx.prompts.chars_for(self.o.agent_turn_tokens),
-                                  seed=self.rng.randrange(1 << 30))
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": f"# {path}\n{body}"})
-
-    def body(self, messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        # a fixed amount of decode per turn (the reply is replaced by the next tool call anyway)
-        return {"messages": messages or self.messages, "tools": self.tools,
-                "max_tokens": self.o.agent_reply_tokens, "temperature": 0, "ignore_eos": True}
-
-
-def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
-    """Conversations interleaved turn by turn, then a cold request at the first follow-up's and
-    the last turn's depth (the same conversation behind a fresh nonce) to compare against."""
-    if o.agent_conversations < 1 or o.agent_turns < 1:
-        return []
-    tools = next(p.tools for p in prompt_sets.load("tool-calls").prompts if p.tools)
-    agents = _once(lambda: [Agent(ctx, o, i, tools) for i in range(o.agent_conversations)])
-    steps = []
-    for turn in range(o.agent_turns):
-        for c in range(o.agent_conversations):
-            def run(c: int = c, turn: int = turn) -> list[ResultCell]:
-                agent = agents()[c]
-                extra = {"cell": "agent", "conversation": c, "turn": turn}
-                if turn > 0:
-                    agent.add_turn(turn)
-                    if o.agent_tool_ms:   # the tool's run time: the server is idle meanwhile
-                        time.sleep(o.agent_tool_ms / 1000)
-                        extra["tool_ms"] = o.agent_tool_ms
-                cell, _, _ = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent",
-                                         cache_on=True, extra=extra)
-                return [cell]
-            steps.append(Step(f"agent c{c} turn {turn}", 0, v.label, "served", run))
-    if o.agent_restart:
-        steps += _restart_steps(ctx, v, o, agents)
-    for turn in sorted({min(1, o.agent_turns - 1), o.agent_turns - 1}):
-        def cold(turn: int = turn) -> list[ResultCell]:
-            agent = agents()[0]
-            # the conversation as it stood at that turn, behind a new nonce: nothing of it is cached
-            upto = 2 + 2 * turn
-            messages = [dict(m) for m in agent.messages[:upto]]
-            messages[0]["content"] = f"[{nonce()}] " + messages[0]["content"]
-            cell, _, _ = served_cell(v, CHAT, agent.body(messages), ctx.sampler, prompt_set="agent",
-                                     kind="agent-cold", extra={"cell": f"agent cold turn {turn}", "turn": turn})
-            return [cell]
-        steps.append(Step(f"agent cold turn {turn}", 0, v.label, "served", cold))
-    return steps
-
-
-def _restart_steps(ctx: Context, v: Variant, o: BenchOptions, agents: Callable[[], list[Agent]]) -> list[Step]:
-    """Restart the server (its prompt states go to disk at SIGTERM), then each conversation's
-    next turn: what a saved conversation costs after a restart."""
-    def restart() -> list[ResultCell]:
-        if v.target.server is not None:
-            v.target.server.restart()
-        elif v.target.restart_command:
-            v.target.restart_with(v.target.restart_command)
-        else:
-            raise CellFailed("--agent-restart against a server the bench did not start needs its restart "
-                             "command (--restart-command for --url, --against-restart-command for --against)")
-        return []
-    steps = [Step("agent restart", 0, v.label, "served", restart)]
-    turn = o.agent_turns
-    for c in range(o.agent_conversations):
-        def run(c: int = c) -> list[ResultCell]:
-            agent = agents()[c]
-            agent.add_turn(turn)
-            cell, _, _ = served_cell(v, CHAT, agent.body(), ctx.sampler, prompt_set="agent", kind="agent-restart",
-                                     cache_on=True, extra={"cell": "agent after restart", "conversation": c,
-                                                           "turn": turn})
-            return [cell]
-        steps.append(Step(f"agent c{c} turn {turn} after restart", 0, v.label, "served", run))
-    return steps
 
 
 # -- needle ----------------------------------------------------------------------------------

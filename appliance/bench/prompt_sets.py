@@ -178,42 +178,59 @@ def check_messages(messages: Any, tools: Any = None) -> None:
             raise ValueError(f"message #{i}: invalid role {role!r} (expected one of {sorted(ROLES)})")
         if role != "tool" and pending:
             raise ValueError(f"message #{i}: tool calls {sorted(pending)} were never answered")
-        content = msg.get("content")
         if role == "assistant":
-            calls = msg.get("tool_calls")
-            if content is not None and not _text_content(content):
-                raise ValueError(f"message #{i}: assistant content must be text or null")
-            if calls is None:
-                if content is None:
-                    raise ValueError(f"message #{i}: assistant message has neither content nor tool_calls")
-                continue
-            if not isinstance(calls, list) or not calls:
-                raise ValueError(f"message #{i}: 'tool_calls' must be a non-empty list")
-            for call in calls:
-                _check_call(i, call, tool_names, call_ids)
-                call_ids.add(call["id"])
-                pending.add(call["id"])
+            _check_assistant(i, msg, tool_names, call_ids, pending)
         elif role == "tool":
-            ref = msg.get("tool_call_id")
-            if not isinstance(ref, str) or ref not in call_ids:
-                raise ValueError(f"message #{i}: tool message must reference an earlier tool call id, "
-                                 f"got {ref!r}")
-            if ref not in pending:
-                raise ValueError(f"message #{i}: tool call {ref!r} answered twice or out of turn")
-            pending.discard(ref)
-            if not _text_content(content):
-                raise ValueError(f"message #{i}: tool content must be text")
+            _check_tool_result(i, msg, call_ids, pending)
         else:
-            if not _text_content(content) or not _content_text(content).strip():
-                raise ValueError(f"message #{i}: {role} content must be non-empty text")
-            if "tool_calls" in msg or "tool_call_id" in msg:
-                raise ValueError(f"message #{i}: only assistant and tool messages carry tool fields")
+            _check_text(i, msg, role)
     if pending:
         raise ValueError(f"tool calls {sorted(pending)} were never answered")
     if not any(m.get("role") == "user" for m in messages):
         raise ValueError("there is no user message")
     if messages[-1].get("role") not in ("user", "tool"):
         raise ValueError("the conversation must end with a user or tool message")
+
+
+def _check_assistant(i: int, msg: Mapping, tool_names: set[str] | None, call_ids: set[str],
+                     pending: set[str]) -> None:
+    """An assistant turn: text, or tool calls (added to `call_ids` and `pending`), or both."""
+    content = msg.get("content")
+    calls = msg.get("tool_calls")
+    if content is not None and not _text_content(content):
+        raise ValueError(f"message #{i}: assistant content must be text or null")
+    if calls is None:
+        if content is None:
+            raise ValueError(f"message #{i}: assistant message has neither content nor tool_calls")
+        return
+    if not isinstance(calls, list) or not calls:
+        raise ValueError(f"message #{i}: 'tool_calls' must be a non-empty list")
+    for call in calls:
+        _check_call(i, call, tool_names, call_ids)
+        call_ids.add(call["id"])
+        pending.add(call["id"])
+
+
+def _check_tool_result(i: int, msg: Mapping, call_ids: set[str], pending: set[str]) -> None:
+    """A tool message: the answer to a pending call of the latest assistant turn."""
+    ref = msg.get("tool_call_id")
+    if not isinstance(ref, str) or ref not in call_ids:
+        raise ValueError(f"message #{i}: tool message must reference an earlier tool call id, "
+                         f"got {ref!r}")
+    if ref not in pending:
+        raise ValueError(f"message #{i}: tool call {ref!r} answered twice or out of turn")
+    pending.discard(ref)
+    if not _text_content(msg.get("content")):
+        raise ValueError(f"message #{i}: tool content must be text")
+
+
+def _check_text(i: int, msg: Mapping, role: str) -> None:
+    """A system, developer or user message: non-empty text and no tool fields."""
+    content = msg.get("content")
+    if not _text_content(content) or not _content_text(content).strip():
+        raise ValueError(f"message #{i}: {role} content must be non-empty text")
+    if "tool_calls" in msg or "tool_call_id" in msg:
+        raise ValueError(f"message #{i}: only assistant and tool messages carry tool fields")
 
 
 def _check_call(i: int, call: Any, tool_names: set[str] | None, seen_ids: set[str]) -> None:

@@ -57,54 +57,12 @@ class RawError(BenchError):
 def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover - runs in the child
     import signal
 
-    import numpy as np
-    import llama_cpp as L
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bench's to handle; it closes us
-
-    quiet = L.llama_log_callback(lambda *a: None)  # keep a reference: llama.cpp calls it later
-    L.llama_log_set(quiet, ctypes.c_void_p(0))
-    L.llama_backend_init()
-    mparams = L.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    model = L.llama_model_load_from_file(model_path.encode(), mparams)
-    if not model:
-        conn.send(("error", f"llama.cpp could not load {model_path}"))
+    try:
+        llama = _Llama(model_path, st)
+    except RawError as e:
+        conn.send(("error", str(e)))
         return
-    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    ls = st.llamacpp
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_seq_max, cp.kv_unified = st.n_ctx * st.n_slots, st.n_slots, False
-    cp.n_batch, cp.n_ubatch = ls.n_batch, min(ls.n_ubatch, ls.n_batch)
-    cp.n_threads, cp.n_threads_batch = ls.n_threads, ls.n_threads_batch
-    cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if ls.flash_attn
-                          else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    cp.no_perf = True
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        conn.send(("error", f"llama.cpp could not create a context of {st.n_slots} x {st.n_ctx}"))
-        return
-    mem = L.llama_get_memory(ctx)
-    batch = L.llama_batch_init(max(ls.n_batch, st.n_slots), 0, st.n_slots)
-
-    def decode(entries) -> None:
-        for i, (tok, pos, seq, want) in enumerate(entries):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
-            batch.seq_id[i][0], batch.logits[i] = seq, want
-        batch.n_tokens = len(entries)
-        if L.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-
-    def argmax(row: int) -> int:
-        return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).argmax())
-
-    def prefill(seq: int, toks: list[int]) -> int:
-        L.llama_memory_seq_rm(mem, seq, -1, -1)
-        start = 0
-        for start, end in st.grid.chunks(0, len(toks)):
-            decode([(toks[p], p, seq, p == len(toks) - 1) for p in range(start, end)])
-        return argmax(len(toks) - 1 - start)  # the last token's row in the last chunk
-
     conn.send(("ready", None))
     while True:
         msg = conn.recv()
@@ -112,23 +70,83 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
             break
         seqs, n_gen = msg
         try:
-            ttft, out = [], []
-            for s, toks in enumerate(seqs):
-                t0 = time.perf_counter()
-                out.append([prefill(s, toks)])
-                ttft.append(1000.0 * (time.perf_counter() - t0))
-            pos = [len(t) for t in seqs]
-            t0 = time.perf_counter()
-            for _ in range(n_gen - 1):
-                decode([(out[s][-1], pos[s], s, True) for s in range(len(seqs))])
-                for s in range(len(seqs)):
-                    out[s].append(argmax(s))
-                    pos[s] += 1
-            dt = time.perf_counter() - t0
-            rate = (n_gen - 1) / dt if dt > 0 else 0.0
-            conn.send(("ok", (ttft, rate, rate * len(seqs), out)))
+            conn.send(("ok", llama.run(seqs, n_gen)))
         except Exception as e:  # noqa: BLE001 - reported to the parent
             conn.send(("error", str(e)))
+
+
+class _Llama:  # pragma: no cover - runs in the child
+    """The model and its context in the worker, through llama.cpp's low-level API."""
+
+    def __init__(self, model_path: str, st: RawSettings) -> None:
+        import llama_cpp as L
+        import numpy as np
+
+        self.L, self.np, self.st = L, np, st
+        self._quiet = L.llama_log_callback(lambda *a: None)  # keep a reference: llama.cpp calls it later
+        L.llama_log_set(self._quiet, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(model_path.encode(), mparams)
+        if not self.model:
+            raise RawError(f"llama.cpp could not load {model_path}")
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.ctx = L.llama_init_from_model(self.model, self._context_params())
+        if not self.ctx:
+            raise RawError(f"llama.cpp could not create a context of {st.n_slots} x {st.n_ctx}")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(max(st.llamacpp.n_batch, st.n_slots), 0, st.n_slots)
+
+    def _context_params(self) -> Any:
+        L, st, ls = self.L, self.st, self.st.llamacpp
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_seq_max, cp.kv_unified = st.n_ctx * st.n_slots, st.n_slots, False
+        cp.n_batch, cp.n_ubatch = ls.n_batch, min(ls.n_ubatch, ls.n_batch)
+        cp.n_threads, cp.n_threads_batch = ls.n_threads, ls.n_threads_batch
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if ls.flash_attn
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cp.no_perf = True
+        return cp
+
+    def decode(self, entries) -> None:
+        batch = self.batch
+        for i, (tok, pos, seq, want) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, want
+        batch.n_tokens = len(entries)
+        if self.L.llama_decode(self.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def argmax(self, row: int) -> int:
+        logits = self.L.llama_get_logits_ith(self.ctx, row)
+        return int(self.np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).argmax())
+
+    def prefill(self, seq: int, toks: list[int]) -> int:
+        self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        start = 0
+        for start, end in self.st.grid.chunks(0, len(toks)):
+            self.decode([(toks[p], p, seq, p == len(toks) - 1) for p in range(start, end)])
+        return self.argmax(len(toks) - 1 - start)  # the last token's row in the last chunk
+
+    def run(self, seqs: list[list[int]], n_gen: int) -> tuple[list[float], float, float, list[list[int]]]:
+        """Each sequence prefilled alone (its TTFT), then all decoded together for n_gen - 1
+        steps: (ttft_ms per sequence, rate per stream, aggregate rate, tokens per sequence)."""
+        ttft, out = [], []
+        for s, toks in enumerate(seqs):
+            t0 = time.perf_counter()
+            out.append([self.prefill(s, toks)])
+            ttft.append(1000.0 * (time.perf_counter() - t0))
+        pos = [len(t) for t in seqs]
+        t0 = time.perf_counter()
+        for _ in range(n_gen - 1):
+            self.decode([(out[s][-1], pos[s], s, True) for s in range(len(seqs))])
+            for s in range(len(seqs)):
+                out[s].append(self.argmax(s))
+                pos[s] += 1
+        dt = time.perf_counter() - t0
+        rate = (n_gen - 1) / dt if dt > 0 else 0.0
+        return ttft, rate, rate * len(seqs), out
 
 
 class RawReference:

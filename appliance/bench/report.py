@@ -15,8 +15,9 @@ from typing import Any
 
 from ..store import HostRecord, ResultCell, RunInfo, RunStatus, Store
 from . import soakreport
-from .results import (COMPARED, GAP_FLAG, GIB, KIND_TITLES, CompareRow, Ratio, Row, Stat, agent_against_cold, compare,
-                      modes_against_serial, of_variant, rows, served_against_raw, variants)
+from .results import (COMPARED, GIB, KIND_TITLES, CompareRow, Ratio, agent_against_cold, compare, modes_against_serial,
+                      of_variant, served_against_raw, variants)
+from .rows import GAP_FLAG, Row, Stat, rows
 
 # -- a run -------------------------------------------------------------------------------
 

@@ -1,29 +1,24 @@
-"""The figures behind what `appliance bench`, `sweep` and `results` print: stored cells grouped
-into rows with min / median / max; A/B, run-against-run and served-against-raw comparisons by
-pairwise ratios; the agent replay against cold requests; job-time estimates from the stored
-prefill and decode curves; and a plot of those curves (`report.py` lays them out as markdown,
-JSON or CSV). Rules cited are shared/BENCHMARKING.md's.
+"""The figures behind what `appliance bench`, `sweep` and `results` print, from the rows of
+stored cells (rows.py): A/B, run-against-run and served-against-raw comparisons by pairwise
+ratios; the agent replay against cold requests; job-time estimates from the stored prefill and
+decode curves; and a plot of those curves (`report.py` lays them out as markdown, JSON or CSV).
+Rules cited are shared/BENCHMARKING.md's.
 
 Everything here is a pure function of stored data (RunInfo, HostRecord, ResultCell lists).
-The measuring side's contract: every cell carries `extra["cell"]`, the label of its planned
-cell; a row is the cells of one run with the same (label, target, variant), one per repeat
-(and for concurrency one per stream), in order of first appearance. Kind-specific extras:
-concurrency `stream`, `aggregate_tps`; agent `conversation`, `turn`; needle `found`, `status`,
-`expected_status`; any cell `identity` = False when its output differed from serial.
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..store import ResultCell, RunInfo, Store
+from .rows import cell_label, groups, joined, rows, stat, turn_of
 
-GAP_FLAG = 0.10          # client vs engine decode gap worth a flag (rule 3)
 GIB = 2**30
 KIND_TITLES = {
     "sweep": "Sweep: prefill at each prompt size, decode at that depth",
@@ -37,162 +32,6 @@ KIND_TITLES = {
 }
 CURVE_KINDS = ("sweep", "prompt", "depth")
 COMPARED = ("ttft_ms", "prefill_tps", "client_decode_tps", "engine_decode_tps")
-
-
-@dataclass(frozen=True)
-class Stat:
-    min: float | None
-    median: float | None
-    max: float | None
-    n: int                   # how many cells had a value
-
-
-@dataclass(frozen=True)
-class Row:
-    cell: str
-    target: str              # served or raw
-    variant: str             # "" or the A/B label
-    kind: str
-    mode: str                # the cells' modes, "+"-joined if they differ
-    prompt_set: str
-    concurrency: int
-    cache_on: bool
-    runs: int                # distinct repeats
-    prompt_tokens: int       # medians over the cells, as ints
-    depth: int
-    generated_tokens: int
-    ttft_ms: Stat
-    prefill_tps: Stat
-    engine_prefill_tps: Stat
-    client_decode_tps: Stat
-    engine_decode_tps: Stat
-    extra: dict              # decode_gap, flag_gap, identity_failures + the kind's summary
-
-
-def stat(values: Iterable[float | None]) -> Stat:
-    present = [float(v) for v in values if v is not None]
-    if not present:
-        return Stat(None, None, None, 0)
-    return Stat(min(present), statistics.median(present), max(present), len(present))
-
-
-# -- rows ------------------------------------------------------------------------------------
-
-def rows(cells: Sequence[ResultCell]) -> list[Row]:
-    """One Row per (label, target, variant), in order of first appearance."""
-    return _with_batching_gain([_row(group) for group in _groups(cells)])
-
-
-def _label(c: ResultCell) -> str:
-    # Cells stored before labels existed were served sweep cells: name them by their size.
-    return str(c.extra.get("cell") or f"{c.kind} p={c.prompt_tokens}")
-
-
-def _groups(cells: Iterable[ResultCell]) -> list[list[ResultCell]]:
-    groups: dict[tuple[str, str, str, str], list[ResultCell]] = {}
-    for c in cells:
-        groups.setdefault((_label(c), c.target, c.variant, c.mode), []).append(c)
-    return list(groups.values())
-
-
-def _joined(values: Iterable[str]) -> str:
-    return "+".join(dict.fromkeys(values))
-
-
-def _median_int(values: Iterable[int]) -> int:
-    return int(round(statistics.median(values)))
-
-
-def _row(cells: list[ResultCell]) -> Row:
-    first = cells[0]
-    return Row(
-        cell=_label(first), target=first.target, variant=first.variant, kind=first.kind,
-        mode=_joined(c.mode for c in cells), prompt_set=_joined(c.prompt_set for c in cells),
-        concurrency=first.concurrency, cache_on=first.cache_on,
-        runs=len({c.repeat_index for c in cells}),
-        prompt_tokens=_median_int(c.prompt_tokens for c in cells),
-        depth=_median_int(c.depth for c in cells),
-        generated_tokens=_median_int(c.generated_tokens for c in cells),
-        ttft_ms=stat(c.ttft_ms for c in cells),
-        prefill_tps=stat(c.prefill_tps for c in cells),
-        engine_prefill_tps=stat(c.engine_prefill_tps for c in cells),
-        client_decode_tps=stat(c.client_decode_tps for c in cells),
-        engine_decode_tps=stat(c.engine_decode_tps for c in cells),
-        extra=_extra(cells))
-
-
-def _extra(cells: list[ResultCell]) -> dict[str, Any]:
-    client = stat(c.client_decode_tps for c in cells).median
-    engine = stat(c.engine_decode_tps for c in cells).median
-    gap = client / engine - 1 if client is not None and engine else None
-    extra = {"decode_gap": gap, "flag_gap": gap is not None and abs(gap) > GAP_FLAG,
-             "identity_failures": sum(c.extra.get("identity") is False for c in cells)}
-    summary = _SUMMARIES.get(cells[0].kind)
-    return extra | summary(cells) if summary else extra
-
-
-def _concurrency(cells: list[ResultCell]) -> dict[str, Any]:
-    # every stream of a repeat carries its group's aggregate: one value per repeat
-    per_repeat = {c.repeat_index: c.extra.get("aggregate_tps") for c in cells}
-    return {"aggregate_tps": stat(per_repeat.values()), "batching_gain": None}
-
-
-def _turn(c: ResultCell) -> int:
-    return int(c.extra.get("turn", 0))
-
-
-def _agent(cells: list[ResultCell]) -> dict[str, Any]:
-    """First-turn TTFT, follow-up TTFT median and p95 (numpy's linear percentile), the share of
-    follow-up prompt tokens served from cache, and the last turn's median TTFT over the second's
-    (the last turn of each conversation in each repeat): near 1 when a turn costs what was added."""
-    follow = [c for c in cells if _turn(c) > 0]
-    ttfts = [c.ttft_ms for c in follow]
-    prompt = sum(c.prompt_tokens for c in follow)
-    last: dict[tuple[int, int], ResultCell] = {}
-    for c in cells:
-        key = (c.repeat_index, int(c.extra.get("conversation", 0)))
-        if key not in last or _turn(c) > _turn(last[key]):
-            last[key] = c
-    second = stat(c.ttft_ms for c in cells if _turn(c) == 1).median
-    last_median = stat(c.ttft_ms for c in last.values()).median
-    return {"first_ttft_ms": stat(c.ttft_ms for c in cells if _turn(c) == 0),
-            "followup_ttft_ms_median": stat(ttfts).median,
-            "followup_ttft_ms_p95": float(np.percentile(ttfts, 95)) if ttfts else None,
-            "cached_share": sum(c.cached_tokens for c in follow) / prompt if prompt else None,
-            "last_over_second": last_median / second if second else None}
-
-
-def _needle_ok(c: ResultCell) -> bool:
-    status = c.extra.get("status")
-    return status == c.extra.get("expected_status") and (status != 200 or bool(c.extra.get("found")))
-
-
-def _needle(cells: list[ResultCell]) -> dict[str, Any]:
-    return {"found": sum(bool(c.extra.get("found")) for c in cells), "total": len(cells),
-            "status": sorted({int(c.extra.get("status", 0)) for c in cells}),
-            "expected_status": sorted({int(c.extra.get("expected_status", 0)) for c in cells}),
-            "ok": all(_needle_ok(c) for c in cells)}
-
-
-_SUMMARIES: dict[str, Callable[[list[ResultCell]], dict[str, Any]]] = {
-    "concurrency": _concurrency, "agent": _agent, "needle": _needle}
-
-
-def _with_batching_gain(all_rows: list[Row]) -> list[Row]:
-    """Batching gain: aggregate decode over that of the one-stream row of the same target and
-    variant (rule 9)."""
-    one_stream: dict[tuple[str, str], float | None] = {}
-    for r in all_rows:
-        if r.kind == "concurrency" and r.concurrency == 1:
-            one_stream.setdefault((r.target, r.variant), r.extra["aggregate_tps"].median)
-    out = []
-    for r in all_rows:
-        if r.kind == "concurrency":
-            base, agg = one_stream.get((r.target, r.variant)), r.extra["aggregate_tps"].median
-            gain = agg / base if agg is not None and base else None
-            r = dataclasses.replace(r, extra={**r.extra, "batching_gain": gain})
-        out.append(r)
-    return out
 
 
 # -- compare ---------------------------------------------------------------------------------
@@ -229,7 +68,7 @@ def compare(cells_a: Sequence[ResultCell], cells_b: Sequence[ResultCell],
             continue
         ratios = {m: _ratio(group_a, group_b, m) for m in COMPARED}
         out.append(CompareRow(cell=key[0], target=key[1], kind=group_a[0].kind,
-                              mode=_joined(c.mode for c in group_a + group_b), **ratios))
+                              mode=joined(c.mode for c in group_a + group_b), **ratios))
     return out
 
 
@@ -244,8 +83,8 @@ def of_variant(cells: Iterable[ResultCell], variant: str) -> list[ResultCell]:
 
 def _keyed(cells: Sequence[ResultCell], label: str) -> dict[tuple[str, str, str], list[ResultCell]]:
     out: dict[tuple[str, str, str], list[ResultCell]] = {}
-    for group in _groups(cells):
-        key = (_label(group[0]), group[0].target, group[0].mode)
+    for group in groups(cells):
+        key = (cell_label(group[0]), group[0].target, group[0].mode)
         if key in out:
             raise ValueError(f"side {label} holds {key[0]!r} ({key[1]}) in several variants; "
                              "compare one variant at a time")
@@ -255,7 +94,7 @@ def _keyed(cells: Sequence[ResultCell], label: str) -> dict[tuple[str, str, str]
 
 def _pair_key(c: ResultCell) -> tuple[int, int, int, int]:
     e = c.extra
-    return (c.repeat_index, int(e.get("stream", 0)), int(e.get("conversation", 0)), _turn(c))
+    return (c.repeat_index, int(e.get("stream", 0)), int(e.get("conversation", 0)), turn_of(c))
 
 
 def _ratio(cells_a: list[ResultCell], cells_b: list[ResultCell], metric: str) -> Ratio:
@@ -398,8 +237,8 @@ def plot(runs: Sequence[tuple[RunInfo, Sequence[ResultCell]]], path: Any) -> Non
 def served_against_raw(cells: Sequence[ResultCell]) -> list[CompareRow]:
     """Pairwise served / raw ratios for every cell measured both ways (the serving overhead)."""
     raw = [c for c in cells if c.target == "raw"]
-    labels = {_label(c) for c in raw}
-    served = [c for c in cells if c.target == "served" and not c.variant and _label(c) in labels]
+    labels = {cell_label(c) for c in raw}
+    served = [c for c in cells if c.target == "served" and not c.variant and cell_label(c) in labels]
     if not raw or not served:
         return []
     same = "reference"  # one target name on both sides, so compare() pairs them by cell label
@@ -420,7 +259,7 @@ def modes_against_serial(cells: Sequence[ResultCell]) -> list[tuple[str, list[Co
             found = compare(serial, [dataclasses.replace(c, mode="-") for c in other], "serial", mode)
             record: dict[str, dict] = {}
             for c in other:
-                r = record.setdefault(_label(c), {"steps": [], "draft_n": 0, "draft_n_accepted": 0})
+                r = record.setdefault(cell_label(c), {"steps": [], "draft_n": 0, "draft_n_accepted": 0})
                 r["steps"].append(c.tokens_per_step)
                 r["draft_n"] += int(c.extra.get("draft_n", 0))
                 r["draft_n_accepted"] += int(c.extra.get("draft_n_accepted", 0))
@@ -437,17 +276,17 @@ def agent_against_cold(cells: Sequence[ResultCell]) -> list[dict[str, Any]]:
     out = []
     for variant in variants(cells) or [""]:
         mine = [c for c in cells if c.variant == variant]
-        colds = sorted((c for c in mine if c.kind == "agent-cold"), key=_turn)
-        last_turn = max((_turn(c) for c in mine if c.kind == "agent"), default=None)
+        colds = sorted((c for c in mine if c.kind == "agent-cold"), key=turn_of)
+        last_turn = max((turn_of(c) for c in mine if c.kind == "agent"), default=None)
         for cold in colds:
-            rows = [("follow-up", [c for c in mine if c.kind == "agent" and _turn(c) == _turn(cold)])]
-            if _turn(cold) == last_turn:
+            rows = [("follow-up", [c for c in mine if c.kind == "agent" and turn_of(c) == turn_of(cold)])]
+            if turn_of(cold) == last_turn:
                 rows.append(("after restart", [c for c in mine if c.kind == "agent-restart"]))
             for what, found in rows:
                 ttft = stat(c.ttft_ms for c in found).median
                 if ttft is None:
                     continue
-                out.append({"variant": variant, "turn": _turn(cold), "what": what, "cold_depth": cold.prompt_tokens,
+                out.append({"variant": variant, "turn": turn_of(cold), "what": what, "cold_depth": cold.prompt_tokens,
                             "cold_ttft_ms": cold.ttft_ms, "ttft_ms": ttft, "n": len(found),
                             "cached_tokens": stat(c.cached_tokens for c in found).median,
                             "ratio": ttft / cold.ttft_ms if cold.ttft_ms else None})

@@ -11,7 +11,9 @@ import pytest
 
 from appliance.bench.client import Target
 from appliance.cli import main
-from appliance.bench.plans import BenchOptions, _restart_steps, alternated
+from appliance.bench.agent import _restart_steps
+from appliance.bench.context import BenchOptions
+from appliance.bench.plans import alternated
 from appliance.bench.session import Step, Variant, waiting_idle
 
 

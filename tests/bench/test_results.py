@@ -11,7 +11,8 @@ import pytest
 from appliance.bench import report as reports
 from appliance.bench import results
 from appliance.bench.report import render_run
-from appliance.bench.results import Stat, compare, estimate, modes_against_serial, rows
+from appliance.bench.results import compare, estimate, modes_against_serial
+from appliance.bench.rows import Stat, rows
 from appliance.store import ModelFingerprint, ResultCell, RunInfo, RunStatus, Store
 from hostcheck.cpu import CpuInfo
 from hostcheck.facts import Unavailable
