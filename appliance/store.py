@@ -6,7 +6,7 @@ Schema, built by named migrations that are applied once each and recorded in `_m
     runs            one bench or sweep invocation: command line (JSON argv), engine settings
                     (JSON), model fingerprint (file name, sha256, quant, size), appliance
                     version, started/finished times (UTC ISO 8601), status, and the process
-                    that writes it (`Owner`: host, boot, pid namespace, pid, start time)
+                    that writes it (`run_owner.Owner`: host, boot, pid namespace, pid, start time)
     host_snapshots  one per run (run_id is the key): the host snapshot and the sampler's
                     per-phase figures (median power and clocks for prefill and decode), as JSON
     results         one measured cell per row (the fields of `ResultCell`), run_id -> runs.id
@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import os
-import socket
 import sqlite3
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
@@ -39,9 +37,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import sqlite_utils
 
 from . import __version__
+from .run_owner import Owner
 
 BUSY_TIMEOUT_MS = 10_000
-UNKNOWN_QUANT = "unknown"
 
 
 class UnknownRun(LookupError):
@@ -124,58 +122,6 @@ class HostRecord:
     recorded_at: str
     snapshot: dict[str, Any]
     phases: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The process that writes a run. A pid names a process only within one boot of one host and
-    one pid namespace (a container has its own); the process's start time tells the one that wrote
-    the run from a later process given the same pid. WAL needs every process using the file on one
-    kernel, so a live writer always shares this opener's host name and boot."""
-
-    host: str        # socket.gethostname()
-    boot: str        # /proc/sys/kernel/random/boot_id
-    pidns: str       # the /proc/self/ns/pid link, "pid:[4026531836]"
-    pid: int
-    start: int       # field 22 of /proc/<pid>/stat: clock ticks after boot
-
-    @classmethod
-    def current(cls) -> Owner | None:
-        """This process; None where /proc does not tell (not Linux): its runs are never judged."""
-        try:
-            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-            pidns = os.readlink("/proc/self/ns/pid")
-        except OSError:
-            return None
-        pid = os.getpid()
-        start = _start_ticks(pid)
-        return None if start is None else cls(socket.gethostname(), boot, pidns, pid, start)
-
-    def gone(self, me: Owner) -> str | None:
-        """Why this run's process is known to be gone, as `me` (this process) sees it; None while
-        it lives or cannot be seen from here: another host's run, another pid namespace's."""
-        if self.host != me.host:
-            return None
-        if self.boot != me.boot:
-            why = "the host restarted since"
-        elif self.pidns != me.pidns:
-            return None
-        elif _start_ticks(self.pid) != self.start:     # gone, or its pid now names another process
-            why = "it ended without finishing the run"
-        else:
-            return None
-        return f"process {self.pid} on {self.host}, which wrote this run, is gone: {why}"
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When the process started (clock ticks after boot); None when there is none, or only its
-    zombie (killed, not yet reaped by its parent)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    after_name = stat.rsplit(")", 1)[1].split()     # the name in parentheses may hold anything
-    return None if after_name[0] in ("Z", "X") else int(after_name[19])
 
 
 class _Migrations(sqlite_utils.Migrations):
@@ -424,36 +370,3 @@ def _run_info(row: Mapping[str, Any]) -> RunInfo:
                    engine_settings=json.loads(row["engine_settings"]), model=model,
                    appliance_version=row["appliance_version"], started_at=row["started_at"],
                    finished_at=row["finished_at"], status=RunStatus(row["status"]))
-
-
-# -- model fingerprint ---------------------------------------------------------------------
-
-_FTYPE_GUESSED = 1024  # llama.cpp's LLAMA_FTYPE_GUESSED flag bit, not part of the type
-
-
-def model_fingerprint(path: str | os.PathLike[str]) -> ModelFingerprint:
-    """sha256 of the whole file (streamed, never read into memory at once), its name and quant."""
-    path = Path(path)
-    with path.open("rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return ModelFingerprint(name=path.name, sha256=digest, quant=gguf_quant_name(path),
-                            size_bytes=path.stat().st_size)
-
-
-def gguf_quant_name(path: str | os.PathLike[str]) -> str:
-    """The GGUF's general.file_type as llama.cpp names it (MOSTLY_Q4_1 -> Q4_1, ALL_F32 -> F32);
-    'unknown' for a file without one, a type this gguf package does not know, or a non-GGUF."""
-    import gguf  # numpy and the GGUF parser: only when a fingerprint is taken
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError):
-        return UNKNOWN_QUANT
-    field = reader.fields.get("general.file_type")
-    if field is None:
-        return UNKNOWN_QUANT
-    try:
-        ftype = gguf.LlamaFileType(int(field.contents()) & ~_FTYPE_GUESSED)
-    except (ValueError, TypeError):
-        return UNKNOWN_QUANT
-    return ftype.name.removeprefix("MOSTLY_").removeprefix("ALL_")

@@ -21,9 +21,9 @@ import sqlite_utils
 
 import appliance
 from appliance import config, store as store_mod
-from appliance.models import embedded_model_path
-from appliance.store import (HostRecord, ModelFingerprint, Owner, ResultCell, RunStatus, Store,
-                             UnknownRun, gguf_quant_name, model_fingerprint)
+from appliance.models import embedded_model_path, gguf_quant_name, model_fingerprint
+from appliance.run_owner import Owner
+from appliance.store import HostRecord, ModelFingerprint, ResultCell, RunStatus, Store, UnknownRun
 
 ROOT = Path(appliance.__file__).resolve().parent.parent
 FP = ModelFingerprint(name="m.gguf", sha256="ab" * 32, quant="Q4_1", size_bytes=1234)

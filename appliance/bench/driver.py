@@ -162,8 +162,7 @@ def claim(command: str, args: argparse.Namespace,
           cfg: config.Config) -> tuple[ModelFingerprint | None, str | None, str | None]:
     """The model the run claims to measure (fingerprint, path, file fingerprint): the one the
     started server serves, or --model's with --url; nothing for --url alone."""
-    from ..models import file_fingerprint, resolve
-    from ..store import model_fingerprint
+    from ..models import file_fingerprint, model_fingerprint, resolve
 
     if args.model is None and args.url:
         return None, None, None
