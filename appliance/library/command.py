@@ -5,9 +5,16 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .card import human_bytes, human_params
+
+if TYPE_CHECKING:   # the hub and the index load when a command runs
+    from .hub import RemoteFile
+    from .index import Entry, Library
+    from .refs import Ref
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -96,10 +103,33 @@ def _confirm(question: str) -> bool:
         return False
 
 
+class _Stop(Exception):
+    """A pull that ends before the library has the model: what to say, and the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+@dataclass(frozen=True)
+class _Pull:
+    """What a pull fetches: the model's name in the library, its files on the hub, where they
+    go, and its header (read from the hub before any download)."""
+
+    name: str
+    parts: list[RemoteFile]
+    dests: list[Path]
+    meta: dict
+    infos: list
+
+    @property
+    def total(self) -> int:
+        return sum(f.size for f in self.parts)
+
+
 def pull_cmd(args: argparse.Namespace) -> int:
-    from . import hub
     from .index import Library
-    from .refs import RefError, choose, parse_ref
+    from .refs import RefError, parse_ref
 
     try:
         ref = parse_ref(args.ref, args.file, args.revision)
@@ -108,64 +138,81 @@ def pull_cmd(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     lib = Library(args.library)
     try:
+        pull = _resolve(args, ref, lib)
+        if not _fit_check(args, pull.name, pull.meta, pull.infos) and not args.yes:
+            if not _confirm("It does not fit this machine as planned. Download anyway?"):
+                raise _Stop("not downloaded", EXIT_FAILED)
+        _download(ref, lib, pull)
+        entry = _add(ref, lib, pull)
+    except _Stop as e:
+        _say(e.message)
+        return e.code
+    _say(f"pulled {entry.name}: {human_bytes(entry.size)}, {entry.card.quant}, {entry.card.arch}, "
+         f"context {entry.card.n_ctx_train:,}" + ("" if entry.card.chat_template else ", no chat template"))
+    print(entry.path)
+    return EXIT_OK
+
+
+def _resolve(args: argparse.Namespace, ref: Ref, lib: Library) -> _Pull:
+    """The files `ref` names on the hub, the name they get in the library, and their header.
+    _Stop when the name is another repository's, or the library has these files already."""
+    from . import hub
+    from .refs import RefError, choose
+
+    try:
         listing = hub.list_files(ref.repo, ref.revision)
         parts = [listing[p] for p in choose(ref, list(listing))]
         name = args.name or lib.name_for(parts[0].path, ref.repo)
         have = lib.get(name)
         if have is not None and have.origin.get("repo") != ref.repo:
-            _say(f"appliance pull: the library already has a model named {name} (from {have.source}); "
-                 "give another with --name")
-            return EXIT_USAGE
+            raise _Stop(f"appliance pull: the library already has a model named {name} (from {have.source}); "
+                        "give another with --name", EXIT_USAGE)
         dests = [lib.root / ref.repo / f.path for f in parts]
         if have is not None and have.error is None and have.files == tuple(dests) and \
                 have.origin.get("sha256") == {f.path: f.sha256 for f in parts}:
-            _say(f"{name} is already in the library ({have.path})")
-            return EXIT_OK
-        total = sum(f.size for f in parts)
-        _say(f"{ref.repo}: {', '.join(f.path for f in parts)} ({human_bytes(total)})")
+            raise _Stop(f"{name} is already in the library ({have.path})", EXIT_OK)
+        _say(f"{ref.repo}: {', '.join(f.path for f in parts)} ({human_bytes(sum(f.size for f in parts))})")
         meta, infos = hub.remote_model(ref.repo, parts, ref.revision)
-    except RefError as e:
-        _say(f"appliance pull: {e}")
-        return EXIT_FAILED
-    except hub.HubError as e:
-        _say(f"appliance pull: {e}")
-        return EXIT_FAILED
+    except (RefError, hub.HubError) as e:
+        raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
     except ValueError as e:
-        _say(f"appliance pull: {ref.repo}/{parts[0].path} is not a GGUF it can read: {e}")
-        return EXIT_FAILED
-    if not _fit_check(args, name, meta, infos) and not args.yes:
-        if not _confirm("It does not fit this machine as planned. Download anyway?"):
-            _say("not downloaded")
-            return EXIT_FAILED
+        raise _Stop(f"appliance pull: {ref.repo}/{parts[0].path} is not a GGUF it can read: {e}",
+                    EXIT_FAILED) from None
+    return _Pull(name, parts, dests, meta, infos)
+
+
+def _download(ref: Ref, lib: Library, pull: _Pull) -> None:
+    """Each file into its place, resuming a .part left by an earlier pull; _Stop when the disk
+    lacks room, the hub fails, or the user interrupts."""
+    from . import hub
+
     lib.root.mkdir(parents=True, exist_ok=True)
-    kept = sum(Path(f"{d}.part").stat().st_size for d in dests if Path(f"{d}.part").is_file())
-    done = sum(d.stat().st_size for d in dests if d.is_file())
+    kept = sum(Path(f"{d}.part").stat().st_size for d in pull.dests if Path(f"{d}.part").is_file())
+    done = sum(d.stat().st_size for d in pull.dests if d.is_file())
     free = shutil.disk_usage(lib.root).free
-    if total - kept - done > free:
-        _say(f"appliance pull: {human_bytes(total - kept - done)} to download, {human_bytes(free)} free "
-             f"under {lib.root}")
-        return EXIT_FAILED
+    if pull.total - kept - done > free:
+        raise _Stop(f"appliance pull: {human_bytes(pull.total - kept - done)} to download, {human_bytes(free)} free "
+                    f"under {lib.root}", EXIT_FAILED)
     try:
-        for f, dest in zip(parts, dests):
+        for f, dest in zip(pull.parts, pull.dests):
             hub.download(ref.repo, f, dest, ref.revision)
     except hub.HubError as e:
-        _say(f"appliance pull: {e}")
-        return EXIT_FAILED
+        raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
     except KeyboardInterrupt:
-        _say("\ninterrupted: what was received is kept beside the final name as .part; "
-             "the same pull resumes it")
-        return EXIT_INTERRUPTED
+        raise _Stop("\ninterrupted: what was received is kept beside the final name as .part; "
+                    "the same pull resumes it", EXIT_INTERRUPTED) from None
+
+
+def _add(ref: Ref, lib: Library, pull: _Pull) -> Entry:
+    """The downloaded files recorded in the library, with where they came from: its entry."""
+    from . import hub
+
     origin = {"repo": ref.repo, "revision": ref.revision, "commit": hub.commit_of(ref.repo, ref.revision),
-              "sha256": {f.path: f.sha256 for f in parts}}
+              "sha256": {f.path: f.sha256 for f in pull.parts}}
     try:
-        entry = lib.add(name, dests, f"hf:{ref.repo}", origin)
+        return lib.add(pull.name, pull.dests, f"hf:{ref.repo}", origin)
     except ValueError as e:
-        _say(f"appliance pull: {e}")
-        return EXIT_FAILED
-    _say(f"pulled {entry.name}: {human_bytes(entry.size)}, {entry.card.quant}, {entry.card.arch}, "
-         f"context {entry.card.n_ctx_train:,}" + ("" if entry.card.chat_template else ", no chat template"))
-    print(entry.path)
-    return EXIT_OK
+        raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
 
 
 # -- models, rm -------------------------------------------------------------------------------
