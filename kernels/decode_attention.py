@@ -78,9 +78,7 @@ def _split_kernel(Q, K, V, Slots, Pos, M, L, Acc, qk_scale,
                   n_head, n_split,
                   PER: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_KEYS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    row, kvh, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # the grid's axes
     pos = tl.load(Pos + row).to(tl.int32)
     lo = split * SPLIT_KEYS
     if lo > pos:  # the call's longest row needs this split, this row does not

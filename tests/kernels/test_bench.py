@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels import INTERPRET, available, bench
+from kernels import INTERPRET, available, bench, bench_cases
 from kernels import wgemm as wg
 from kernels.formats import FORMATS, dequantize_torch
 
@@ -161,7 +161,7 @@ def test_copy_measurement_counts_read_and_write():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_random_blocks_decode_to_finite_values(fmt):
-    raw = bench.random_blocks(fmt, 8, 128, torch.Generator().manual_seed(0), "cpu")
+    raw = bench_cases.random_blocks(fmt, 8, 128, torch.Generator().manual_seed(0), "cpu")
     w = dequantize_torch(raw, fmt, 128)
     assert torch.isfinite(w).all() and w.abs().max() > 0 and w.std() > 0
 
