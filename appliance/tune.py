@@ -9,7 +9,7 @@ prompt chunk at the measured prefill rate plus 128 tokens at the measured decode
 for a candidate on which the prompt cache can reuse only whole grid blocks (the engine's
 chunk-invariance check fails on it; flash attention with f16 KV passes with pieces of 64 rows,
 m = 64), the half block a follow-up turn then recomputes on average. The lowest score wins; a
-candidate within `NEAR_TIE` of the best loses to an earlier one.
+candidate within `NEAR_TIE` of the best loses to an earlier one (tune_score.py).
 
 `appliance tune --gemm` measures the torch runner's GEMM configurations instead, on the GPU
 that will serve (`kernels.plan`: each candidate checked against the reference before it is
@@ -25,56 +25,13 @@ import argparse
 import dataclasses
 import datetime
 import os
-import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from . import config
 from .config import LlamaCppSettings
-
-NEAR_TIE = 0.02
-CHUNK_TOKENS = 512      # the score: one prompt chunk...
-DECODE_TOKENS = 128     # ...and this many generated tokens, at the depth...
-REGRID_TOKENS = CHUNK_TOKENS // 2   # ...and, under grid reuse, what a follow-up recomputes on average
-
-
-@dataclass(frozen=True)
-class Measurement:
-    candidate: int
-    depth: int
-    prefill_tps: float
-    decode_tps: float
-    grid_reuse: bool = False    # the prompt cache reuses whole grid blocks only on this candidate
-
-    @property
-    def score_s(self) -> float:
-        regrid = REGRID_TOKENS / self.prefill_tps if self.grid_reuse else 0.0
-        return CHUNK_TOKENS / self.prefill_tps + DECODE_TOKENS / self.decode_tps + regrid
-
-
-def choose(cands: Sequence[LlamaCppSettings], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
-    """The winning candidate's index at this depth and the medians it was chosen on."""
-    medians = {}
-    for i in range(len(cands)):
-        mine = [m for m in measured if m.candidate == i and m.depth == depth]
-        if mine:
-            medians[i] = {"prefill_tps": statistics.median(m.prefill_tps for m in mine),
-                          "decode_tps": statistics.median(m.decode_tps for m in mine),
-                          "score_s": statistics.median(m.score_s for m in mine), "runs": len(mine)}
-    if not medians:
-        raise ValueError(f"nothing measured at depth {depth}")
-    best = min(v["score_s"] for v in medians.values())
-    winner = min(i for i, v in medians.items() if v["score_s"] <= best * (1 + NEAR_TIE))
-    return winner, medians
-
-
-def depth_ranges(depths: Sequence[int]) -> list[int]:
-    """depth_max for each measured depth: halfway to the next one; the last covers any depth."""
-    ds = sorted(depths)
-    return [(a + b) // 2 for a, b in zip(ds, ds[1:])] + [1 << 30]
-
+from .tune_score import CHUNK_TOKENS, NEAR_TIE, Measurement, choose, depth_ranges, render_choices
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="measure llama.cpp settings on this machine and write the tuned plan",
@@ -110,12 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "gemm", False):
         return run_gemm(args)
     import psutil
-    from tqdm import tqdm
 
     from .bench import prompt_sets
-    from .bench.raw import RawError, RawReference, RawSettings
+    from .bench.raw import RawError, RawReference
     from .engine import plan as plan_mod
-    from .engine.grid import Grid
     from .errors import ApplianceError
     from .models import file_fingerprint, resolve
 
@@ -126,18 +81,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out).expanduser() if args.out else config.default_data_dir() / "plan.json"
     model_key = file_fingerprint(ref.path)
-    missed = sorted({int(m["depth"]) for m in plan_mod.read_misses(out)
-                     if m.get("model") == model_key and isinstance(m.get("depth"), int)})
     try:
-        wanted = ([int(d) for d in args.depths.split(",") if d.strip()] if args.depths
-                  else [512, 2048, 6144] + missed)
-    except ValueError:
-        print(f"appliance tune: --depths must be comma-separated integers, got {args.depths!r}", file=sys.stderr)
-        return 2
-    depths = sorted({d for d in wanted if 0 < d <= args.n_ctx - args.tokens})
-    if not depths or args.runs < 1 or args.tokens < 2 or args.n_slots < 1:
-        print("appliance tune: nothing to measure (depths within --n-ctx, --runs >= 1, --tokens >= 2)",
-              file=sys.stderr)
+        depths = _depths(args, plan_mod.read_misses(out), model_key)
+    except ValueError as e:
+        print(f"appliance tune: {e}", file=sys.stderr)
         return 2
     cores = psutil.cpu_count(logical=False) or 1
     cands = plan_mod.candidates(cores, psutil.cpu_count() or cores)
@@ -149,18 +96,9 @@ def run(args: argparse.Namespace) -> int:
     except ApplianceError as e:
         print(f"appliance tune: {e.message}", file=sys.stderr)
         return 1
-    workers = []
-    measured: list[Measurement] = []
+    workers: list[RawReference] = []
     try:
-        for c in cands:
-            # the server's pool shape (n_slots x n_ctx, not unified): the kernels are timed on
-            # the KV pool they will run on
-            workers.append(RawReference(str(ref.path), RawSettings(
-                n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=c, grid=Grid(CHUNK_TOKENS))))
-        steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
-        for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
-            res = workers[i].run([ids[:d]], args.tokens)
-            measured.append(Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps, grid_reuse=reuse[i] == 0))
+        measured = _measure(args, ref.path, cands, depths, reuse, ids, workers)
     except RawError as e:
         print(f"appliance tune: {e}", file=sys.stderr)
         return 1
@@ -170,7 +108,53 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for w in workers:
             w.close()
+    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, measured, plan_mod)
+    return 0
 
+
+def _depths(args: argparse.Namespace, misses: list[dict], model_key: str) -> list[int]:
+    """The depths to measure: --depths, else the defaults and the depths the engine recorded as
+    this model's plan misses; only those that leave room for --tokens within --n-ctx. ValueError
+    when there is nothing to measure."""
+    missed = sorted({int(m["depth"]) for m in misses
+                     if m.get("model") == model_key and isinstance(m.get("depth"), int)})
+    try:
+        wanted = ([int(d) for d in args.depths.split(",") if d.strip()] if args.depths
+                  else [512, 2048, 6144] + missed)
+    except ValueError:
+        raise ValueError(f"--depths must be comma-separated integers, got {args.depths!r}") from None
+    depths = sorted({d for d in wanted if 0 < d <= args.n_ctx - args.tokens})
+    if not depths or args.runs < 1 or args.tokens < 2 or args.n_slots < 1:
+        raise ValueError("nothing to measure (depths within --n-ctx, --runs >= 1, --tokens >= 2)")
+    return depths
+
+
+def _measure(args: argparse.Namespace, model_path: Path, cands: Sequence[LlamaCppSettings], depths: list[int],
+             reuse: list[int], ids: list[int], workers: list[Any]) -> list[Measurement]:
+    """Every candidate at every depth, --runs times, alternated inside each repeat; each worker
+    it starts is appended to `workers`, for the caller to close."""
+    from tqdm import tqdm
+
+    from .bench.raw import RawReference, RawSettings
+    from .engine.grid import Grid
+
+    for c in cands:
+        # the server's pool shape (n_slots x n_ctx, not unified): the kernels are timed on
+        # the KV pool they will run on
+        workers.append(RawReference(str(model_path), RawSettings(
+            n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=c, grid=Grid(CHUNK_TOKENS))))
+    measured: list[Measurement] = []
+    steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
+    for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
+        res = workers[i].run([ids[:d]], args.tokens)
+        measured.append(Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps, grid_reuse=reuse[i] == 0))
+    return measured
+
+
+def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key: str,
+                cands: Sequence[LlamaCppSettings], depths: list[int], reuse: list[int],
+                measured: list[Measurement], plan_mod: Any) -> None:
+    """The winner at each depth into this model's entries of the plan file; its misses cleared."""
     entries, table = [], []
     for d, depth_max in zip(depths, depth_ranges(depths)):
         winner, medians = choose(cands, measured, d)
@@ -183,9 +167,8 @@ def run(args: argparse.Namespace) -> int:
     plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod)
     plan_mod.save(plan, out)
     plan_mod.clear_misses(out, model_key)
-    print(_render(ref.path.name, table))
+    print(render_choices(model_name, table))
     print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
-    return 0
 
 
 def exact_reuse(model_path: Path, c: LlamaCppSettings, n_ctx: int) -> int:
@@ -254,21 +237,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _render(model: str, table: list[tuple[int, int, LlamaCppSettings, dict, bool]]) -> str:
-    lines = [f"## Tuned plan for {model}", "",
-             f"score = {CHUNK_TOKENS} prompt tokens at the prefill rate + {DECODE_TOKENS} tokens at the decode "
-             f"rate, at the depth, + {REGRID_TOKENS} more prompt tokens where the prompt cache reuses whole "
-             f"blocks only (median of the runs; near-ties within {NEAR_TIE:.0%} go to the earlier candidate)",
-             "", "| depth | candidate | threads | n_ubatch | flash attn | prompt reuse | prefill tok/s | decode tok/s "
-             "| score s | chosen |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for d, i, c, m, won in table:
-        reuse = f"to the token (min chunk {m['min_chunk']})" if m.get("min_chunk") else "whole blocks"
-        lines.append(f"| {d:,} | {i} | {c.n_threads} | {c.n_ubatch} | {'on' if c.flash_attn else 'off'} | {reuse} | "
-                     f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} | "
-                     f"{'**yes**' if won else ''} |")
-    return "\n".join(lines) + "\n"
-
-
 # ----------------------------------------------------------------------- tune --gemm
 
 def run_gemm(args: argparse.Namespace) -> int:
@@ -281,6 +249,7 @@ def run_gemm(args: argparse.Namespace) -> int:
         print(f"appliance tune --gemm: {why}", file=sys.stderr)
         return 2
     from kernels import plan as kplan
+    from kernels.gemm_trial import candidates
 
     from .engine import plan as plan_mod
 
@@ -301,7 +270,7 @@ def run_gemm(args: argparse.Namespace) -> int:
     try:
         for key in shapes:
             res = kplan.search(key.op, key.fmt, key.n, key.k, buckets_m,
-                               kplan.candidates(key.fmt, small=small), device=device)
+                               candidates(key.fmt, small=small), device=device)
             results.append(res)
             _report_dropped(res)
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from appliance.config import EngineConfig, LlamaCppSettings
 from appliance.engine import plan as plan_mod
 from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
 from appliance.models import file_fingerprint
-from appliance.tune import Measurement, choose, depth_ranges
+from appliance.tune_score import Measurement, choose, depth_ranges
 
 FP = {"appliance": "0.1.0", "kernel_sources": "abc", "llama_cpp_python": "0.3.36", "llama_cpp_build": "AVX2 = 1",
       "torch": "absent", "triton": "absent", "backend": "llama.cpp-cpu", "device": "cpu", "arch": "x86_64",

@@ -1,0 +1,69 @@
+"""How `appliance tune` chooses llama.cpp's settings from what it measured: the score of a
+candidate at a depth (the time of one prompt chunk at its prefill rate plus DECODE_TOKENS at its
+decode rate, plus the half block a follow-up recomputes where the prompt cache reuses whole grid
+blocks only), the winner (a candidate within NEAR_TIE of the best loses to an earlier one), the
+range of depths each plan entry covers, and the table that shows the choice. Pure functions of
+the measurements; tune.py measures."""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config import LlamaCppSettings
+
+NEAR_TIE = 0.02
+CHUNK_TOKENS = 512      # the score: one prompt chunk...
+DECODE_TOKENS = 128     # ...and this many generated tokens, at the depth...
+REGRID_TOKENS = CHUNK_TOKENS // 2   # ...and, under grid reuse, what a follow-up recomputes on average
+
+
+@dataclass(frozen=True)
+class Measurement:
+    candidate: int
+    depth: int
+    prefill_tps: float
+    decode_tps: float
+    grid_reuse: bool = False    # the prompt cache reuses whole grid blocks only on this candidate
+
+    @property
+    def score_s(self) -> float:
+        regrid = REGRID_TOKENS / self.prefill_tps if self.grid_reuse else 0.0
+        return CHUNK_TOKENS / self.prefill_tps + DECODE_TOKENS / self.decode_tps + regrid
+
+
+def choose(cands: Sequence[LlamaCppSettings], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
+    """The winning candidate's index at this depth and the medians it was chosen on."""
+    medians = {}
+    for i in range(len(cands)):
+        mine = [m for m in measured if m.candidate == i and m.depth == depth]
+        if mine:
+            medians[i] = {"prefill_tps": statistics.median(m.prefill_tps for m in mine),
+                          "decode_tps": statistics.median(m.decode_tps for m in mine),
+                          "score_s": statistics.median(m.score_s for m in mine), "runs": len(mine)}
+    if not medians:
+        raise ValueError(f"nothing measured at depth {depth}")
+    best = min(v["score_s"] for v in medians.values())
+    winner = min(i for i, v in medians.items() if v["score_s"] <= best * (1 + NEAR_TIE))
+    return winner, medians
+
+
+def depth_ranges(depths: Sequence[int]) -> list[int]:
+    """depth_max for each measured depth: halfway to the next one; the last covers any depth."""
+    ds = sorted(depths)
+    return [(a + b) // 2 for a, b in zip(ds, ds[1:])] + [1 << 30]
+
+
+def render_choices(model: str, table: list[tuple[int, int, LlamaCppSettings, dict, bool]]) -> str:
+    lines = [f"## Tuned plan for {model}", "",
+             f"score = {CHUNK_TOKENS} prompt tokens at the prefill rate + {DECODE_TOKENS} tokens at the decode "
+             f"rate, at the depth, + {REGRID_TOKENS} more prompt tokens where the prompt cache reuses whole "
+             f"blocks only (median of the runs; near-ties within {NEAR_TIE:.0%} go to the earlier candidate)",
+             "", "| depth | candidate | threads | n_ubatch | flash attn | prompt reuse | prefill tok/s | decode tok/s "
+             "| score s | chosen |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for d, i, c, m, won in table:
+        reuse = f"to the token (min chunk {m['min_chunk']})" if m.get("min_chunk") else "whole blocks"
+        lines.append(f"| {d:,} | {i} | {c.n_threads} | {c.n_ubatch} | {'on' if c.flash_attn else 'off'} | {reuse} | "
+                     f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} | "
+                     f"{'**yes**' if won else ''} |")
+    return "\n".join(lines) + "\n"
