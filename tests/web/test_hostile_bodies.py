@@ -13,7 +13,7 @@ import pytest
 from appliance.config import Config, ServerConfig
 from appliance.engine.chat import ChatTemplate
 from appliance.engine.output.constraints import _grammar
-from appliance.engine.templates import load_template
+from appliance.chat_templates import load_template
 from appliance.engine.tools import grammar
 from appliance.engine.types import ChatMessage, ToolCall, ToolSpec
 from appliance.errors import EngineUnavailable, InvalidRequest
