@@ -54,8 +54,8 @@ class EngineConfig:
     engine: str = opt("llamacpp", "model runner: llamacpp (llama.cpp) or torch (the own PyTorch runner)")
     torch_dtype: str = opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
-    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit and "
-                           "multiply with torch's int4 kernel (off: dequantize them)")
+    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit (the CPU kernels' "
+                           "int4 matmul with AVX512-BF16, else torch's int4 kernel; off: dequantize them)")
     torch_device: str = opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
     torch_kernels: str = opt("auto", "torch runner: auto | triton | off. GGUF block weights (Q4_0, Q4_1, "
                              "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
@@ -66,8 +66,8 @@ class EngineConfig:
                             "eager: the same fixed-shape step without capture, a check that runs on a CPU; "
                             "off: the ordinary forward)")
     torch_cpu_kernels: str = opt("auto", "torch runner on a CPU: auto | cpp | ops. cpp: C++ kernels built once "
-                                 "per machine for RMSNorm, RoPE, SwiGLU and the attention of decode steps "
-                                 "and verifies (each row on its own, over exactly its own keys); ops: torch "
+                                 "per machine for RMSNorm, RoPE, SwiGLU, the int4 matmul (AVX512-BF16) and the "
+                                 "attention of steps and verifies (each row alone, over its own keys); ops: torch "
                                  "ops; auto: cpp when they build (the attention where it fits the model), "
                                  "else ops; a first build does not hold the engine's start: torch ops serve "
                                  "until the engine, next idle, moves to the kernels (cpp waits for it)")
