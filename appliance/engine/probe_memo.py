@@ -6,7 +6,8 @@ measures.
 
 A result is a function of the probe and its inputs and of everything that changes the
 arithmetic: the runner's KV fingerprint (model file, context, KV type, the engine's version,
-batch shapes, threads, kernels), its settings and placement, the native libraries it loaded (a
+batch shapes, threads, kernels, placement), its settings and placement (less the free memory
+and budgets, which change from one start to the next), the native libraries it loaded (a
 rebuild with another backend is another file), the CPU (llama.cpp and torch choose kernels by
 its flags) and this appliance's version. All of it is hashed into the file's name, and the whole
 key is stored beside the result and compared when read: a file that does not match, or does not
@@ -65,6 +66,20 @@ def runner_libraries(runner: ModelRunner) -> list[str]:
     return [lib] if lib else []
 
 
+# what a placement report holds that changes from one start to the next, not the arithmetic:
+# free memory, the budgets made of it, and the notes that quote them
+VOLATILE = frozenset({"free", "budget", "headroom", "notes"})
+
+
+def stable(report: Any) -> Any:
+    """A placement report (`/health`'s placement) without its VOLATILE figures, at any depth."""
+    if isinstance(report, dict):
+        return {k: stable(v) for k, v in report.items() if k not in VOLATILE}
+    if isinstance(report, (list, tuple)):
+        return [stable(v) for v in report]
+    return report
+
+
 class ProbeMemo:
     """`memo(name, inputs, measure, kind)`: the remembered result of a probe on this runner, or
     `measure()`'s, then remembered. Without a directory it measures every time."""
@@ -74,7 +89,7 @@ class ProbeMemo:
         self.base: dict[str, Any] = {}
         if self.dir is not None:
             self.base = {"appliance": __version__, "kv": runner.kv_fingerprint(),
-                         "settings": runner.info.settings, "placement": runner.info.placement,
+                         "settings": runner.info.settings, "placement": stable(runner.info.placement),
                          "native": _native(runner), "cpu": _cpu()}
 
     def __call__(self, name: str, inputs: Any, measure: Callable[[], T], kind: type[T]) -> T:

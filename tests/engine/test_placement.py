@@ -122,3 +122,19 @@ def test_the_planned_bytes_are_what_llama_cpp_allocates(caplog, kw):
     assert got["model"] == pytest.approx(sum(cpu["weights"].values()) / 2**20, abs=0.1)
     assert got["KV"] == pytest.approx(cpu["kv"] / 2**20, abs=0.1)
     assert got["compute"] == pytest.approx(cpu["compute"] / 2**20, rel=0.15)   # an estimate: within 15%
+
+
+def test_the_kv_fingerprint_holds_the_placement(moe):
+    """A saved state restores bit for bit only where it is computed the same way: on the same
+    devices, with the same layers and tensors on each (the disk tier and the probe memo key on
+    it). Free memory is no part of it."""
+    def fingerprint(**kw) -> str:
+        r = runner(moe, **kw)
+        try:
+            return r.kv_fingerprint()
+        finally:
+            r.close()
+    plain = fingerprint()
+    assert plain == fingerprint() and "devices=CPU:" in plain and "n_gpu_layers=0" in plain
+    moved = {fingerprint(n_cpu_moe=1), fingerprint(cpu_moe=True), fingerprint(override_tensor=r"blk\.0\.attn_q\.=CPU")}
+    assert len(moved) == 3 and plain not in moved

@@ -72,3 +72,24 @@ def test_without_a_directory_every_start_measures(tmp_path):
     for _ in range(3):
         ProbeMemo(None, FakeRunner())("verify-exactness", {"k": 8}, probe, Exactness)
     assert probe.runs == 3 and not list(tmp_path.iterdir())
+
+
+def _placed(free: int, budget: int, n_gpu_layers: int) -> FakeRunner:
+    runner = FakeRunner()
+    runner.info = dataclasses.replace(runner.info, placement={
+        "n_gpu_layers": n_gpu_layers, "gpu": "GPU0", "notes": [f"GPU0 has {budget} bytes"],
+        "devices": {"GPU0": {"weights": {"attn": 10}, "kv": 4, "compute": 2, "total": 16, "budget": budget,
+                             "headroom": budget - 16}},
+        "llama_devices": [{"name": "Vulkan0", "kind": "gpu", "free": free, "total": 2**33}]})
+    return runner
+
+
+def test_free_memory_is_no_part_of_the_key_but_the_placement_is(tmp_path):
+    """A restart sees other free memory (and so other budgets) every time: the same placement
+    reads its result back; layers placed elsewhere measure again."""
+    probe = Counting(Exactness(True, 0.0, 0, 9))
+    ProbeMemo(str(tmp_path), _placed(2**32, 2**31, 31))("verify-exactness", {"k": 8}, probe, Exactness)
+    ProbeMemo(str(tmp_path), _placed(2**32 - 4096, 2**31 - 4096, 31))("verify-exactness", {"k": 8}, probe, Exactness)
+    assert probe.runs == 1
+    ProbeMemo(str(tmp_path), _placed(2**32, 2**31, 15))("verify-exactness", {"k": 8}, probe, Exactness)
+    assert probe.runs == 2

@@ -108,13 +108,14 @@ class LlamaCppRunner(TextMethods):
 
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV type,
-        llama.cpp's build, and the batch shapes, kernels and threads that change the computed KV
-        (a state saved under other settings would not restore bit for bit)."""
+        llama.cpp's build, the batch shapes, kernels and threads, and the placement (the devices
+        and which layers and tensors each computes) that change the computed KV: a state saved
+        under other settings would not restore bit for bit."""
         s = self.llamacpp
         return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={self.kv_type}",
                          f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
-                         f"n_threads_batch={s.n_threads_batch}"])
+                         f"n_threads_batch={s.n_threads_batch}", self.placed.identity()])
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:

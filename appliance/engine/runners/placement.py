@@ -38,6 +38,18 @@ class RunnerPlacement:
     facts: ModelFacts
     devices: list[ggml_devices.GgmlDevice]
     overrides: ggml_devices.OverrideArray | None   # kept alive as long as the model
+    gpu: str | None = None                         # llama.cpp's name of the GPU holding the layers
+
+    def identity(self) -> str:
+        """What of the placement changes the computed bits, for the KV fingerprint: the devices
+        this build computes on (a GPU build hands a big batch's matrix products to its GPU even
+        with no layer there: llama.cpp's op offload), the GPU holding the layers, how many, and
+        the tensor overrides (a tensor moved to llama.cpp's plain CPU buffer skips the repacked
+        CPU kernels). Not the memory figures: they change from one start to the next."""
+        devices = ",".join(f"{d.name}:{d.description}" for d in self.devices)
+        overrides = ";".join(f"{p}={d}" for p, d in self.placement.overrides)
+        return (f"devices={devices}|gpu={self.gpu}|n_gpu_layers={self.placement.n_gpu_layers}"
+                f"|overrides={overrides}")
 
     def summary(self) -> dict:
         """The placement for /health: devices, layers, overrides and bytes."""
@@ -112,4 +124,5 @@ def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> Runner
     (log.info if placement.fits else log.warning)("placement:\n%s", text.rstrip())
     cpu = next(d for d in devs if d.kind == "cpu")
     pairs = [(pattern, (cpu if name == "CPU" else gpu).buft) for pattern, name in placement.overrides]
-    return RunnerPlacement(placement, facts, devs, ggml_devices.OverrideArray(pairs) if pairs else None)
+    return RunnerPlacement(placement, facts, devs, ggml_devices.OverrideArray(pairs) if pairs else None,
+                           gpu.name if gpu and placement.gpu else None)
