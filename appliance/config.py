@@ -16,33 +16,8 @@ from pathlib import Path
 from typing import Any, Collection, Mapping
 
 from .chat_templates import BUILTIN, RENDER_ARGS, load_template
+from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .flags import ENV_PREFIX, flag, opt, values_of
-
-
-@dataclass(frozen=True)
-class LlamaCppSettings:
-    """llama.cpp's context settings, with the threads resolved (never 0 for "auto"). The one
-    shape they take everywhere: the engine config's flags (`EngineConfig.llamacpp`), the tuned
-    plan, `tune`'s candidates, bench's raw reference and the runner's /health report."""
-
-    n_threads: int              # decode
-    n_threads_batch: int        # prefill
-    n_batch: int                # most tokens in one llama_decode
-    n_ubatch: int               # llama.cpp's physical micro-batch
-    flash_attn: bool
-
-    def __post_init__(self) -> None:
-        _require(min(self.n_threads, self.n_threads_batch, self.n_batch, self.n_ubatch) >= 1,
-                 f"llama.cpp's threads and batch sizes must be positive, got {self}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> LlamaCppSettings:
-        """From a dict holding these keys (others ignored): /health's settings, a plan entry."""
-        return cls(n_threads=int(m["n_threads"]), n_threads_batch=int(m["n_threads_batch"]),
-                   n_batch=int(m["n_batch"]), n_ubatch=int(m["n_ubatch"]), flash_attn=bool(m["flash_attn"]))
 
 
 @dataclass(frozen=True)
@@ -89,6 +64,9 @@ class EngineConfig:
                              "never holds other streams for more than one chunk")
     step_token_budget: int = opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
     flash_attn: bool = opt(False, "use llama.cpp's flash attention")
+    thread_wait: str = opt("passive", "how the compute threads (llama.cpp's and torch's OpenMP) wait at a barrier: "
+                           "passive (sleep at once: a good neighbour to other processes) | spin (libgomp's "
+                           "default: fastest alone, 10-100x slower beside anything else that computes)")
     n_gpu_layers: str = opt("auto", "llama.cpp: layers on the GPU, N | all | auto (auto: the fit planner "
                             "puts the most that fits there, experts leaving it first; see `appliance fit`)")
     cpu_moe: bool = opt(False, "llama.cpp: keep every routed expert in host memory")
@@ -141,6 +119,7 @@ class EngineConfig:
             object.__setattr__(self, "prompt_cache", "on" if self.prompt_cache else "off")
         _require(self.prompt_cache in ("on", "off", "fast"), "prompt_cache must be on, off or fast")
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
+        _require(self.thread_wait in THREAD_WAITS, f"thread_wait must be one of {', '.join(THREAD_WAITS)}")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
         _require(self.torch_kernels in ("auto", "triton", "off"), "torch_kernels must be auto, triton or off")

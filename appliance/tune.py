@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import config
-from .config import LlamaCppSettings
+from .compute_settings import LlamaCppSettings
 from .tune_score import CHUNK_TOKENS, NEAR_TIE, Measurement, choose, depth_ranges, render_choices
 
 def add_parser(sub: Any) -> None:

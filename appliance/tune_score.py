@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import LlamaCppSettings
+from .compute_settings import LlamaCppSettings
 
 NEAR_TIE = 0.02
 CHUNK_TOKENS = 512      # the score: one prompt chunk...

@@ -9,7 +9,8 @@ import pytest
 
 from appliance import config
 from appliance.cli import build_parser
-from appliance.config import Config, EngineConfig, LlamaCppSettings, ServerConfig
+from appliance.compute_settings import LlamaCppSettings
+from appliance.config import Config, EngineConfig, ServerConfig
 
 
 def serve_parser() -> argparse.ArgumentParser:

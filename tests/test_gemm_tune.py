@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from appliance import tune
-from appliance.config import LlamaCppSettings
+from appliance.compute_settings import LlamaCppSettings
 from appliance.engine import plan as plan_mod
 from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
 from kernels.plan import GemmEntry, GemmKey, GemmTable, gemm_fingerprint

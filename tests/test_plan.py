@@ -10,7 +10,8 @@ import sys
 import pytest
 import requests
 
-from appliance.config import EngineConfig, LlamaCppSettings
+from appliance.compute_settings import LlamaCppSettings
+from appliance.config import EngineConfig
 from appliance.engine import plan as plan_mod
 from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
 from appliance.models import file_fingerprint

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import LlamaCppSettings
+from ..compute_settings import LlamaCppSettings, thread_env
 from ..engine.grid import Grid
 from .client import BenchError
 
@@ -31,6 +32,7 @@ class RawSettings:
     n_slots: int                    # sequences, one KV stream each
     llamacpp: LlamaCppSettings
     grid: Grid                      # where prompts are cut into llama_decode calls
+    thread_wait: str = "passive"    # how its threads wait (compute_settings.thread_env), as the engine's
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
@@ -39,7 +41,9 @@ class RawSettings:
         reuse = s.get("prompt_cache_reuse") or {}  # where the server cuts a prompt's last chunk
         return cls(n_ctx=int(health["n_ctx"]), n_slots=int(health["n_slots"]),
                    llamacpp=LlamaCppSettings.from_mapping(s),
-                   grid=Grid(int(s.get("prefill_chunk") or prefill_chunk), int(reuse.get("min_chunk") or 0)))
+                   grid=Grid(int(s.get("prefill_chunk") or prefill_chunk), int(reuse.get("min_chunk") or 0)),
+                   # a server from before the setting spun, as libgomp does by default
+                   thread_wait=str(s.get("thread_wait", "spin")))
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bench's to handle; it closes us
+    os.environ.update(thread_env(st.thread_wait))   # as the engine waits, before llama.cpp loads
     try:
         llama = _Llama(model_path, st)
     except RawError as e:

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import __version__
-from ..config import EngineConfig, LlamaCppSettings
+from ..compute_settings import LlamaCppSettings
+from ..config import EngineConfig
 from ..models import file_fingerprint
 
 log = logging.getLogger("appliance.plan")

@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import queue
 import signal
 import threading
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
+from ..compute_settings import thread_env
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
 from .ipc import (Abort, Command, Detokenize, Embed, LoadFailed, Ready, RenderPrompt, StepEvents, Stop, Submit,
@@ -52,7 +54,8 @@ def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: 
     """Entry point of the engine process: load, then loop over commands and scheduler steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the engine stops
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
-    from .loop import EngineLoop  # heavy imports (llama_cpp, numpy) happen only in this process
+    os.environ.update(thread_env(cfg.thread_wait))  # before llama.cpp's or torch's OpenMP loads
+    from .loop import EngineLoop  # heavy imports (llama_cpp, torch) happen only in this process
 
     try:
         loop = EngineLoop(cfg, embedding_only)

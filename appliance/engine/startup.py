@@ -73,8 +73,9 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
     cfg, plan = plan_mod.apply(cfg, ref.path)
     # a draft model is measured against the target at start: the target waits for its kernels
     runner = make_runner(cfg, ref.path, ref.alias, defer_kernels=cfg.draft_model is None)
-    info = _with_settings(_with_template(runner.info, cfg), prefill_chunk=cfg.prefill_chunk,
-                          step_token_budget=cfg.step_token_budget, prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
+    info = _with_settings(_with_template(runner.info, cfg), thread_wait=cfg.thread_wait,
+                          prefill_chunk=cfg.prefill_chunk, step_token_budget=cfg.step_token_budget,
+                          prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
     prompts = PromptBuilder(runner, info, cfg.template_kwargs())
     warm_up(runner, info)
     spec = speculation(cfg, runner)

@@ -27,7 +27,8 @@ import numpy as np
 
 import llama_cpp as L
 
-from ...config import EngineConfig, LlamaCppSettings
+from ...compute_settings import LlamaCppSettings
+from ...config import EngineConfig
 from ...errors import EngineFailure, ModelLoadError
 from ...models import file_fingerprint
 from .base import RunnerInfo
