@@ -208,10 +208,11 @@ class Step:
 
 
 def waiting_idle(steps: Sequence[Step], variants: Sequence[Variant], timeout: float = 60.0) -> list[Step]:
-    """With two servers, each served step ends only once its server has no idle-time work left
-    (`Target.wait_idle`), so that what one does after answering (this appliance settles replies
-    and saves states while idle) never runs beside the other's measurement on the same cores."""
-    if len(variants) < 2:
+    """With two servers, or a server and the raw reference, each served step ends only once its
+    server has no idle-time work left (`Target.wait_idle`), so that what one does after answering
+    (this appliance settles replies and saves states while idle) never runs beside the other's
+    measurement on the same cores."""
+    if len(variants) < 2 and not any(s.target == "raw" for s in steps):
         return list(steps)
     by_label = {v.label: v for v in variants}
 

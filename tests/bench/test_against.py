@@ -98,7 +98,19 @@ def test_with_two_servers_each_served_step_ends_once_its_server_is_idle(server):
     assert wrapped[1] is steps[1]                     # a raw step has no server to wait for
     wrapped[0].measure()
     assert log == ["a0"] and Health.asked == 2        # measured, then waited through one busy answer
-    assert waiting_idle(steps, variants[:1]) == steps  # one server: nothing runs beside it
+    assert waiting_idle(steps[:1], variants[:1]) == steps[:1]  # one server alone: nothing runs beside it
+
+
+def test_with_one_server_and_the_raw_reference_a_served_step_ends_once_the_server_is_idle(server):
+    """The raw row is never measured beside the server's settling (issue 47)."""
+    Health.answers = [engine(unsaved_slots=1), engine()]
+    log: list = []
+    variants = [Variant("", Target(server), "m", 0, 1, None)]
+    steps = [step("served", "", log=log), step("raw", "", target="raw", log=log)]
+    wrapped = waiting_idle(steps, variants)
+    assert wrapped[1] is steps[1]
+    wrapped[0].measure()
+    assert log == ["served"] and Health.asked == 2
 
 
 def test_the_restart_step_runs_each_servers_own_restart_command(server, tmp_path):
