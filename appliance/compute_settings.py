@@ -10,7 +10,9 @@ bench's raw reference, the engine's own idle work in another process) each barri
 the time slice the thread it waits for needs, and both processes slow down by one or two orders
 of magnitude. "passive" makes libgomp put a waiting thread to sleep at once (OMP_WAIT_POLICY),
 which must be set in a process before libgomp loads: the engine process and the raw worker do
-so first thing.
+so first thing. Passive is no free default: each barrier then costs a futex wake-up, and a lone
+engine decoding the embedded model ran ~2.7x slower with it (docs/performance.md). So "spin"
+is the default, "passive" the choice for a machine shared with other compute.
 """
 from __future__ import annotations
 

@@ -64,9 +64,9 @@ class EngineConfig:
                              "never holds other streams for more than one chunk")
     step_token_budget: int = opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
     flash_attn: bool = opt(False, "use llama.cpp's flash attention")
-    thread_wait: str = opt("passive", "how the compute threads (llama.cpp's and torch's OpenMP) wait at a barrier: "
-                           "passive (sleep at once: a good neighbour to other processes) | spin (libgomp's "
-                           "default: fastest alone, 10-100x slower beside anything else that computes)")
+    thread_wait: str = opt("spin", "how the compute threads (llama.cpp's and torch's OpenMP) wait at a barrier: "
+                           "spin (libgomp's default: fastest alone, 10-100x slower beside another busy process) | "
+                           "passive (sleep at once: a good neighbour, ~2.7x slower alone here)")
     n_gpu_layers: str = opt("auto", "llama.cpp: layers on the GPU, N | all | auto (auto: the fit planner "
                             "puts the most that fits there, experts leaving it first; see `appliance fit`)")
     cpu_moe: bool = opt(False, "llama.cpp: keep every routed expert in host memory")

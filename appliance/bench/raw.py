@@ -32,7 +32,7 @@ class RawSettings:
     n_slots: int                    # sequences, one KV stream each
     llamacpp: LlamaCppSettings
     grid: Grid                      # where prompts are cut into llama_decode calls
-    thread_wait: str = "passive"    # how its threads wait (compute_settings.thread_env), as the engine's
+    thread_wait: str = "spin"       # how its threads wait (compute_settings.thread_env), as the engine's
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:

@@ -41,8 +41,8 @@ def test_the_engine_process_loads_no_openmp_before_it_sets_the_wait():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
-def test_the_setting_is_passive_by_default_and_checked():
-    assert EngineConfig().thread_wait == "passive" and thread_env("passive") == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_the_setting_spins_by_default_and_is_checked():
+    assert EngineConfig().thread_wait == "spin" and thread_env("passive") == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert thread_env("spin") == {}
     with pytest.raises(ValueError, match="thread_wait"):
         EngineConfig(thread_wait="busy")

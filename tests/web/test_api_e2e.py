@@ -84,7 +84,7 @@ def test_health_reports_the_engine(server):
     assert h["status"] == "ok" and h["n_ctx"] == N_CTX and h["n_slots"] == 4
     assert h["kv_bytes"] > 0 and h["engine_pid"] > 0
     assert h["settings"]["n_batch"] == 512 and h["backend"] in ("llama.cpp", "torch")
-    assert h["settings"]["thread_wait"] == "passive"
+    assert h["settings"]["thread_wait"] == "spin"
     # the start-up log says each thing once, for a person; the whole settings dict is /health's
     log = server.log()
     assert log.count("KV pool") == 1 and log.count(" loaded ") == 1 and "'n_batch'" not in log, log
