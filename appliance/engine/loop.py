@@ -5,10 +5,11 @@ idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) 
 /tokenize and /detokenize are answered as soon as they are read, between steps. An embed is
 queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
-ten times a second. Idle for SETTLE_AFTER_S, the prompt cache first settles the replies that
-ended (one piece per turn, commands read between pieces: `PromptCache.settle_one`), then saves
-one slot's state per tick for its disk writer thread; at Stop it hands over every idle slot and
-waits, bounded, for the writes.
+ten times a second. A step takes the cores in turn with the pool's other engines (cores.py).
+Idle for SETTLE_AFTER_S, and with nothing else computing, the prompt cache first settles the
+replies that ended (one piece per turn, commands read between pieces: `PromptCache.settle_one`),
+then saves one slot's state per tick for its disk writer thread; at Stop it hands over every
+idle slot and waits, bounded, for the writes.
 When the runner can move to faster kernels (a torch runner's first build of its CPU kernels
 done), nobody new is admitted until no request holds a slot; the engine then moves
 (`startup.upgrade`) and sends the server a second `Ready` with the new settings.
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidRequest
 from .ipc import Abort, Command, Detokenize, Embed, Ready, RenderPrompt, StepEvents, Stop, Submit, Tokenize
+from .cores import Neighbours, Turns
 from .embed import Embedder
 from .sched.scheduler import Scheduler
 from .startup import start, start_embedding, upgrade, upgrade_ready
@@ -36,12 +38,15 @@ IDLE_PERSIST_S = 1.0   # idle this long, the engine hands kept prompt states to 
 # idle this long, the engine settles ended replies: a client sending turns back to back has sent
 # the next one by then (bench's agent replay: a few ms), and would otherwise wait for a piece
 SETTLE_AFTER_S = 0.05
+IDLE_RETRY_S = 0.05    # idle work put off (something else computes): looked at again after this
 
 
 class EngineLoop:
-    def __init__(self, cfg: EngineConfig, embedding_only: bool = False) -> None:
+    def __init__(self, cfg: EngineConfig, embedding_only: bool = False, turns: str | None = None) -> None:
         self.outbox: list[Event] = []
         self.cfg = cfg
+        self.turns, self.neighbours = Turns(turns), Neighbours()   # sharing the cores (cores.py)
+        self._idle_retry_at = 0.0
         self.engine = (start_embedding if embedding_only else start)(cfg, self.outbox.append)
         self.info, self.runner = self.engine.info, self.engine.runner
         self.scheduler, self.prompts = self.engine.scheduler, self.engine.prompts
@@ -137,16 +142,11 @@ class EngineLoop:
             if self.has_work():
                 for w in self.workers:
                     if w.has_work():
-                        self._step(w)
+                        with self.turns.turn():        # the cores, in turn with the pool's other engines
+                            self._step(w)
                 busy_at = time.monotonic()
-            elif self._settling():
-                if time.monotonic() - busy_at >= SETTLE_AFTER_S:
-                    self.scheduler.cache.settle_one()  # one piece: a request arriving waits for no more
-            elif self.scheduler is not None and time.monotonic() - busy_at > IDLE_PERSIST_S:
-                # write-behind: one slot's state per idle tick, so a request that arrives
-                # meanwhile waits for at most one save (the file is written by the disk tier's
-                # thread), and a restart finds the conversations
-                self.scheduler.cache.persist_one()
+            else:
+                self._idle_work(busy_at)
             now = time.monotonic()
             # and with a request's end: /health then shows what the release left to do idle
             stats_due = now - last_stats > STATS_INTERVAL_S or any(isinstance(e, (Done, Error)) for e in self.outbox)
@@ -154,6 +154,28 @@ class EngineLoop:
                 if not self._send(evt, self.stats() if stats_due else None):
                     return
                 last_stats = now if stats_due else last_stats
+
+    def _idle_work(self, busy_at: float) -> None:
+        """One piece of idle work, when there is some due and nothing else computes (cores.py):
+        settling an ended reply (one piece: a request arriving waits for no more), else, idle
+        longer, write-behind (one slot's state per tick, so a request that arrives meanwhile
+        waits for at most one save, the file written by the disk tier's thread, and a restart
+        finds the conversations). Beside other work it waits IDLE_RETRY_S and looks again."""
+        now = time.monotonic()
+        settle = self._settling() and now - busy_at >= SETTLE_AFTER_S
+        persist = not self._settling() and self.scheduler is not None and now - busy_at > IDLE_PERSIST_S
+        if not (settle or persist) or now < self._idle_retry_at:
+            return
+        if self.neighbours.busy():
+            self._idle_retry_at = now + IDLE_RETRY_S
+            return
+        with self.turns.idle_turn() as mine:
+            if not mine:
+                self._idle_retry_at = now + IDLE_RETRY_S
+            elif settle:
+                self.scheduler.cache.settle_one()
+            else:
+                self.scheduler.cache.persist_one()
 
     def _upgrade(self, evt: Connection) -> bool:
         """Once the runner can move to faster kernels (`startup.upgrade`): admit nobody new, and
@@ -173,6 +195,7 @@ class EngineLoop:
 
     def close(self) -> None:
         self.engine.close()
+        self.turns.close()
 
     def _send(self, evt: Connection, stats: EngineStats | None) -> bool:
         """Send the outbox (and stats); False when the server is gone."""
@@ -195,7 +218,7 @@ class EngineLoop:
         if self.has_work():
             return 0.0
         if self._settling():
-            return max(0.0, busy_at + SETTLE_AFTER_S - time.monotonic())
+            return max(0.0, busy_at + SETTLE_AFTER_S - time.monotonic(), self._idle_retry_at - time.monotonic())
         return 0.25
 
     def _step(self, worker: Embedder | Scheduler) -> None:

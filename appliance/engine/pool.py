@@ -19,6 +19,9 @@ only embeds; `resolve_embedding` picks the model that answers an embeddings requ
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,6 +74,10 @@ class ModelPool:
         self.log_level, self.load_timeout = srv.log_level, srv.engine_start_timeout
         self.fallback = srv.default_model_fallback
         self._models = {s.name: _Model(s, s.engine_config(config, s.name == default)) for s in specs}
+        # engines that may compute at once take turns at the cores (cores.Turns)
+        shared = len(specs) > 1 and self.max_loaded != 1
+        self._turns_dir = tempfile.mkdtemp(prefix="appliance-cores-") if shared else None
+        self.turns = os.path.join(self._turns_dir, "turns.lock") if self._turns_dir else None
         self._n_chat = sum(s.kind == "chat" for s in specs)
         self._lock = threading.Lock()
         self._closing = False
@@ -153,7 +160,8 @@ class ModelPool:
                 wait_for = self._make_room(m)
                 if m.closing is not None:
                     wait_for.append(m.closing)
-                m.client = EngineClient(m.cfg, self.log_level, embedding_only=m.spec.kind == "embedding")
+                m.client = EngineClient(m.cfg, self.log_level, embedding_only=m.spec.kind == "embedding",
+                                        turns=self.turns)
                 m.failure, m.load_started = None, time.monotonic()
                 m.ready.clear()
             m.leases += 1
@@ -331,6 +339,8 @@ class ModelPool:
                        if m.client is not None]
         for done in closing:
             done.wait()
+        if self._turns_dir:
+            shutil.rmtree(self._turns_dir, ignore_errors=True)
 
 
 def _host_budget() -> int:

@@ -50,7 +50,7 @@ ANSWER_TIMEOUT_S = 60.0  # a tokenize command waits for at most the scheduler st
 
 
 def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: str = "INFO",
-                embedding_only: bool = False) -> None:
+                embedding_only: bool = False, turns: str | None = None) -> None:
     """Entry point of the engine process: load, then loop over commands and scheduler steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the engine stops
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
@@ -58,7 +58,7 @@ def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: 
     from .loop import EngineLoop  # heavy imports (llama_cpp, torch) happen only in this process
 
     try:
-        loop = EngineLoop(cfg, embedding_only)
+        loop = EngineLoop(cfg, embedding_only, turns)
     except ApplianceError as e:
         evt.send(LoadFailed(*e.to_wire()))
         return
@@ -108,10 +108,12 @@ class RequestStream:
 class EngineClient:
     """Owns the engine process: starts it, routes its events, restarts it when it dies."""
 
-    def __init__(self, cfg: EngineConfig, log_level: str = "info", embedding_only: bool = False) -> None:
+    def __init__(self, cfg: EngineConfig, log_level: str = "info", embedding_only: bool = False,
+                 turns: str | None = None) -> None:
         self.cfg = cfg
         self.log_level = log_level
         self.embedding_only = embedding_only     # an embedding model's engine (engine/embed.py)
+        self.turns = turns                       # the lock file of the cores it shares (cores.Turns)
         self.info: RunnerInfo | None = None
         self.stats: EngineStats | None = None
         self._ctx = mp.get_context("spawn")
@@ -252,7 +254,8 @@ class EngineClient:
             cmd_parent, cmd_child = self._ctx.Pipe(duplex=False)
             evt_parent, evt_child = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(target=engine_main, name="appliance-engine", daemon=True,
-                                     args=(self.cfg, cmd_parent, evt_child, self.log_level, self.embedding_only))
+                                     args=(self.cfg, cmd_parent, evt_child, self.log_level, self.embedding_only,
+                                           self.turns))
             proc.start()
             cmd_parent.close()
             evt_child.close()

@@ -189,6 +189,7 @@ def test_the_loop_settles_only_after_a_short_idle_grace(work, settling, idle_s, 
     loop.scheduler = _Sched(work)
     loop.scheduler.cache = type("C", (), {"settling": settling})()
     loop.workers = [loop.scheduler]
+    loop._idle_retry_at = 0.0                 # no idle work put off
     got = loop._poll_timeout(time.monotonic() - idle_s)
     assert got == pytest.approx(expected, abs=0.01)
 
