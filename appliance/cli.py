@@ -60,15 +60,9 @@ def _hostcheck(args: argparse.Namespace) -> int:
 def _llama_build():
     """What the installed llama.cpp can drive, for hostcheck's advice (None if it cannot load)."""
     try:
-        import llama_cpp as L
+        from .engine.runners.ggml_devices import llama_build
 
-        from hostcheck.advice import LlamaBuild, LlamaDevice
-
-        from .engine.runners import ggml_devices
-
-        L.llama_backend_init()
-        return LlamaBuild(L.__version__, bool(L.llama_supports_gpu_offload()),
-                          tuple(LlamaDevice(d.name, d.description, d.free, d.total) for d in ggml_devices.devices()))
+        return llama_build()
     except (ImportError, OSError, AttributeError):
         return None
 

@@ -35,6 +35,8 @@ class LlamaDevice:
     description: str
     free_bytes: int
     total_bytes: int
+    kind: str = ""               # ggml's: cpu | gpu | igpu | accel ("": not said)
+    host_memory: bool = False    # a GPU whose memory is the host's (integrated, or software on the CPU)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from .facts import Fs, Runner, Unavailable, cached, run_command
 from .gpu_amd import gtt_limits, probe_amd_card, uevent_of
 from .gpu_nvidia import driver_from_proc, probe_nvidia
 from .gpu_types import GpuInfo, GpuReport, GttLimits
+from .vulkan import probe_vulkan
 
 VENDORS = {"0x1002": "AMD", "0x10de": "NVIDIA", "0x8086": "Intel"}
 
@@ -39,7 +40,9 @@ def probe_gpus(root: str | Path = "/", run: Runner = run_command) -> GpuReport:
     amd_loaded = fs.exists("/sys/module/amdgpu") or any(g.vendor == "AMD" for g in gpus)
     limits: GttLimits | Unavailable = gtt_limits(fs) if amd_loaded else Unavailable(
         "amdgpu is not loaded")
-    return GpuReport(gpus=tuple(gpus), gtt_limits=limits, not_found=tuple(not_found))
+    # the loader reads the live host only: below a fixture root there is nothing to ask
+    vulkan = probe_vulkan() if Path(root) == Path("/") else Unavailable(f"the Vulkan loader is not read below {root}")
+    return GpuReport(gpus=tuple(gpus), gtt_limits=limits, not_found=tuple(not_found), vulkan=vulkan)
 
 
 def _drm_cards(fs: Fs) -> list[tuple[str, dict[str, str], str]]:

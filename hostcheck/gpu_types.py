@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .facts import Unavailable
+from .vulkan import VulkanDevice
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,5 @@ class GpuReport:
     gpus: tuple[GpuInfo, ...]
     gtt_limits: GttLimits | Unavailable  # Unavailable unless amdgpu is loaded
     not_found: tuple[str, ...] = ()      # why each source found nothing
+    # every device the Vulkan loader lists, software ones included (hostcheck.vulkan)
+    vulkan: tuple[VulkanDevice, ...] | Unavailable = Unavailable("not probed")

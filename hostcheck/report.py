@@ -9,6 +9,7 @@ from .advice import Advice, LlamaBuild
 from .facts import Unavailable, to_jsonable
 from .gpu_types import GpuInfo, GttLimits
 from .snapshot import HostSnapshot
+from .vulkan import VulkanDevice
 
 GIB = 2**30
 WIDTH = 100
@@ -44,8 +45,18 @@ def _llama(llama: LlamaBuild) -> list[str]:
     """The installed llama.cpp's devices, as its registry reports them."""
     head = f"llama.cpp {llama.version}, {'GPU offload' if llama.gpu_offload else 'no GPU backend (CPU only)'}"
     rows = [f"{d.name} ({d.description}): {d.free_bytes / GIB:.1f} GiB free of {d.total_bytes / GIB:.1f} GiB"
-            for d in llama.devices]
+            + _memory_kind(d.kind, d.host_memory) for d in llama.devices]
     return [f"{'llama':<8} {head}"] + [f"{'':<8} {r}" for r in rows]
+
+
+def _memory_kind(kind: str, host_memory: bool) -> str:
+    """Whose memory a llama.cpp GPU holds, as the fit planner counts it."""
+    if kind == "igpu":
+        return "; integrated GPU: host memory, planned as unified"
+    if kind == "gpu" and host_memory:
+        return ("; host memory (a software device on the CPU, which llama.cpp calls a discrete GPU, uma: 0): "
+                "planned as unified")
+    return "; its own memory" if kind == "gpu" else ""
 
 
 def fmt(value: Any, show: Callable[[Any], str] = str) -> str:
@@ -115,6 +126,8 @@ def _gpu(s: HostSnapshot) -> list[str]:
         rows += _one_gpu(g)
     if not rows:
         rows.append("none found: " + "; ".join(s.gpu.not_found))
+    if isinstance(s.gpu.vulkan, tuple):
+        rows += [_vulkan(v) for v in s.gpu.vulkan] or ["Vulkan: the loader lists no device"]
     if isinstance(s.gpu.gtt_limits, GttLimits):
         rows.append(_gtt(s.gpu.gtt_limits))
     return rows
@@ -130,6 +143,13 @@ def _one_gpu(g: GpuInfo) -> list[str]:
             f"  driver {fmt(g.driver)}; runtime {fmt(g.runtime)}",
             f"  VRAM {fmt(g.vram_bytes, _gib)}; GTT {fmt(g.gtt_bytes, _gib)}",
             f"  clock {fmt(g.cur_mhz, _mhz)} now, max {fmt(g.max_mhz, _mhz)} (from {g.source})"]
+
+
+def _vulkan(v: VulkanDevice) -> str:
+    what = {"cpu": "CPU-type: software on the host's cores, its memory host memory",
+            "integrated": "integrated GPU: host memory"}.get(v.type, f"{v.type} GPU")
+    return (f"Vulkan: {v.name} ({what}), API {v.api_version}, device-local heaps "
+            f"{_gib(v.device_local_bytes)}")
 
 
 def _gtt(t: GttLimits) -> str:

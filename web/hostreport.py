@@ -157,7 +157,8 @@ def _engine_facts() -> tuple[LlamaBuild | None, dict[str, Any] | None]:
     if isinstance(devices, list):
         llama = LlamaBuild(str(info.settings.get("llama_cpp_python", "unknown")),
                            any(d.get("kind") in GPU_KINDS for d in devices),
-                           tuple(LlamaDevice(d["name"], d["description"], d["free"], d["total"])
+                           tuple(LlamaDevice(d["name"], d["description"], d["free"], d["total"], d.get("kind", ""),
+                                             bool(d.get("host_memory")))
                                  for d in devices))
     try:
         size = model_bytes_of(info.model_path)

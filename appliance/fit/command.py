@@ -89,13 +89,27 @@ def parse_overrides(items: list[str], devices: list[Device]) -> tuple[tuple[str,
 
 def _host(path: str | None) -> list[Device]:
     if path is None:
-        from hostcheck import collect
+        from hostcheck import collect, to_jsonable
 
-        return from_snapshot(collect(power_interval_s=0.0).to_dict())
+        snap = {"snapshot": collect(power_interval_s=0.0).to_dict()}
+        llama = _local_llama()
+        if llama is not None:      # what hostcheck --json holds: a GPU only llama.cpp sees is planned too
+            snap["llama_cpp"] = to_jsonable(llama)
+        return from_snapshot(snap)
     try:
         return from_snapshot(json.loads(Path(path).read_text()))
     except (OSError, ValueError, AttributeError) as e:
         raise BadInput(f"--host {path}: not a hostcheck snapshot it can read: {e}") from None
+
+
+def _local_llama():
+    """The installed llama.cpp's devices (hostcheck.advice.LlamaBuild), or None without one."""
+    try:
+        from ..engine.runners.ggml_devices import llama_build
+
+        return llama_build()
+    except (ImportError, OSError, AttributeError):
+        return None
 
 
 def _model(args: argparse.Namespace) -> ModelFacts:

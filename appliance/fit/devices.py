@@ -10,7 +10,10 @@ another's `appliance hostcheck --json`).
                    (the planner counts both against one pool, `shares_host`)
 
 Free memory at start (llama.cpp's `ggml_backend_dev_memory`) replaces the snapshot's total for
-a device when the engine plans for itself.
+a device when the engine plans for itself. A GPU that only llama.cpp sees (no PCI display
+device: a software Vulkan device such as Mesa's lavapipe) is planned from what llama.cpp
+reported in the snapshot (`hostcheck --json`'s "llama_cpp"); one whose memory is the host's (an
+integrated GPU, or software on the CPU, which llama.cpp calls a discrete GPU) counts as unified.
 """
 from __future__ import annotations
 
@@ -35,8 +38,9 @@ class Device:
     name: str                 # "CPU", "GPU0", ...
     kind: str                 # "cpu" | "gpu"
     budget: int               # bytes the planner may fill
-    unified: bool = False     # a GPU that maps host memory (an APU)
+    unified: bool = False     # a GPU that maps host memory (an APU, or software on the CPU)
     carve_out: int = 0        # unified: the dedicated (BIOS) part of the budget
+    gtt: bool = False         # unified through amdgpu's GTT, whose limit is a kernel setting
     how: str = ""             # how the budget was found, for the report
 
 
@@ -47,6 +51,7 @@ def _int(value: Any) -> int | None:
 def from_snapshot(snap: dict) -> list[Device]:
     """Devices from a hostcheck snapshot as JSON (`HostSnapshot.to_dict()`, or the whole of
     `appliance hostcheck --json`, which holds it under "snapshot"). The CPU first."""
+    llama = snap.get("llama_cpp") if isinstance(snap.get("llama_cpp"), dict) else {}
     snap = snap.get("snapshot", snap)
     mem = snap.get("memory") or {}
     total, avail = _int(mem.get("total_bytes")), _int(mem.get("available_bytes"))
@@ -67,24 +72,42 @@ def from_snapshot(snap: dict) -> list[Device]:
                                       ("ttm.pages_limit", ttm_pages * 4096 if ttm_pages else None)) if v}
             gtt_name, gtt = min(caps.items(), key=lambda kv: kv[1]) if caps else ("no GTT limit read", 0)
             gtt = min(gtt, cpu_budget)
-            devices.append(Device(f"GPU{i}", "gpu", vram + gtt, unified=True, carve_out=vram,
+            devices.append(Device(f"GPU{i}", "gpu", vram + gtt, unified=True, carve_out=vram, gtt=True,
                                   how=f"carve-out {vram / GIB:.1f} GiB + GTT {gtt / GIB:.1f} GiB ({gtt_name})"))
         elif vram:
             devices.append(Device(f"GPU{i}", "gpu", vram - gpu_reserve(vram),
                                   how=f"{vram / GIB:.1f} GiB VRAM less {gpu_reserve(vram) / GIB:.1f} GiB reserve"))
-    return devices
+    return devices + ([] if gpu.get("gpus") else _llama_gpus(llama))
+
+
+def _llama_gpus(llama: dict) -> list[Device]:
+    """The GPUs llama.cpp reported when hostcheck found no PCI one: each from its free memory."""
+    out: list[Device] = []
+    for d in llama.get("devices") or []:
+        free, total = _int(d.get("free_bytes")), _int(d.get("total_bytes"))
+        if d.get("kind") in ("gpu", "igpu") and free is not None and total:
+            memory = "gtt" if d.get("kind") == "igpu" else "host" if d.get("host_memory") else "own"
+            out.append(_measured_gpu(f"GPU{len(out)}", memory, free, total,
+                                     f"llama.cpp's {d.get('name')} ({d.get('description')}): "))
+    return out
+
+
+def _measured_gpu(name: str, memory: str, free: int, total: int, what: str = "") -> Device:
+    """A GPU's budget from its free memory (a small margin stays free). `memory`: "own" (a
+    card's VRAM), "gtt" (an integrated GPU: host memory, mapped through amdgpu's GTT on AMD) or
+    "host" (software on the CPU, such as lavapipe: host memory, no GTT)."""
+    margin = max(total // 50, GIB // 4)
+    host = "" if memory == "own" else ", host memory"
+    return Device(name, "gpu", max(free - margin, 0), unified=memory != "own", gtt=memory == "gtt",
+                  how=f"{what}{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB{host}, less {margin / GIB:.2f} GiB")
 
 
 def from_measured(host_total: int, host_available: int,
-                  gpus: list[tuple[str, bool, int, int]]) -> list[Device]:
+                  gpus: list[tuple[str, str, int, int]]) -> list[Device]:
     """Devices from what the running host reports: its memory (/proc/meminfo) and each GPU's
-    (planner name, unified, free, total) from llama.cpp's device registry. A GPU's free memory
-    already leaves out what the driver and other processes hold; a small margin stays free."""
+    (planner name, memory: own | gtt | host, free, total) from llama.cpp's device registry. A
+    GPU's free memory already leaves out what the driver and other processes hold."""
     budget = min(host_total - host_reserve(host_total), host_available)
     out = [Device("CPU", "cpu", budget, how=f"{host_available / GIB:.1f} GiB available of "
                                              f"{host_total / GIB:.1f} GiB, less the OS's share")]
-    for name, unified, free, total in gpus:
-        margin = max(total // 50, GIB // 4)
-        out.append(Device(name, "gpu", max(free - margin, 0), unified=unified,
-                          how=f"{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, less {margin / GIB:.2f} GiB"))
-    return out
+    return out + [_measured_gpu(name, memory, free, total) for name, memory, free, total in gpus]

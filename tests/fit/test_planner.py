@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -119,8 +120,9 @@ def test_whole_layers_leave_when_attention_and_kv_alone_do_not_fit(hosts, models
     p = plan(m, req, devices)
     assert p.fits and p.n_cpu_ffn == m.n_layer and p.n_gpu_layers < m.n_layer
     on_gpu = sorted(i for i, d in p.layers.items() if d == "GPU0")
-    assert on_gpu == list(range(m.n_layer - p.n_gpu_layers, m.n_layer))   # the last layers, as llama.cpp does
-    assert p.where["output.weight"] == "CPU"
+    # as llama.cpp does: the output counts as the last layer, so N layers are it and the last N - 1
+    assert on_gpu == list(range(m.n_layer + 1 - p.n_gpu_layers, m.n_layer))
+    assert p.where["output.weight"] == "GPU0"
     one_more = place(m, req, devices, p.n_gpu_layers + 1, 0, m.n_layer)
     assert not one_more.fits
 
@@ -177,8 +179,8 @@ def test_fixed_gpu_layers_cpu_moe_and_overrides_are_kept(hosts, models):
     devices = dev.from_snapshot(hosts["desktop"])
     llama = models["Llama-3.1-8B-Q4_K_M"]
     p = plan(llama, FitRequest(n_ctx=8192, n_slots=4, n_gpu_layers=10), devices)
-    assert p.fits and sorted(i for i, d in p.layers.items() if d == "GPU0") == list(range(22, 32))
-    assert p.where["output.weight"] == "CPU"
+    assert p.fits and sorted(i for i, d in p.layers.items() if d == "GPU0") == list(range(23, 32))
+    assert p.where["output.weight"] == "GPU0"                    # the tenth of llama.cpp's ten
     qwen = models["Qwen3-30B-A3B-Q4_K_M"]
     p = plan(qwen, FitRequest(n_ctx=8192, n_slots=4, n_cpu_moe=qwen.n_layer), devices)
     assert p.fits and p.use["GPU0"].weights["expert"] == 0 and p.overrides[0][0].startswith(r"blk\.\d+")
@@ -227,3 +229,70 @@ def test_a_header_read_by_ranges_is_the_header_read_from_disk():
     assert sum(n for _, n in calls) < 4 * 2 ** 20 < len(data)        # a few MiB of a 98 MB file
     with pytest.raises(PastEnd):
         read_header_ranged(read, len(data), first=4096, limit=65536)
+
+
+# -- a GPU only llama.cpp sees: a software Vulkan device --------------------------------------
+
+def _with_llama_devices(snap: dict, *gpus: dict) -> dict:
+    cpu = {"name": "CPU", "description": "AMD EPYC", "free_bytes": 24 * GIB, "total_bytes": 24 * GIB, "kind": "cpu"}
+    return {"snapshot": snap, "llama_cpp": {"version": "0.3.36", "gpu_offload": bool(gpus), "devices": [cpu, *gpus]}}
+
+
+LAVAPIPE = {"name": "Vulkan0", "description": "llvmpipe (LLVM 15.0.6, 256 bits)", "free_bytes": 2 * GIB,
+            "total_bytes": 2 * GIB, "kind": "gpu", "host_memory": True}
+
+
+def test_a_software_vulkan_device_is_planned_as_host_memory(hosts, models):
+    """lavapipe: no PCI device, so only llama.cpp lists it; a "discrete" GPU to llama.cpp
+    (uma: 0) whose 2 GiB are the host's. Planned from its free memory, as unified: what it holds
+    counts against the host's budget too."""
+    devices = dev.from_snapshot(_with_llama_devices(hosts["vm"], LAVAPIPE))
+    gpu = gpu_of(devices)
+    assert [d.name for d in devices] == ["CPU", "GPU0"] and gpu.unified and gpu.carve_out == 0
+    assert gpu.budget == 2 * GIB - GIB // 4 and "llvmpipe" in gpu.how and "host memory" in gpu.how
+    cpu = devices[0]
+    m = models["Llama-3.1-8B-Q4_K_M"]
+    p = plan(m, FitRequest(n_ctx=4096, n_slots=1), devices)
+    assert p.fits and p.n_cpu_ffn > 0                               # 2 GiB hold attention, not every FFN
+    assert not any("ttm.pages_limit" in n for n in p.notes)         # no GTT to raise: it is no APU
+    squeezed = [dev.Device("CPU", "cpu", p.use["CPU"].total + p.use["GPU0"].total - 1), gpu]
+    assert not place(m, p.request, squeezed, p.n_gpu_layers, 0, p.n_cpu_ffn).fits   # one pool: the host's
+    assert place(m, p.request, [replace(cpu, budget=squeezed[0].budget), replace(gpu, unified=False)],
+                 p.n_gpu_layers, 0, p.n_cpu_ffn).fits              # counted apart, it would seem to fit
+
+
+def test_llama_cpp_devices_are_ignored_where_hostcheck_found_the_gpu(hosts):
+    card = {**LAVAPIPE, "name": "CUDA0", "description": "RTX 4090", "host_memory": False}
+    devices = dev.from_snapshot(_with_llama_devices(hosts["desktop"], card))
+    assert [d.name for d in devices] == ["CPU", "GPU0"] and "VRAM" in gpu_of(devices).how
+    plain = dev.from_snapshot(_with_llama_devices(hosts["vm"], {**LAVAPIPE, "host_memory": False}))
+    assert not gpu_of(plain).unified                                 # a real card's own memory
+
+
+def test_n_gpu_layers_counts_the_output_as_llama_cpp_does(hosts, models):
+    """llama-model.cpp: i_gpu_start = n_layer + 1 - n_gpu_layers, the output being layer n_layer.
+    Seen on llama.cpp's Vulkan backend (scripts/vulkan_check.sh): -ngl 1 put the output alone
+    on Vulkan0, -ngl 15 of the embedded model's 30 layers the output and 14 layers."""
+    m, devices = models["Llama-3.1-8B-Q4_K_M"], dev.from_snapshot(hosts["desktop"])
+    req = FitRequest(n_ctx=4096, n_slots=1)
+    for ngl, layers in ((0, []), (1, []), (2, [31]), (16, list(range(17, 32))), (33, list(range(32)))):
+        p = place(m, req, devices, ngl, 0, 0)
+        assert sorted(i for i, d in p.layers.items() if d == "GPU0") == layers
+        assert p.where["output.weight"] == ("GPU0" if ngl else "CPU")
+        assert p.use["GPU0"].kv == sum(kv_bytes(m, i, req) for i in layers)
+
+
+def test_a_gpu_build_computes_big_batches_on_the_gpu(hosts, models):
+    """Op offload: llama.cpp runs a batch of 32 tokens or more on the GPU whatever holds the
+    weights, so the GPU's compute buffer is the graph's peak even with no layer there (plus a
+    copy of the host weights it multiplies by), and the host's only its inputs and the mask.
+    On Vulkan, embedded model, 512-token micro-batch: -ngl 0 gave Vulkan0 132.5 MB of compute
+    (the logits' 100.7 MB and a copy of the 30.1 MB output) and the host 4.2 MB."""
+    m, devices = models["Llama-3.1-8B-Q4_K_M"], dev.from_snapshot(hosts["desktop"])
+    req = FitRequest(n_ctx=4096, n_slots=1, flash_attn=True)          # the logits are the peak
+    nothing, everything = place(m, req, devices, 0, 0, 0), place(m, req, devices, 33, 0, 0)
+    output = sum(t.nbytes for t in m.tensors if t.role == "output")       # the output and its norm
+    assert nothing.use["GPU0"].compute == everything.use["GPU0"].compute + output
+    assert nothing.use["CPU"].compute == everything.use["CPU"].compute < everything.use["GPU0"].compute // 10
+    cpu_only = place(m, req, [devices[0]], 0, 0, 0)                 # no GPU: the CPU computes it all
+    assert cpu_only.use["CPU"].compute == planner.compute_bytes(m, req, True, True)

@@ -143,7 +143,8 @@ def test_the_loaded_models_engine_report_feeds_the_advice(tmp_path, monkeypatch)
     assert "llama.cpp without a GPU backend" in settings and "GTT limit below the model's size" in settings
     assert body["model"] == {"name": "big", "bytes": 70 * GIB}
     assert body["llama_cpp"] == {"version": "0.3.16", "gpu_offload": False, "devices": [
-        {"name": "CPU", "description": "AMD RYZEN AI MAX+ 395", "free_bytes": 1, "total_bytes": 2}]}
+        {"name": "CPU", "description": "AMD RYZEN AI MAX+ 395", "free_bytes": 1, "total_bytes": 2, "kind": "cpu",
+         "host_memory": False}]}
 
 
 def test_every_fact_without_its_own_source_has_one_listed():

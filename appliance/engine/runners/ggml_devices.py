@@ -4,13 +4,18 @@ and buffer type, and the NULL-terminated `llama_model_tensor_buft_override` arra
 tensors by pattern (llama-cpp-python declares `tensor_buft_overrides` as a plain pointer).
 
 A CPU build lists one device, "CPU"; a CUDA build adds "CUDA0", ...; Vulkan "Vulkan0"; ROCm
-"ROCm0". The planner calls GPUs GPU0, GPU1, ... in the registry's order; `buffer_type(name)`
-takes either spelling.
+"ROCm0". The planner calls GPUs GPU0, GPU1, ... in the registry's order; `find(name)` takes
+either spelling.
+
+Whose memory a GPU holds: ggml says "igpu" for an integrated GPU, but a CPU-type Vulkan device
+(Mesa's lavapipe, which llama.cpp lists when GGML_VK_VISIBLE_DEVICES names it) is "gpu" to it,
+though it is software on the host's cores and its memory is host memory: the Vulkan loader's
+device type says so (hostcheck.vulkan), and `host_memory` is true for both.
 """
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp as L
@@ -56,6 +61,13 @@ class GgmlDevice:
     total: int
     buft: int                   # ggml_backend_buffer_type_t
     planner_name: str           # "CPU", "GPU0", ... (accelerators: their own name)
+    host_memory: bool = False   # a GPU whose memory is the host's: integrated, or software on the CPU
+
+    @property
+    def memory(self) -> str:
+        """Whose memory, as the fit planner counts it: own (VRAM), gtt (an integrated GPU), host
+        (software on the CPU)."""
+        return "gtt" if self.kind == "igpu" else "host" if self.host_memory else "own"
 
 
 def devices() -> list[GgmlDevice]:
@@ -74,7 +86,32 @@ def devices() -> list[GgmlDevice]:
         out.append(GgmlDevice(i, base.ggml_backend_dev_name(dev).decode(),
                               (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
                               kind, free.value, total.value, base.ggml_backend_dev_buffer_type(dev), planner))
-    return sorted(out, key=lambda d: d.kind != "cpu")
+    return sorted(_mark_host_memory(out), key=lambda d: d.kind != "cpu")
+
+
+def _mark_host_memory(devs: list[GgmlDevice]) -> list[GgmlDevice]:
+    """Each GPU with `host_memory` set: ggml's igpu, or a Vulkan device of the integrated or CPU
+    type by the Vulkan loader's account (matched by name: ggml's description is Vulkan's
+    deviceName). The loader is asked only when there is a Vulkan device."""
+    types: dict[str, bool] = {}
+    if any(d.name.startswith("Vulkan") for d in devs):
+        from hostcheck.vulkan import probe_vulkan
+
+        found = probe_vulkan()
+        types = {v.name: v.host_memory for v in found} if isinstance(found, tuple) else {}
+    return [replace(d, host_memory=d.kind == "igpu" or (d.kind == "gpu" and types.get(d.description, False)))
+            for d in devs]
+
+
+def llama_build():
+    """What the installed llama.cpp can drive, for hostcheck and `appliance fit`: its version,
+    whether it offloads to a GPU, and its devices (with whose memory each holds)."""
+    from hostcheck.advice import LlamaBuild, LlamaDevice
+
+    L.llama_backend_init()
+    return LlamaBuild(L.__version__, bool(L.llama_supports_gpu_offload()),
+                      tuple(LlamaDevice(d.name, d.description, d.free, d.total, d.kind, d.host_memory)
+                            for d in devices()))
 
 
 def find(name: str, devs: list[GgmlDevice]) -> GgmlDevice | None:
