@@ -138,3 +138,52 @@ def test_the_kv_fingerprint_holds_the_placement(moe):
     assert plain == fingerprint() and "devices=CPU:" in plain and "n_gpu_layers=0" in plain
     moved = {fingerprint(n_cpu_moe=1), fingerprint(cpu_moe=True), fingerprint(override_tensor=r"blk\.0\.attn_q\.=CPU")}
     assert len(moved) == 3 and plain not in moved
+
+
+def test_what_llama_cpp_allocated_is_in_the_placement_beside_the_plan():
+    """/health shows the buffers llama.cpp said it allocated at load beside the planned bytes."""
+    r = runner(embedded_model_path())
+    try:
+        p = r.info.placement
+    finally:
+        r.close()
+    cpu = p["devices"]["CPU"]
+    assert p["allocated"]["CPU"]["KV"] == pytest.approx(cpu["kv"], abs=2**20 / 100)   # MiB with 2 decimals
+    assert sum(b.get("model", 0) for b in p["allocated"].values()) == pytest.approx(sum(cpu["weights"].values()),
+                                                                                  abs=2**20 / 100)
+
+
+def test_a_load_that_fails_inside_llama_cpp_says_why(tmp_path):
+    from tests.engine.gguf_fixtures import write_tiny_llama
+
+    broken = write_tiny_llama(tmp_path / "broken.gguf")
+    data = broken.read_bytes()
+    broken.write_bytes(data[: len(data) * 2 // 3])     # the header reads; the tensor data is cut short
+    with pytest.raises(ModelLoadError, match="could not load this file as a GGUF model; llama.cpp said: .*"):
+        runner(broken)
+
+
+def test_a_gpu_that_got_less_than_planned_is_noted():
+    """llama.cpp falls back to host memory, silently, for a tensor larger than a device buffer
+    may be (seen on Vulkan with GGML_VK_FORCE_MAX_ALLOCATION_SIZE): the placement says so."""
+    import dataclasses
+
+    from appliance.engine.runners.ggml_devices import GgmlDevice
+    from appliance.engine.runners.placement import RunnerPlacement
+    from appliance.fit.devices import GIB, Device
+    from appliance.fit.model import from_gguf
+    from appliance.fit.planner import FitRequest, plan
+
+    facts = from_gguf(embedded_model_path())
+    placement = plan(facts, FitRequest(n_ctx=512), [Device("CPU", "cpu", 8 * GIB), Device("GPU0", "gpu", 8 * GIB)])
+    gpu = GgmlDevice(1, "Vulkan0", "llvmpipe", "gpu", 2 * GIB, 2 * GIB, 0, "GPU0", True)
+    placed = RunnerPlacement(placement, facts, [dataclasses.replace(gpu, index=0, name="CPU", kind="cpu"), gpu],
+                             None, "Vulkan0")
+    use = placement.use["GPU0"]
+    placed.record_allocations([f"load_tensors:      Vulkan0 model buffer size = {sum(use.weights.values()) / 2**20:.2f} MiB",
+                               f"llama_kv_cache:      Vulkan0 KV buffer size = {use.kv / 2**20:.2f} MiB"])
+    assert placed.drift() == [] and placed.allocated["Vulkan0"]["KV"] == pytest.approx(use.kv, abs=6000)
+    placed.allocated["Vulkan0"]["model"] = 136315
+    assert placed.drift() == ["llama.cpp allocated 0.1 MiB of model buffers on Vulkan0 where 92.1 MiB were "
+                              "planned: the rest is in host memory"]
+    assert placed.summary()["notes"][-1] == placed.drift()[0]

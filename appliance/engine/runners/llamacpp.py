@@ -23,13 +23,14 @@ import numpy as np
 
 import llama_cpp as L
 
+from ...compute_settings import LlamaCppSettings
 from ...config import EngineConfig
 from ...errors import EngineFailure, ModelLoadError
 from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from .base import RunnerInfo, Span
 from .placement import GGML_KV_TYPES, place_model
-from .vocab import TextMethods, Vocab, init_backend, load_model, meta
+from .vocab import TextMethods, Vocab, captured_log, init_backend, load_model, meta
 
 log = logging.getLogger("appliance.llamacpp")
 
@@ -70,12 +71,37 @@ class LlamaCppRunner(TextMethods):
             s = dataclasses.replace(s, flash_attn=True)
         self.llamacpp = s
         self.placed = place_model(cfg, model_path, s.flash_attn)   # refuses an impossible placement first
-        self.model = load_model(model_path, params=self.placed.model_params(cfg.main_gpu))
+        with captured_log() as said:
+            try:
+                self.model = load_model(model_path, params=self.placed.model_params(cfg.main_gpu))
+                self._context(cfg, model_path, s)
+            except ModelLoadError as e:      # with llama.cpp's reason: a buffer a device did not give
+                raise ModelLoadError(e.message + said.why()) from None
+        self.placed.record_allocations(said.lines)
+        for note in self.placed.drift():
+            log.warning("placement: %s", note)
         self.text = Vocab(self.model)
         self.n_vocab = self.text.n_vocab
         n_ctx_train = L.llama_model_n_ctx_train(self.model)
         n_ctx = cfg.n_ctx or n_ctx_train
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_batch = s.n_batch
+        self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
+        n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
+        self.info = RunnerInfo(
+            backend="llama.cpp", model_path=str(model_path), model_name=model_name,
+            arch=meta(self.model, "general.architecture") or "unknown",
+            n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
+            **self.text.facts(),
+            kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
+            settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__},
+            fingerprint=file_fingerprint(model_path),
+            placement=self.placed.summary(),
+        )
 
+    def _context(self, cfg: EngineConfig, model_path: Path, s: LlamaCppSettings) -> None:
+        """The llama context: one KV stream per slot, the batch shapes, threads, KV type."""
+        n_ctx = cfg.n_ctx or L.llama_model_n_ctx_train(self.model)
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx * cfg.n_slots
         cp.n_seq_max = cfg.n_slots
@@ -91,20 +117,6 @@ class LlamaCppRunner(TextMethods):
             L.llama_model_free(self.model)
             raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of "
                                  f"{cfg.n_slots} x {n_ctx} positions")
-        self.mem = L.llama_get_memory(self.ctx)
-        self.n_batch = s.n_batch
-        self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
-        n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
-        self.info = RunnerInfo(
-            backend="llama.cpp", model_path=str(model_path), model_name=model_name,
-            arch=meta(self.model, "general.architecture") or "unknown",
-            n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
-            **self.text.facts(),
-            kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
-            settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__},
-            fingerprint=file_fingerprint(model_path),
-            placement=self.placed.summary(),
-        )
 
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV type,

@@ -10,7 +10,8 @@ which is what it did before the planner).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as L
@@ -30,6 +31,8 @@ GPU_BUILD_HINT = ("reinstall llama-cpp-python with a GPU backend, e.g. CMAKE_ARG
                   "(or -DGGML_HIP=on, -DGGML_CUDA=on) pip install --force-reinstall --no-cache-dir "
                   "llama-cpp-python (the README has each line)")
 GGML_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+# llama.cpp's lines at load: "load_tensors:      Vulkan0 model buffer size =    76.04 MiB"
+BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute) buffer size\s*=\s*([\d.]+) MiB")
 
 
 @dataclass
@@ -39,6 +42,7 @@ class RunnerPlacement:
     devices: list[ggml_devices.GgmlDevice]
     overrides: ggml_devices.OverrideArray | None   # kept alive as long as the model
     gpu: str | None = None                         # llama.cpp's name of the GPU holding the layers
+    allocated: dict[str, dict[str, int]] = field(default_factory=dict)   # what llama.cpp said it allocated
 
     def identity(self) -> str:
         """What of the placement changes the computed bits, for the KV fingerprint: the devices
@@ -55,8 +59,35 @@ class RunnerPlacement:
         """The placement for /health: devices, layers, overrides and bytes."""
         p = self.placement.to_dict()
         p["llama_devices"] = [{"name": d.name, "description": d.description, "kind": d.kind,
-                               "free": d.free, "total": d.total} for d in self.devices]
+                               "host_memory": d.host_memory, "free": d.free, "total": d.total}
+                              for d in self.devices]
+        p["allocated"] = self.allocated
+        p["notes"] = p["notes"] + self.drift()
         return p
+
+    def drift(self) -> list[str]:
+        """Where llama.cpp put weights or KV on the GPU other than as planned (by more than 5% and
+        a MiB): it falls back to host memory, silently, for a tensor larger than what the device
+        says one buffer may hold. Nothing when its lines were not read."""
+        use, got = self.placement.use.get(self.placement.gpu or ""), self.allocated.get(self.gpu or "")
+        if use is None or not got:
+            return []
+        out = []
+        for kind, planned in (("model", sum(use.weights.values())), ("KV", use.kv)):
+            have = got.get(kind, 0)
+            if abs(have - planned) > max(planned // 20, 2**20):
+                out.append(f"llama.cpp allocated {have / 2**20:.1f} MiB of {kind} buffers on {self.gpu} where "
+                           f"{planned / 2**20:.1f} MiB were planned: the rest is in host memory")
+        return out
+
+    def record_allocations(self, lines: list[str]) -> None:
+        """Keep what llama.cpp said it allocated while loading: bytes by buffer (Vulkan0,
+        CPU_Mapped, CPU_REPACK, ...) and kind (model, KV, compute), beside the planned bytes in
+        /health. Its wording, not an API (llama.cpp has none for this): unmatched, it is empty."""
+        for buf, kind, mib in BUFFER_LINE.findall("\n".join(lines)):
+            got = self.allocated.setdefault(buf, {})
+            got[kind] = got.get(kind, 0) + round(float(mib) * 2**20)
+
 
     def model_params(self, main_gpu: int) -> L.llama_model_params:
         mp = L.llama_model_default_params()
@@ -116,7 +147,7 @@ def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> Runner
     req = _request(cfg, facts, devs, gpu, flash_attn)
     mem = psutil.virtual_memory()
     fit_devices = from_measured(mem.total, mem.available,
-                                [("GPU0", gpu.kind == "igpu", gpu.free, gpu.total)] if gpu else [])
+                                [("GPU0", gpu.memory, gpu.free, gpu.total)] if gpu else [])
     placement = plan(facts, req, fit_devices)
     text = render(facts, placement)
     if not placement.fits and (gpu or req.overrides or req.n_cpu_moe is not None):

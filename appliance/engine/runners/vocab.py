@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import llama_cpp as L
 
@@ -23,11 +24,43 @@ log.setLevel(logging.WARNING)  # llama.cpp's info and debug lines only when aske
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
 
+class LoadLog:
+    """llama.cpp's info, warning and error lines while `captured_log` runs."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+
+    def why(self) -> str:
+        """llama.cpp's own errors, to end a load failure's message with (empty if it gave none)."""
+        said = "; ".join(e.strip() for e in self.errors[-4:])
+        return f"; llama.cpp said: {said}" if said else ""
+
+
+_captured: LoadLog | None = None
+
+
 @L.llama_log_callback
 def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     lvl = _LEVELS.get(level, logging.DEBUG)
+    if _captured is not None and lvl >= logging.INFO:
+        _captured.lines.append(text.decode(errors="replace"))
+        if lvl >= logging.ERROR:
+            _captured.errors.append(text.decode(errors="replace"))
     if log.isEnabledFor(lvl):
         log.log(lvl, "%s", text.decode(errors="replace").rstrip())
+
+
+@contextmanager
+def captured_log() -> Iterator[LoadLog]:
+    """llama.cpp's lines while the block runs, whatever the logger's level: what it says it
+    allocated at load, and why a load failed (the engine loads in one thread)."""
+    global _captured
+    _captured = said = LoadLog()
+    try:
+        yield said
+    finally:
+        _captured = None
 
 
 def init_backend() -> None:
