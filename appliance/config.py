@@ -105,6 +105,9 @@ class EngineConfig:
                                   "differ from serial decoding; every response says so in timings)")
     max_queue: int = opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
+    max_choices: int = opt(4, "most choices (OpenAI's n) one request may ask for; they decode in parallel "
+                           "from one prefill of the prompt, each in a slot of its own, so never more than "
+                           "--n-slots (a request over either bound is a 400)")
     seed: int | None = opt(None, "sampling seed for requests that give none, so the same request gets "
                            "the same reply (default: a random seed per request)")
     chat_template: str | None = opt(None, "chat template in place of the model's own: a built-in name ("
@@ -136,6 +139,7 @@ class EngineConfig:
         _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
         _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")
         _require(self.n_slots >= 1, "n_slots must be at least 1")
+        _require(self.max_choices >= 1, "max_choices must be at least 1")
         _require(self.n_ctx >= 0, "n_ctx must be 0 (the model's) or positive")
         _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")
         _require(1 <= self.prefill_chunk <= self.n_batch,

@@ -20,21 +20,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from flask import Blueprint, jsonify, request
 
 from appliance import __version__
 from appliance.engine.chat import CHATML
 from appliance.engine.process import EngineClient
-from appliance.engine.runners.base import FimTokens
 from appliance.engine.types import Constraint, Delta, Done, Request, SamplingParams, TokenLogprob, TopLogprob
 from appliance.errors import ApplianceError
 
 from . import api, openai_chat, openai_responses, responses, serving
+from .infill import infill_ids
 from .serving import need
 from .params import MAX_TOP_LOGPROBS, N_CTX, Param
+from .sampling import LogitBias
+
+Tokenize = Callable[[list[str]], list[list[int]]]
 
 bp = Blueprint("llamaserver", __name__)
 
@@ -47,21 +51,13 @@ PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "p
 UNSUPPORTED = {"mirostat": (0, "Mirostat sampling"), "dynatemp_range": (0, "dynamic temperature"),
                "typical_p": (1, "locally typical sampling"), "xtc_probability": (0, "XTC sampling"),
                "dry_multiplier": (0, "DRY sampling"), "post_sampling_probs": (False, "post-sampling probabilities"),
-               "n_cmpl": (1, "several completions"), "logit_bias": ([], "logit_bias"),
-               "lora": ([], "per-request LoRA adapters")}
+               "n_cmpl": (1, "several completions"), "lora": ([], "per-request LoRA adapters")}
 
 N_PREDICT = Param("n_predict", "integer", "Most tokens to generate; -1 until the end of the context or of "
                   "generation, 0 only evaluates the prompt into the cache", lo=-1, hi=N_CTX, default=-1)
 N_PROBS = Param("n_probs", "integer", "Report the N most likely tokens at each generated token",
                 lo=0, hi=MAX_TOP_LOGPROBS, default=0)
 RETURN_TOKENS = Param("return_tokens", "boolean", "Answer the generated token ids in `tokens`", default=False)
-
-# /infill: llama-server's prompt (format_prompt_infill). The prefix and suffix get a budget of
-# llama-server's default batch, 3:1 (at most half a small context); the extra context fills what
-# the context has left after them and twice the reply's budget, its most recent part kept.
-FIM_BATCH = 2048
-REPO, FILE, SNIPPET = "myproject\n", "filename\n", "\n\n--- snippet ---\n\n"
-
 
 # -- request: llama-server -> OpenAI ------------------------------------------------------------
 @dataclass(frozen=True)
@@ -73,23 +69,53 @@ class Native:
     return_tokens: bool = False
     grammar: str | None = None
     fields: tuple[str, ...] = ()      # response_fields: answer only these
+    logit_bias: LogitBias = ()
 
     @staticmethod
-    def read(body: dict[str, Any], n_ctx: int) -> Native:
+    def read(body: dict[str, Any], n_ctx: int, tokenize: Tokenize | None = None) -> Native:
+        """`tokenize`: texts -> their token ids (no special tokens), for a logit_bias naming text."""
         grammar, fields = body.get("grammar") or None, body.get("response_fields")
         fields = [] if fields is None else fields
         need(grammar is None or isinstance(grammar, str), "'grammar' must be a GBNF grammar (a string)", "grammar")
         need(grammar is None or body.get("json_schema") is None, "give 'grammar' or 'json_schema', not both", "grammar")
         need(isinstance(fields, list) and all(isinstance(f, str) for f in fields),
              "'response_fields' must be a list of field names", "response_fields")
-        return Native(N_PREDICT.read(body, n_ctx), N_PROBS.read(body), RETURN_TOKENS.read(body), grammar, tuple(fields))
+        return Native(N_PREDICT.read(body, n_ctx), N_PROBS.read(body), RETURN_TOKENS.read(body), grammar, tuple(fields),
+                      logit_bias(body.get("logit_bias"), tokenize))
 
     def adjust(self, req: Request) -> Request:
         """The validated /v1/completions request, with what its body could not say."""
         params = dataclasses.replace(req.params, max_tokens=None if self.n_predict < 0 else max(self.n_predict, 1),
-                                     logprobs=self.n_probs > 0, top_logprobs=self.n_probs)
+                                     logprobs=self.n_probs > 0, top_logprobs=self.n_probs, logit_bias=self.logit_bias)
         constraint = Constraint("gbnf", self.grammar) if self.grammar else req.constraint
         return dataclasses.replace(req, params=params, constraint=constraint)
+
+
+def logit_bias(value: Any, tokenize: Tokenize | None) -> LogitBias:
+    """llama-server's logit_bias: [[token id or text, bias], ...] or {"token id or text": bias}. A
+    bias is a number (any size) or false, which bans the token; a text's every token (tokenized
+    without special tokens, as llama-server does) gets the bias."""
+    if value is None:
+        return ()
+    need(isinstance(value, (list, dict)), "'logit_bias' must be [[token id or text, bias], ...] or "
+         "{\"token id or text\": bias}", "logit_bias")
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    out: list[tuple[int | str, float]] = []
+    for pair in pairs:
+        need(isinstance(pair, (list, tuple)) and len(pair) == 2, f"logit_bias entries must be [token id or "
+             f"text, bias] pairs; got {pair!r}", "logit_bias")
+        key, bias = pair
+        need(bias is False or (isinstance(bias, (int, float)) and not isinstance(bias, bool) and math.isfinite(bias)),
+             f"a logit_bias bias must be a number, or false to ban the token; got {bias!r}", "logit_bias")
+        ok = isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool) and key >= 0)
+        need(ok, f"a logit_bias token must be a token id or a text; got {key!r}", "logit_bias")
+        if isinstance(value, dict) and key.isascii() and key.isdigit():
+            key = int(key)   # the object's keys are strings: a number there is a token id
+        out.append((key, float("-inf") if bias is False else float(bias)))
+    texts = list(dict.fromkeys(k for k, _ in out if isinstance(k, str)))
+    need(not texts or tokenize is not None, "a logit_bias naming text needs the model's tokenizer", "logit_bias")
+    ids = dict(zip(texts, tokenize(texts))) if texts else {}
+    return tuple((t, b) for k, b in out for t in ((k,) if isinstance(k, int) else ids[k]))
 
 
 def openai_body(body: dict[str, Any], prompt: str | list[int]) -> dict[str, Any]:
@@ -131,72 +157,6 @@ def token_ids(engine: EngineClient, pieces: Sequence[int | str]) -> list[int]:
     texts = [(p, i == 0, True) for i, p in enumerate(pieces) if isinstance(p, str)]
     tokenized = iter(engine.tokenize_many(texts))
     return [t for p in pieces for t in (next(tokenized) if isinstance(p, str) else (p,))]
-
-
-# -- /infill --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Infill:
-    prefix: str
-    suffix: str
-    prompt: str                          # the text before the cursor on its line: after the prefix
-    extra: tuple[tuple[str, str], ...]   # (filename, text) of other files' chunks
-
-    @staticmethod
-    def read(body: dict[str, Any]) -> Infill:
-        for name in ("input_prefix", "input_suffix"):
-            need(isinstance(body.get(name), str), f"'{name}' is required: a string", name)
-        prompt, extra = body.get("prompt", ""), body.get("input_extra")
-        extra = [] if extra is None else extra
-        need(isinstance(prompt, str), "'prompt' must be a string", "prompt")
-        need(isinstance(extra, list), "'input_extra' must be a list of {\"filename\", \"text\"}", "input_extra")
-        chunks = []
-        for i, c in enumerate(extra):
-            where = f"input_extra[{i}]"
-            need(isinstance(c, dict) and isinstance(c.get("text"), str), f"{where}.text must be a string",
-                 f"{where}.text")
-            need(isinstance(c.get("filename", ""), str), f"{where}.filename must be a string", f"{where}.filename")
-            chunks.append((c.get("filename", "tmp"), c["text"]))
-        return Infill(body["input_prefix"], body["input_suffix"], prompt, tuple(chunks))
-
-    def texts(self) -> list[str]:
-        """Every text the layout tokenizes (without special tokens), once each."""
-        names = [f"{name}\n" for name, _ in self.extra]
-        return list(dict.fromkeys([self.prefix, self.suffix, REPO, FILE, SNIPPET, *names,
-                                   *(text for _, text in self.extra)]))
-
-    def layout(self, fim: FimTokens, tok: Mapping[str, Sequence[int]], prompt: Sequence[int],
-               bos: int | None, n_ctx: int, n_predict: int) -> list[int]:
-        """llama-server's prompt, prefix-suffix-middle: the other files in the repo-level pattern,
-        then [PRE]prefix prompt [SUF]suffix [MID]; the reply continues the prompt. (llama-server
-        puts the BOS after the other files; here it starts the sequence.)"""
-        budget = min(FIM_BATCH, n_ctx // 2)
-        prefix = list(tok[self.prefix])
-        prefix = prefix[len(prefix) - min(len(prefix), 3 * (budget // 4)):]
-        suffix = list(tok[self.suffix])[:max(0, budget // 4 - (2 + len(prompt)))]
-        middle = [fim.pre, *prefix, *prompt, fim.suf, *suffix, fim.mid]
-        extra = self._extra(fim, tok)
-        reply = n_predict if n_predict > 0 else budget // 4
-        n_extra = min(len(extra), max(0, n_ctx - len(middle) - (bos is not None) - 2 * reply))
-        return ([bos] if bos is not None else []) + extra[len(extra) - n_extra:] + middle
-
-    def _extra(self, fim: FimTokens, tok: Mapping[str, Sequence[int]]) -> list[int]:
-        out = [fim.rep, *tok[REPO]] if fim.rep is not None else []
-        for name, text in self.extra:
-            out += [fim.sep, *tok[f"{name}\n"]] if fim.sep is not None else list(tok[SNIPPET])
-            out += tok[text]
-        return out + ([fim.sep, *tok[FILE]] if fim.sep is not None else [])
-
-
-def infill_ids(engine: EngineClient, body: dict[str, Any], native: Native) -> list[int]:
-    info = engine.info
-    missing = [name for name in ("pre", "suf", "mid") if getattr(info.fim, name) is None]
-    need(not missing, f"this model has no fill-in-the-middle tokens (FIM_{', FIM_'.join(m.upper() for m in missing)} "
-         "missing): /infill needs a code model that has them", "input_prefix")
-    infill = Infill.read(body)
-    texts = infill.texts()
-    ids = engine.tokenize_many([(t, False, False) for t in texts] + [(infill.prompt, False, True)])
-    return infill.layout(info.fim, dict(zip(texts, ids)), ids[-1], info.bos_id if info.add_bos else None,
-                         info.n_ctx, native.n_predict)
 
 
 # -- response: engine events -> llama-server ------------------------------------------------------
@@ -324,7 +284,8 @@ def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | 
     body = serving.read_body()
     body = {**body, "model": _model_name(body)}
     with serving.model(body) as (_, engine):
-        native = Native.read(body, serving.n_ctx(engine))
+        native = Native.read(body, serving.n_ctx(engine), lambda texts: engine.tokenize_many(
+            [(t, False, False) for t in texts]))
         prompt = prompt_of(engine, body, native)
         oai = openai_body(body, prompt)
     sub = serving.parse_submit(oai, chat=False, adjust=native.adjust)
@@ -350,7 +311,7 @@ def completion():
 
 @bp.post("/infill")
 def infill():
-    return _complete(infill_ids)
+    return _complete(lambda engine, body, native: infill_ids(engine, body, native.n_predict))
 
 
 @bp.get("/props")

@@ -48,6 +48,9 @@ def _structured(model: str) -> dict[str, Any]:
     return {
         "model": {"type": "string", "enum": [model]},
         "stop": stop,
+        "logit_bias": _nullable({"type": "object", "description": "token id (a string of digits) -> bias added "
+                                 "to its logit; -100 bans the token", "maxProperties": params.MAX_LOGIT_BIAS,
+                                 "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
         "stream_options": _nullable({"type": "object", "properties": _scalars(params.STREAM_OPTIONS, 0)}),
         "response_format": _nullable({"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": list(params.RESPONSE_FORMATS)},

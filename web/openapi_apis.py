@@ -167,7 +167,8 @@ def _openai() -> dict[str, Any]:
 # -- llama-server's own --------------------------------------------------------------------------
 def _llama_server(chat: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     completion = post("llama-server's completion", "openai", _obj(("prompt",), prompt=ANY, stream=ANY,
-                                                                   n_predict=ANY, model=ANY), OBJECT, "sse")
+                                                                   n_predict=ANY, model=ANY, logit_bias=ANY),
+                      OBJECT, "sse")
     return {
         "/completion": {"post": completion},
         "/completions": {"post": {**completion, "summary": "llama-server's completion (its other path)"}},

@@ -23,6 +23,8 @@ from appliance.errors import InvalidRequest
 N_CTX = "n_ctx"
 
 MAX_STOPS = 16
+MAX_LOGIT_BIAS = 2048        # tokens one logit_bias may name (each costs the sampler one add a step)
+MAX_CHOICES = 128            # n, as OpenAI bounds it; the engine bounds it by --max-choices and its slots
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 SPECULATE_MODES = ("off", "lookup", "draft")
@@ -129,8 +131,8 @@ SAMPLING = (
 
 # the other scalars both endpoints take
 COMMON = (
-    Param("n", "integer", "Number of choices; only 1 is supported", enum=(1,), default=1,
-          refusal="only n=1 is supported"),
+    Param("n", "integer", "Number of choices, generated in parallel from one prefill of the prompt "
+          "(at most the server's --max-choices and its slots)", lo=1, hi=MAX_CHOICES, default=1),
     _flag("stream", False, "Answer with a stream of server-sent events"),
     _flag("cache_prompt", True, "Reuse the longest cached prefix of the prompt"),
     _flag("cache_pin", False, "Keep this prompt pinned in the RAM and disk prompt caches"),

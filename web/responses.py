@@ -45,7 +45,7 @@ def tool_call_dicts(calls: list[ToolCall]) -> list[dict[str, Any]]:
             for c in calls]
 
 
-def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
+def _chat_choice(p: ParsedRequest, deltas: list[Delta], index: int, finish: str) -> dict[str, Any]:
     lps = [e for d in deltas for e in d.logprobs]
     calls = [c for d in deltas for c in d.tool_calls]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(d.text for d in deltas)}
@@ -55,26 +55,32 @@ def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint
     if calls:
         message["content"] = message["content"] or None
         message["tool_calls"] = tool_call_dicts(calls)
-    return {
-        "id": p.request.id, "object": "chat.completion", "created": int(time.time()), "model": p.model,
-        "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": message,
-                     "logprobs": _chat_logprobs(lps) if p.request.params.logprobs else None,
-                     "finish_reason": done.finish_reason}],
-        "usage": usage_dict(done), "timings": done.timings.as_dict(),
-    }
+    return {"index": index, "message": message, "logprobs": _chat_logprobs(lps) if p.request.params.logprobs else None,
+            "finish_reason": finish}
+
+
+def _completion_choice(p: ParsedRequest, deltas: list[Delta], index: int, finish: str) -> dict[str, Any]:
+    lps = [e for d in deltas for e in d.logprobs]
+    return {"index": index, "text": "".join(d.text for d in deltas),
+            "logprobs": _completion_logprobs(lps, 0) if p.request.params.logprobs else None, "finish_reason": finish}
+
+
+def _response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str, chat: bool) -> dict[str, Any]:
+    """The whole body: a choice per index (n of them for a request with n > 1), in order."""
+    build = _chat_choice if chat else _completion_choice
+    choices = [build(p, [d for d in deltas if d.index == end.index], end.index, end.finish_reason)
+               for end in done.ends()]
+    return {"id": p.request.id, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint,
+            "choices": choices, "usage": usage_dict(done), "timings": done.timings.as_dict()}
+
+
+def chat_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
+    return _response(p, deltas, done, fingerprint, chat=True)
 
 
 def completion_response(p: ParsedRequest, deltas: list[Delta], done: Done, fingerprint: str) -> dict[str, Any]:
-    lps = [e for d in deltas for e in d.logprobs]
-    return {
-        "id": p.request.id, "object": "text_completion", "created": int(time.time()), "model": p.model,
-        "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "text": "".join(d.text for d in deltas),
-                     "logprobs": _completion_logprobs(lps, 0) if p.request.params.logprobs else None,
-                     "finish_reason": done.finish_reason}],
-        "usage": usage_dict(done), "timings": done.timings.as_dict(),
-    }
+    return _response(p, deltas, done, fingerprint, chat=False)
 
 
 class ChunkWriter:
@@ -85,50 +91,54 @@ class ChunkWriter:
         self.base = {"id": p.request.id, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": p.model, "system_fingerprint": fingerprint}
         self._delta_parts: tuple[bytes, bytes] | None = None
-        self._offset = 0  # text_offset of the legacy completions logprobs
+        self._offsets: dict[int, int] = {}  # each choice's text_offset of the legacy completions logprobs
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
         body = {**self.base, "choices": [choice] if choice is not None else [], **extra}
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
-    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, role: bool = False, index: int = 0) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
     def start(self) -> bytes:
-        return self._chunk(self._choice("", None, role=True)) if self.chat else b""
+        if not self.chat:
+            return b""
+        return b"".join(self._chunk(self._choice("", None, role=True, index=i)) for i in range(self.p.request.n))
 
     def delta(self, ev: Delta) -> bytes:
-        out = b""
-        if ev.reasoning and self.chat:
-            out += self._chunk({"index": 0, "delta": {"reasoning_content": ev.reasoning}, "logprobs": None,
-                                "finish_reason": None})
-            if not (ev.text or ev.call_parts or ev.logprobs):
-                return out
-        if ev.call_parts and self.chat:
+        """The chunks one event makes: its reasoning, its tool-call parts, its text, each a chunk
+        of its own, the event's logprobs on the last of them (OpenAI's stream: every chunk that
+        carries a token carries its logprob; no chunk of empty content)."""
+        choices: list[dict[str, Any]] = []
+        if self.chat:
+            if ev.reasoning:
+                choices.append(self._delta_choice(ev.index, {"reasoning_content": ev.reasoning}))
             for c in ev.call_parts:  # OpenAI's shape: id, type and name first, then the arguments as they come
                 if c.id:
-                    call = {"index": c.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                    call = {"index": c.index, "id": c.id, "type": "function",
+                            "function": {"name": c.name, "arguments": ""}}
                 else:
                     call = {"index": c.index, "function": {"arguments": c.arguments}}
-                out += self._chunk({"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None})
-            if not ev.text:
-                return out
-        if ev.tool_calls and not (ev.text or ev.logprobs):   # a call completed; its parts went before
-            return out
-        if ev.logprobs:
-            choice = self._choice(ev.text, None)
-            if self.chat:
-                choice["logprobs"] = _chat_logprobs(list(ev.logprobs))
-            else:
-                choice["logprobs"] = _completion_logprobs(list(ev.logprobs), self._offset)
-            self._offset += sum(len(e.token) for e in ev.logprobs)
-            return out + self._chunk(choice)
-        return out + self._text_chunk(ev.text)
+                choices.append(self._delta_choice(ev.index, {"tool_calls": [call]}))
+        if ev.text:
+            if not ev.logprobs and ev.index == 0 and not choices:
+                return self._text_chunk(ev.text)       # the hot path: one token's text
+            choices.append(self._choice(ev.text, None, index=ev.index))
+        if ev.logprobs and choices:
+            entries = list(ev.logprobs)
+            choices[-1]["logprobs"] = _chat_logprobs(entries) if self.chat else \
+                _completion_logprobs(entries, self._offsets.get(ev.index, 0))
+            self._offsets[ev.index] = self._offsets.get(ev.index, 0) + sum(len(e.token) for e in entries)
+        return b"".join(self._chunk(c) for c in choices)
+
+    @staticmethod
+    def _delta_choice(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def _text_chunk(self, text: str) -> bytes:
         # the hot path (one call per token): the chunk around the text is encoded once
@@ -141,8 +151,11 @@ class ChunkWriter:
         return head + json.dumps(text).encode() + tail
 
     def end(self, done: Done) -> bytes:
-        out = self._chunk(self._choice(None if self.chat else "", done.finish_reason),
-                          timings=done.timings.as_dict())
+        ends = done.ends()
+        out = b"".join(self._chunk(self._choice(None if self.chat else "", e.finish_reason, index=e.index))
+                       for e in ends[:-1])
+        out += self._chunk(self._choice(None if self.chat else "", ends[-1].finish_reason, index=ends[-1].index),
+                           timings=done.timings.as_dict())
         if self.p.include_usage:
             out += self._chunk(None, usage=usage_dict(done))
         return out + b"data: [DONE]\n\n"

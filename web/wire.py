@@ -5,9 +5,9 @@ Every client mistake becomes an `InvalidRequest` naming the offending parameter,
 answers a 400 (never a 500, which SDKs retry) and nothing reaches the engine. The scalar
 parameters are read through their declarations in `params.py` (which `openapi.py` publishes);
 the structured ones (messages, tools, response_format, ...) are checked here. Parameters this
-version does not implement (NOT_YET: the deprecated functions/function_call, logit_bias,
-grammar, json_schema at the top level, best_of, echo, suffix) and any n other than 1 are
-refused by name rather than silently ignored; a few that change nothing for one local model
+version does not implement (NOT_YET: the deprecated functions/function_call, grammar,
+json_schema at the top level, best_of, echo, suffix) are refused by name rather than silently
+ignored; the sampling knobs (with stop, logit_bias and n) are read by `sampling.py`; a few that change nothing for one local model
 (IGNORED) are accepted and ignored.
 """
 from __future__ import annotations
@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance import jsondepth
-from appliance.engine.types import ChatMessage, Constraint, Request, SamplingParams, ToolCall, ToolSpec
+from appliance.engine.types import ChatMessage, Constraint, Request, ToolCall, ToolSpec
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
-from .params import (CHAT, COMPLETION, MAX_STOPS, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES,
-                     TOOL_NAME_PATTERN, Param)
+from .params import CHAT, COMPLETION, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES, TOOL_NAME_PATTERN, Param
+from .sampling import sampling_params
 
 # accepted and ignored: they change nothing for a single local model
 IGNORED = {"user", "store", "metadata", "service_tier",
            "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
 NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_call": "the deprecated 'function_call'",
-           "logit_bias": "logit_bias",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
 # arrays and objects inside each other (jsondepth says why this many)
@@ -99,26 +98,12 @@ def _finite(literal: str) -> float:
 
 # -- structured parameters ----------------------------------------------------------------------
 
-def _stops(body: dict) -> tuple[str, ...]:
-    v = body.get("stop")
-    if v is None:
-        return ()
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise InvalidRequest("'stop' must be a string or a list of strings", param="stop")
-    if len(v) > MAX_STOPS:
-        raise InvalidRequest(f"'stop' takes at most {MAX_STOPS} strings", param="stop")
-    return tuple(s for s in v if s)
-
-
-def _refuse_unsupported(body: dict, table: dict[str, Param]) -> None:
+def _refuse_unsupported(body: dict) -> None:
     for key, what in NOT_YET.items():
         v = body.get(key)
         if v in (None, False, [], {}):
             continue
         raise InvalidRequest(f"'{key}' ({what}) is not supported by this server version", param=key)
-    table["n"].read(body)
 
 
 def check_model(body: dict, served: set[str]) -> str:
@@ -131,24 +116,6 @@ def check_model(body: dict, served: set[str]) -> str:
         raise ModelNotFound(f"the model '{model}' does not exist; this server serves "
                             f"{', '.join(sorted(served))}", param="model")
     return model
-
-
-def sampling_params(body: dict, n_ctx: int, table: dict[str, Param] = CHAT) -> SamplingParams:
-    """The sampling knobs of `body`, checked against the endpoint's declarations (CHAT or
-    COMPLETION, which differ in max_tokens' default)."""
-    def get(name: str) -> Any:
-        return table[name].read(body, n_ctx)
-
-    max_tokens = get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = get("max_tokens")
-    # checked in this order, so that of two mistakes the same one is reported as always
-    knobs = {k: get(k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                                 "frequency_penalty", "repeat_penalty", "repetition_penalty", "seed")}
-    repeat = knobs.pop("repeat_penalty")  # llama.cpp's name for it
-    if knobs["repetition_penalty"] is None:
-        knobs["repetition_penalty"] = repeat
-    return SamplingParams(**knobs, max_tokens=max_tokens, stop=_stops(body), ignore_eos=get("ignore_eos"))
 
 
 def _stream_flags(body: dict, table: dict[str, Param]) -> tuple[bool, bool]:
@@ -336,7 +303,7 @@ def _continuation(body: dict, messages: tuple[ChatMessage, ...]) -> bool:
 def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
     t = CHAT
     model = check_model(body, served)
-    _refuse_unsupported(body, t)
+    _refuse_unsupported(body)
     stream, include_usage = _stream_flags(body, t)
     messages = _messages(body)
     kwargs = body.get("chat_template_kwargs") or {}
@@ -359,14 +326,14 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
-                  speculate=t["speculate"].read(body))
+                  speculate=t["speculate"].read(body), n=t["n"].read(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 
 def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
     t = COMPLETION
     model = check_model(body, served)
-    _refuse_unsupported(body, t)
+    _refuse_unsupported(body)
     stream, include_usage = _stream_flags(body, t)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -384,7 +351,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
-                  speculate=t["speculate"].read(body))
+                  speculate=t["speculate"].read(body), n=t["n"].read(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 

@@ -64,7 +64,7 @@ class EngineLoop:
                 raise InvalidRequest(f"the model {self.info.model_name} is an embedding model: it answers "
                                      "embeddings, not chat or completions", param="model")
             got = self.prompts.prepare(req)
-            self.scheduler.submit(req, got.ids, got.matcher, got.parser)
+            self.scheduler.submit(req, got.ids, got.matcher, got.parser, got.more)
         except Exception as e:
             self.outbox.append(self._failed(req.id, e))
 

@@ -27,6 +27,8 @@ class Prepared:
     ids: list[int]
     matcher: Matcher | None = None        # structured output: the grammar's state
     parser: OutputParser | None = None    # chat: reasoning and tool calls apart from content
+    # choices 1..n-1 of a request with n > 1: each its own (matcher, parser)
+    more: tuple[tuple[Matcher | None, OutputParser | None], ...] = ()
 
 
 class PromptBuilder:
@@ -42,8 +44,15 @@ class PromptBuilder:
         self.constraints = Constraints(runner.guidance_tokenizer, info.n_vocab)
 
     def prepare(self, req: Request) -> Prepared:
-        """The prompt's ids and the request's parser and matcher; a client mistake raises."""
+        """The prompt's ids and the request's parser and matcher (one of each per choice); a
+        client mistake raises."""
         ids, text = self.prompt_ids(req)
+        self.check_ids([t for t, _ in req.params.logit_bias], "logit_bias")
+        outputs = [self._output(req, text) for _ in range(req.n)]
+        return Prepared(ids, *outputs[0], more=tuple(outputs[1:]))
+
+    def _output(self, req: Request, text: str) -> tuple[Matcher | None, OutputParser | None]:
+        """A fresh matcher (structured output) and parser (reasoning, tool calls) for one reply."""
         constraint, tool_parser, parser = req.constraint, None, None
         if req.tools and req.tool_choice != "none":
             tool_parser = tool_stream.StreamParser(self.tool_format, {t.name for t in req.tools})
@@ -53,8 +62,7 @@ class PromptBuilder:
         if req.messages is not None:
             inside = prompt_opens_thinking(text, self.think_markers[0])
             parser = OutputParser(ReasoningParser(inside, self.think_markers), tool_parser)
-        matcher = self.constraints.matcher(constraint) if constraint else None
-        return Prepared(ids, matcher, parser)
+        return (self.constraints.matcher(constraint) if constraint else None), parser
 
     def prompt_ids(self, req: Request) -> tuple[list[int], str]:
         """The prompt's tokens, and its text (empty when the client sent token ids)."""

@@ -1,8 +1,9 @@
 """Typed data crossing the server <-> engine boundary: requests in, events out.
 
-Every request's first event is `Accepted` or `Error`; then `Delta`s; then exactly one `Done` or
-`Error`. A tokenize or detokenize command gets exactly one `Tokenized` or `Error`, an embed
-command one `Embedded` or `Error`. Everything here is a frozen dataclass so it pickles across
+Every request's first event is `Accepted` or `Error`; then `Delta`s (of every choice, each with
+its `index`, when it asked for n > 1); then exactly one `Done` or `Error`. A tokenize or
+detokenize command gets exactly one `Tokenized` or `Error`, an embed command one `Embedded` or
+`Error`. Everything here is a frozen dataclass so it pickles across
 the process boundary and cannot be changed on the way.
 """
 from __future__ import annotations
@@ -33,6 +34,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False          # report each token's log-probability
     top_logprobs: int = 0           # and this many most likely alternatives
+    # (token id, bias) added to that token's logit before anything else; -inf (or <= -100) bans it
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -104,6 +107,7 @@ class Request:
     cache_prompt: bool = True       # may reuse a cached prefix (llama-server's option name)
     cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
     speculate: str | None = None    # "off" | "lookup" | "draft"; None: the engine's default
+    n: int = 1                      # choices: parallel sequences sharing the prompt's one prefill
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,17 @@ class Delta:
     tool_calls: tuple[ToolCall, ...] = ()     # calls complete in this delta (whole-reply answers use these)
     reasoning: str = ""             # text of the reply's leading <think> block
     call_parts: tuple[ToolCallPart, ...] = ()  # the same calls as they stream (streamed answers use these)
+    index: int = 0                  # the choice it belongs to (a request with n > 1)
+
+
+@dataclass(frozen=True)
+class ChoiceEnd:
+    """How one choice of a request with n > 1 ended."""
+
+    index: int
+    finish_reason: FinishReason
+    stop_string: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +224,13 @@ class Done:
     timings: Timings
     stop_string: str | None = None  # the stop string that ended the reply, when one did
     token_ids: tuple[int, ...] = ()  # the reply's tokens (a Delta's may lag: text held back)
+    # with n > 1, every choice's end (the fields above are choice 0's); usage counts the prompt
+    # once and every choice's tokens, as OpenAI's does
+    choices: tuple[ChoiceEnd, ...] = ()
+
+    def ends(self) -> tuple[ChoiceEnd, ...]:
+        """Every choice's end, in index order (one for a request with n = 1)."""
+        return self.choices or (ChoiceEnd(0, self.finish_reason, self.stop_string, self.token_ids),)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from appliance.engine.output.sampling import (
-    Sampler, StopMatcher, apply_penalties, draw, greedy, min_p_filter, softmax, top_k_filter,
+    Sampler, StopMatcher, apply_logit_bias, apply_penalties, draw, greedy, min_p_filter, softmax, top_k_filter,
     top_p_filter,
 )
 from appliance.engine.types import SamplingParams
@@ -240,6 +240,34 @@ def test_sampler_only_draws_allowed_tokens():
     x = row(5.0, 4.9, 4.8, -5.0, -6.0, -7.0)
     s = Sampler(SamplingParams(temperature=1.0, top_k=3), seed=11)
     assert {s(x) for _ in range(100)} <= {0, 1, 2}
+
+
+# -- logit bias -----------------------------------------------------------------------------------
+
+def test_logit_bias_adds_to_the_logit_and_minus_100_bans():
+    x = row(1.0, 2.0, 3.0, 4.0)
+    out = apply_logit_bias(x, ((0, 5.0), (3, -100.0), (1, -0.5), (1, -0.5)))
+    assert out.tolist() == [6.0, 1.0, 3.0, NEG]        # a token named twice gets both, as llama.cpp's chain
+    assert x.tolist() == [1.0, 2.0, 3.0, 4.0] and apply_logit_bias(x, ()) is x
+
+
+def test_sampler_applies_logit_bias_before_everything_else():
+    x = row(3.0, 2.9, 0.0, 0.0)
+    assert Sampler(SamplingParams(temperature=0.0, logit_bias=((0, -100.0),)), seed=0)(x) == 1
+    assert Sampler(SamplingParams(temperature=0.0, logit_bias=((3, 3.5),)), seed=0)(x) == 3
+    s = Sampler(SamplingParams(temperature=1.0, logit_bias=((0, -100.0), (1, -100.0))), seed=3)
+    assert {s(x) for _ in range(100)} == {2, 3}          # a ban is exact, whatever the temperature
+    # top_k counts after the bias: the banned token is not among the k
+    s = Sampler(SamplingParams(temperature=1.0, top_k=1, logit_bias=((0, -100.0),)), seed=0)
+    assert s(x) == 1
+
+
+def test_bans_that_leave_no_allowed_token_yield_to_the_grammar():
+    x = row(3.0, 2.9, 0.0, 0.0)
+    allowed = np.array([False, True, False, False])
+    for temperature in (0.0, 1.0):
+        s = Sampler(SamplingParams(temperature=temperature, logit_bias=((1, -100.0),)), seed=0)
+        assert s(x, allowed) == 1
 
 
 # -- StopMatcher --------------------------------------------------------------------------------

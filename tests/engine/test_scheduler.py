@@ -279,3 +279,111 @@ def test_the_best_slot_is_chosen_and_a_failure_forgets_everything():
     assert sched.slots == [None, None]
     sched.fail_all(EngineFailure("boom"))
     assert sched.cache.kept == [[], []]
+
+
+# -- the context limit's words ---------------------------------------------------------------------
+
+def _overflow(n_prompt, max_tokens=None, n_ctx=1024, **cfg):
+    sched, _, events = make(n_ctx=n_ctx, **cfg)
+    sched.submit(Request(id="a", params=SamplingParams(max_tokens=max_tokens), prompt="x"), [1] * n_prompt)
+    (err,) = of(events, "a")
+    assert isinstance(err, Error) and err.kind == "ContextOverflow"
+    return err
+
+
+def test_a_prompt_over_the_context_without_max_tokens_says_by_how_much():
+    err = _overflow(2031)
+    assert err.message == ("the prompt alone is 2031 tokens, over the context of 1024 tokens per slot by 1007: "
+                           "shorten it by at least 1008 tokens to leave room for a reply")
+    assert err.fields == {"param": "prompt", "n_prompt_tokens": 2031, "n_ctx": 1024}   # no negative max_tokens
+    assert _overflow(1024).message == ("the prompt alone is 1024 tokens, all of the context of 1024 tokens per "
+                                       "slot: shorten it by at least 1 token to leave room for a reply")
+    assert _overflow(2031, max_tokens=10).message == _overflow(2031).message
+
+
+def test_a_prompt_that_fits_without_its_max_tokens_says_what_would_fit():
+    err = _overflow(1000, max_tokens=100)
+    assert err.message == ("this request needs 1000 prompt tokens + 100 max_tokens, more than the context of "
+                           "1024 tokens per slot: ask for at most 24 max_tokens or shorten the prompt")
+    assert err.fields == {"param": "prompt", "n_prompt_tokens": 1000, "n_ctx": 1024, "max_tokens": 100}
+    assert "+ 50 max_tokens" in _overflow(1000, max_tokens_default=50).message
+
+
+# -- n > 1: choices sharing one prefill ------------------------------------------------------------
+
+def _choices(n, seed=5, max_tokens=4, prompt=tuple(range(1, 11)), **kw):
+    return Request(id="a", params=SamplingParams(temperature=2.0, seed=seed, max_tokens=max_tokens), prompt="x",
+                   n=n, **kw), list(prompt)
+
+
+def test_choices_share_one_prefill_and_end_with_one_done():
+    sched, runner, events = make(n_slots=3, max_choices=3)
+    sched.submit(*_choices(3))
+    run(sched)
+    prefilled = [s for call in runner.calls for s in call if len(s.tokens) > 1]
+    assert len(prefilled) == 1 and prefilled[0].tokens == tuple(range(1, 11))   # one prefill for three replies
+    deltas = of(events, "a", Delta)
+    assert {d.index for d in deltas} == {0, 1, 2}
+    (done,) = of(events, "a", Done)
+    assert [c.index for c in done.choices] == [0, 1, 2] and all(c.finish_reason == "length" for c in done.choices)
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (10, 12)   # the prompt counted once
+    for c in done.choices:
+        assert [t for d in deltas if d.index == c.index for t in d.token_ids] == list(c.token_ids)
+    assert len({c.token_ids for c in done.choices}) > 1                       # each choice its own seed
+    assert not sched.has_work() and sched.slots == [None] * 3
+
+
+def test_choice_0_is_the_reply_n_1_gives():
+    sched, _, events = make(n_slots=3)
+    sched.submit(*_choices(1))
+    run(sched)
+    alone = of(events, "a", Done)[0].token_ids
+    sched.submit(*_choices(3))
+    run(sched)
+    assert of(events, "a", Done)[-1].choices[0].token_ids == alone
+
+
+def test_choices_wait_for_enough_free_slots_in_order():
+    sched, _, events = make(n_slots=2)
+    sched.submit(req("long", max_tokens=6), [1, 2])
+    sched.submit(*_choices(2, max_tokens=2))
+    sched.submit(req("after", max_tokens=2), [3])
+    sched.step()
+    assert [a.req.id for a in sched.slots if a] == ["long"] and [a.req.id for a in sched.waiting] == ["a", "after"]
+    run(sched)
+    assert of(events, "a", Done)[0].usage.completion_tokens == 4 and of(events, "after", Done)
+
+
+def test_more_choices_than_the_bound_is_a_400_naming_both_flags():
+    sched, runner, events = make(n_slots=2, max_choices=4)
+    sched.submit(*_choices(3))
+    (err,) = of(events, "a")
+    assert isinstance(err, Error) and err.kind == "InvalidRequest" and err.fields["param"] == "n"
+    assert err.message == ("n=3 asks for more choices than this server generates at once: at most 2 (each choice "
+                           "takes a slot; --max-choices 4, --n-slots 2)")
+    assert runner.calls == []
+
+
+def test_aborting_a_request_cancels_every_choice():
+    sched, _, events = make(n_slots=3)
+    sched.submit(*_choices(3, max_tokens=100))
+    sched.step()
+    sched.step()
+    sched.abort("a")
+    sched.step()
+    (done,) = of(events, "a", Done)
+    assert done.finish_reason == "cancelled" and len(done.choices) == 3 and sched.slots == [None] * 3
+
+
+# -- logprobs travel with the text they made -------------------------------------------------------
+
+@pytest.mark.parametrize("stop,text", [(("dx",), "cdefgh"), (("ef",), "cd")])
+def test_a_tokens_logprob_goes_with_its_text_and_never_alone(stop, text):
+    sched, _, events = make()
+    sched.submit(req("a", max_tokens=6, stop=stop, logprobs=True), [1])
+    run(sched)
+    deltas = of(events, "a", Delta)
+    assert "".join(d.text for d in deltas) == text and all(d.text for d in deltas)
+    # held text (a stop's possible start) is released with its tokens' logprobs; a stop's own are dropped
+    assert [e.token for d in deltas for e in d.logprobs] == list(text)
+    assert all(d.logprobs and "".join(e.token for e in d.logprobs) == d.text for d in deltas)

@@ -211,6 +211,8 @@ def generate(policy, params, prompt=CYCLE, n_slots=1, runner_cls=FakeRunner, spe
     SamplingParams(temperature=1.5, max_tokens=40, seed=7),           # sampled: same draws
     SamplingParams(temperature=0.0, max_tokens=40, stop=("hij",)),    # a stop string mid-draft
     SamplingParams(temperature=0.0, max_tokens=5),                    # the length limit mid-draft
+    SamplingParams(temperature=0.0, max_tokens=40, logit_bias=((20, -100.0), (40, 0.5))),   # a ban mid-draft
+    SamplingParams(temperature=1.5, max_tokens=40, seed=7, logit_bias=((9, 3.0),)),        # the verify's own bias
 ])
 @pytest.mark.parametrize("n_slots", [1, 3])
 def test_verified_drafts_give_the_serial_output_token_for_token(params, n_slots):
@@ -219,7 +221,7 @@ def test_verified_drafts_give_the_serial_output_token_for_token(params, n_slots)
     assert drafted == serial
     assert [d.finish_reason for d in done] == [d.finish_reason for d in serial_done]
     assert [d.usage for d in done] == [d.usage for d in serial_done]
-    if params.temperature == 0 and params.max_tokens == 40 and not params.stop:
+    if params.temperature == 0 and params.max_tokens == 40 and not (params.stop or params.logit_bias):
         assert steps < serial_steps / 3
         t = done[0].timings
         assert t.speculation == "lookup" and t.draft_n_accepted > 0 and t.tokens_per_step > 3
@@ -258,3 +260,17 @@ def test_spans_of_a_drafting_step_stay_within_the_context():
     assert done[0].finish_reason == "length" and len(CYCLE) + done[0].usage.completion_tokens == 4096
     assert all(s.start_pos + len(s.tokens) <= 4096 for call in sched.runner.calls for s in call)
     assert list(itertools.islice(outs[0], 3)) == [10, 11, 12]
+
+
+def test_choices_that_draft_give_the_serial_choices():
+    def choices(policy):
+        runner, events = FakeRunner(n_slots=3), []
+        sched = Scheduler(runner, EngineConfig(n_slots=3, n_ctx=4096), events.append, spec=spec.Speculator(policy))
+        params = SamplingParams(temperature=1.5, max_tokens=30, seed=3)
+        sched.submit(Request(id="r", params=params, prompt_ids=CYCLE, n=3), list(CYCLE))
+        while sched.has_work():
+            sched.step()
+        return [e for e in events if isinstance(e, Done)][0].choices
+
+    serial, drafted = choices(spec.Policy()), choices(FREE)
+    assert [c.token_ids for c in drafted] == [c.token_ids for c in serial] and len(serial) == 3

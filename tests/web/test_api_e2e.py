@@ -187,9 +187,17 @@ def test_prompt_over_the_context_is_a_400_with_counts(client, model, server):
     r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.headers["Content-Type"].startswith("application/json")
     assert r.json()["error"]["n_ctx"] == N_CTX
+    n = err["n_prompt_tokens"]      # no max_tokens: what the user needs, never a negative max_tokens
+    assert err["message"] == (f"the prompt alone is {n} tokens, over the context of {N_CTX} tokens per slot by "
+                              f"{n - N_CTX}: shorten it by at least {n - N_CTX + 1} tokens to leave room for a reply")
+    assert "max_tokens" not in err
     # prompt fits, but not with its max_tokens
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as e:
         chat(client, model, "word " * (N_CTX - 100), max_tokens=200)
+    n = e.value.body["n_prompt_tokens"]
+    assert e.value.body["message"] == (f"this request needs {n} prompt tokens + 200 max_tokens, more than the context "
+                                       f"of {N_CTX} tokens per slot: ask for at most {N_CTX - n} max_tokens or "
+                                       "shorten the prompt")
 
 
 @every_runner
@@ -290,16 +298,60 @@ def test_logprobs_chat_and_completion(client, model):
         assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
         # greedy: the chosen token is the most likely one
         assert e.token == e.top_logprobs[0].token and abs(e.logprob - e.top_logprobs[0].logprob) < 1e-9
-    streamed = [e for c in client.chat.completions.create(
+    chunks = [c.choices[0] for c in client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=12, temperature=0,
-        stream=True, logprobs=True, top_logprobs=3) if c.choices and c.choices[0].logprobs
-        for e in c.choices[0].logprobs.content]
+        stream=True, logprobs=True, top_logprobs=3, stop=["@@"]) if c.choices]
+    # every chunk that carries a token carries its logprob, and none carries empty content but the first
+    assert all((ch.delta.content is not None) == (ch.logprobs is not None) for ch in chunks[1:])
+    assert all(ch.delta.content != "" for ch in chunks[1:]) and chunks[0].delta.content == ""
+    assert all("".join(e.token for e in ch.logprobs.content) == ch.delta.content for ch in chunks if ch.logprobs)
+    streamed = [e for ch in chunks if ch.logprobs for e in ch.logprobs.content]
     assert [(e.token, round(e.logprob, 6)) for e in streamed] == [(e.token, round(e.logprob, 6)) for e in content]
     c = client.completions.create(model=model, prompt="The sky is", max_tokens=5, temperature=0, logprobs=2)
     lp = c.choices[0].logprobs
     assert "".join(lp.tokens) == c.choices[0].text and len(lp.top_logprobs[0]) == 2
     assert lp.text_offset[0] == 0 and all(x <= 0 for x in lp.token_logprobs)
     assert chat(client, model, "Hi", max_tokens=3).choices[0].logprobs is None
+
+
+@every_runner
+def test_logit_bias_bans_and_favours_tokens(client, model, server):
+    q = QUESTIONS[2]
+    greedy = chat(client, model, q, max_tokens=8, logprobs=True)
+    first = greedy.choices[0].logprobs.content[0].token
+    (tok,) = requests.post(server.url + "/tokenize", json={"content": first}, timeout=30).json()["tokens"]
+    banned = chat(client, model, q, max_tokens=8, logprobs=True, logit_bias={str(tok): -100})
+    assert banned.choices[0].logprobs.content[0].token != first
+    assert not any(e.token == first for e in banned.choices[0].logprobs.content)   # -100 is a ban, at every step
+    (x,) = requests.post(server.url + "/tokenize", json={"content": " zebra"}, timeout=30).json()["tokens"]
+    forced = chat(client, model, q, max_tokens=3, logit_bias={str(x): 100}, temperature=0.8, seed=3)
+    assert forced.choices[0].message.content == " zebra" * 3
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, q, logit_bias={"99999999": 1})
+    assert e.value.body["param"] == "logit_bias" and "outside the vocabulary" in e.value.body["message"]
+
+
+def test_n_choices_share_one_prefill_streamed_and_not(client, model, server):
+    kw = {"temperature": 0.9, "seed": 11, "max_tokens": 10}
+    alone = chat(client, model, QUESTIONS[1], **kw)
+    r = chat(client, model, QUESTIONS[1], n=3, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2] and r.choices[0].message.content == alone.choices[0].message.content
+    assert len({c.message.content for c in r.choices}) > 1
+    assert r.usage.prompt_tokens == alone.usage.prompt_tokens                      # the prompt counted once
+    assert r.usage.completion_tokens == 3 * 10 and r.model_extra["timings"]["prompt_n"] <= alone.usage.prompt_tokens
+    texts: dict[int, str] = {}
+    finishes = {}
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTIONS[1]}],
+                                                stream=True, n=3, **kw):
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert texts == {c.index: c.message.content for c in r.choices} and finishes == {0: "length", 1: "length", 2: "length"}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, "Hi", n=5)
+    assert e.value.body["message"] == ("n=5 asks for more choices than this server generates at once: at most 4 "
+                                       "(each choice takes a slot; --max-choices 4, --n-slots 4)")
 
 
 def test_keepalive_comments_while_a_long_prompt_is_processed(server, model):

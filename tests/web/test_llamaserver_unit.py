@@ -12,6 +12,7 @@ from appliance.engine.types import Done, Timings, Usage
 from appliance.errors import InvalidRequest
 from web import llamaserver as ls
 from web import wire
+from web.infill import SNIPPET, Infill
 
 N_CTX = 1024
 
@@ -57,10 +58,39 @@ def test_random_seeds_n_predict_zero_grammar_and_json_schema():
     ({"n_predict": -2}, "n_predict"), ({"n_predict": N_CTX + 1}, "n_predict"), ({"n_probs": 21}, "n_probs"),
     ({"return_tokens": 1}, "return_tokens"), ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
     ({"response_fields": "content"}, "response_fields"), ({"mirostat": 2}, "mirostat"),
-    ({"logit_bias": [[15, -1]]}, "logit_bias"), ({"temperature": 3}, "temperature"), ({"top_p": 2}, "top_p"),
+    ({"logit_bias": [15, -1]}, "logit_bias"), ({"temperature": 3}, "temperature"), ({"top_p": 2}, "top_p"),
     ({"stop": [1]}, "stop"), ({"json_schema": "x"}, "json_schema")])
 def test_bad_fields_are_refused_naming_them(body, param):
     refused(param, request, body)
+
+
+def test_logit_bias_takes_llama_servers_forms():
+    texts = {"Hello": [9906], " world": [1917, 1918]}
+    tokenize = lambda xs: [texts[x] for x in xs]  # noqa: E731
+    bias = ls.logit_bias([[15, -1], ["Hello", 2.5], [16, False], [" world", -100]], tokenize)
+    assert bias == ((15, -1.0), (9906, 2.5), (16, float("-inf")), (1917, -100.0), (1918, -100.0))
+    assert ls.logit_bias({"15": 3, "Hello": False}, tokenize) == ((15, 3.0), (9906, float("-inf")))
+    assert request({"logit_bias": [[15, -1]]}).params.logit_bias == ((15, -1.0),)   # ids need no tokenizer
+
+
+@pytest.mark.parametrize("value,message", [
+    ("x", "'logit_bias' must be [[token id or text, bias], ...] or {\"token id or text\": bias}"),
+    ([[15]], "logit_bias entries must be [token id or text, bias] pairs; got [15]"),
+    ([[15, True]], "a logit_bias bias must be a number, or false to ban the token; got True"),
+    ([[15, "1"]], "a logit_bias bias must be a number, or false to ban the token; got '1'"),
+    ([[-2, 1]], "a logit_bias token must be a token id or a text; got -2"),
+    ([[1.5, 1]], "a logit_bias token must be a token id or a text; got 1.5"),
+])
+def test_bad_logit_bias_is_refused_word_for_word(value, message):
+    with pytest.raises(InvalidRequest) as e:
+        ls.logit_bias(value, None)
+    assert (e.value.param, e.value.message) == ("logit_bias", message)
+
+
+def test_unsupported_samplers_are_refused_word_for_word():
+    with pytest.raises(InvalidRequest) as e:
+        request({"mirostat": 2})
+    assert e.value.message == "'mirostat' (Mirostat sampling) is not supported by this server"
 
 
 def test_neutral_values_of_unsupported_options_are_accepted():
@@ -106,7 +136,7 @@ def tok(text: str) -> list[int]:
 
 
 def layout(body: dict, fim=FIM, bos=None, n_ctx=N_CTX, n_predict=16) -> list[int]:
-    infill = ls.Infill.read({"input_prefix": "ab", "input_suffix": "yz", **body})
+    infill = Infill.read({"input_prefix": "ab", "input_suffix": "yz", **body})
     return infill.layout(fim, {t: tok(t) for t in infill.texts()}, tok(infill.prompt), bos, n_ctx, n_predict)
 
 
@@ -124,7 +154,7 @@ def test_other_files_come_first_in_the_repo_level_pattern():
 
 def test_without_repo_tokens_other_files_are_snippets():
     got = layout({"input_extra": [{"text": "A"}]}, fim=FimTokens(PRE, SUF, MID))
-    assert got == [*tok(ls.SNIPPET), *tok("A"), PRE, *tok("ab"), SUF, *tok("yz"), MID]
+    assert got == [*tok(SNIPPET), *tok("A"), PRE, *tok("ab"), SUF, *tok("yz"), MID]
 
 
 def test_long_inputs_are_cut_to_the_budget_keeping_what_is_nearest_the_cursor():
@@ -143,7 +173,7 @@ def test_long_inputs_are_cut_to_the_budget_keeping_what_is_nearest_the_cursor():
     ({"input_extra": {}}, "input_extra"), ({"input_extra": [{"filename": "a"}]}, "input_extra[0].text"),
     ({"input_extra": [{"text": "a", "filename": 1}]}, "input_extra[0].filename")])
 def test_bad_infill_bodies_are_refused_naming_the_field(body, param):
-    refused(param, ls.Infill.read, {"input_prefix": "", "input_suffix": "", **body})
+    refused(param, Infill.read, {"input_prefix": "", "input_suffix": "", **body})
 
 
 # -- responses --------------------------------------------------------------------------------------

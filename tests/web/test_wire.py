@@ -27,6 +27,12 @@ def completion(**body):
     return parse_completion(body, "cmpl-1", SERVED, N_CTX)
 
 
+def completion_error_message(**body) -> str:
+    with pytest.raises(InvalidRequest) as ei:
+        completion(**body)
+    return ei.value.message
+
+
 def chat_error(**body) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as ei:
         chat(**body)
@@ -129,8 +135,10 @@ def test_non_finite_temperature():
     assert chat_error(temperature=float("nan")).param == "temperature"
 
 
-def test_n_other_than_one():
-    assert chat_error(n=2).param == "n"
+def test_n_choices_are_carried_to_the_engine_and_bounded():
+    assert chat(n=3).request.n == 3 and completion(n=2).request.n == 2
+    for bad in (0, -1, 129, "2", True, 1.5):
+        assert chat_error(n=bad).param == "n"
 
 
 def test_n_one_or_null_is_accepted():
@@ -150,10 +158,35 @@ def test_stream_options_must_be_an_object():
 @pytest.mark.parametrize("key,value", [
     ("functions", [{"name": "f"}]),
     ("top_logprobs", 3),  # without logprobs: true
-    ("logit_bias", {"50256": -100}),
 ])
 def test_not_yet_supported_parameters_are_refused(key, value):
     assert chat_error(**{key: value}).param == key
+
+
+def test_an_unsupported_parameter_is_refused_word_for_word():
+    e = chat_error(functions=[{"name": "f"}])
+    assert e.message == "'functions' (the deprecated 'functions' (use 'tools')) is not supported by this server version"
+    assert completion_error_message(echo=True) == "'echo' (echo) is not supported by this server version"
+
+
+def test_logit_bias_is_token_ids_to_biases():
+    assert chat(logit_bias={"50256": -100, "15": 2.5}).request.params.logit_bias == ((50256, -100.0), (15, 2.5))
+    assert completion(logit_bias={"7": 100}).request.params.logit_bias == ((7, 100.0),)
+    assert chat(logit_bias={}).request.params.logit_bias == () == chat(logit_bias=None).request.params.logit_bias
+
+
+@pytest.mark.parametrize("value,message", [
+    ([[15, -1]], "'logit_bias' must be an object from token ids to biases, e.g. {\"1734\": -100}"),
+    ({"hello": 1}, "'logit_bias' keys must be token ids (non-negative integers); got 'hello'"),
+    ({"-3": 1}, "'logit_bias' keys must be token ids (non-negative integers); got '-3'"),
+    ({"\u00b2": 1}, "'logit_bias' keys must be token ids (non-negative integers); got '\u00b2'"),
+    ({"15": 101}, "logit_bias['15'] must be a number between -100 and 100; got 101"),
+    ({"15": "1"}, "logit_bias['15'] must be a number between -100 and 100; got '1'"),
+    ({"15": False}, "logit_bias['15'] must be a number between -100 and 100; got False"),
+])
+def test_bad_logit_bias_is_refused_word_for_word(value, message):
+    e = chat_error(logit_bias=value)
+    assert (e.param, e.message) == ("logit_bias", message)
 
 
 @pytest.mark.parametrize("key,value", [("tools", []), ("response_format", {"type": "text"}),
@@ -274,7 +307,7 @@ def test_completion_bad_prompt(prompt):
 
 
 @pytest.mark.parametrize("key,value", [("max_tokens", 0), ("echo", True), ("suffix", "x"),
-                                       ("best_of", 2), ("n", 3)])
+                                       ("best_of", 2), ("n", 0)])
 def test_completion_errors_name_the_param(key, value):
     with pytest.raises(InvalidRequest) as ei:
         completion(**{key: value})
@@ -356,12 +389,13 @@ def test_error_chunk():
 
 
 @pytest.mark.parametrize("chat", [True, False])
-@pytest.mark.parametrize("text", ["plain", 'quo"te\\ and\nnewline', "é ünïcode \u2028 \x00", ""])
+@pytest.mark.parametrize("text", ["plain", 'quo"te\\ and\nnewline', "é ünïcode \u2028 \x00"])
 def test_fast_delta_chunk_equals_the_generic_encoding(chat, text):
     p = parse_chat({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "id-1", SERVED, N_CTX)
     w = ChunkWriter(p, chat=chat, fingerprint="fp")
     w.delta(Delta("id-1", "warm the cache", ()))
     assert json.loads(w.delta(Delta("id-1", text, ()))[6:]) == json.loads(w._chunk(w._choice(text, None))[6:])
+    assert w.delta(Delta("id-1", "", ())) == b""      # no chunk of empty content (OpenAI sends none)
 
 
 def test_logprobs_parameters():
@@ -389,6 +423,50 @@ def test_logprob_chunks_carry_openai_shapes():
     second = json.loads(w.delta(Delta("id-2", "Hi", (1,), (e,)))[6:])["choices"][0]["logprobs"]
     assert second == {"tokens": ["Hi"], "token_logprobs": [-0.5], "top_logprobs": [{"Hi": -0.5, "Yo": -1.5}],
                       "text_offset": [2]}
+
+
+def test_logprobs_ride_on_the_last_chunk_a_delta_makes_and_never_on_empty_content():
+    from appliance.engine.types import TokenLogprob, ToolCallPart
+
+    e = TokenLogprob("x", (120,), -0.25)
+    w = ChunkWriter(chat(stream=True, logprobs=True), chat=True, fingerprint="fp")
+    (only,) = events(w.delta(Delta("id-1", "", (1,), (e,), reasoning="thinking")))
+    assert only["choices"][0]["delta"] == {"reasoning_content": "thinking"}
+    assert only["choices"][0]["logprobs"]["content"][0]["token"] == "x"
+    head, args = events(w.delta(Delta("id-1", "", (1,), (e, e), call_parts=(
+        ToolCallPart(0, "call_1", "f"), ToolCallPart(0, arguments="{}")))))
+    assert head["choices"][0]["logprobs"] is None and len(args["choices"][0]["logprobs"]["content"]) == 2
+    assert all("content" not in c["choices"][0]["delta"] for c in (only, head, args))
+
+
+def test_choices_stream_interleaved_with_their_index():
+    from appliance.engine.types import ChoiceEnd
+
+    p = chat(stream=True, n=2)
+    w = ChunkWriter(p, chat=True, fingerprint="fp")
+    assert [c["choices"][0]["index"] for c in events(w.start())] == [0, 1]
+    (second,) = events(w.delta(Delta("id-1", "B", (1,), index=1)))
+    assert second["choices"][0] == {"index": 1, "delta": {"content": "B"}, "logprobs": None, "finish_reason": None}
+    done = Done("chatcmpl-1", "stop", Usage(5, 6), DONE.timings,
+                choices=(ChoiceEnd(0, "stop"), ChoiceEnd(1, "length")))
+    tail = events(w.end(done))
+    assert [(c["choices"][0]["index"], c["choices"][0]["finish_reason"]) for c in tail[:2]] == [(0, "stop"), (1, "length")]
+    assert "timings" in tail[1] and tail[-1] == "[DONE]"
+
+
+def test_a_whole_reply_has_a_choice_per_index():
+    from appliance.engine.types import ChoiceEnd
+    from web.responses import chat_response, completion_response
+
+    done = Done("chatcmpl-1", "stop", Usage(5, 3), DONE.timings, choices=(ChoiceEnd(0, "stop"), ChoiceEnd(1, "length")))
+    deltas = [Delta("id-1", "A", (1,)), Delta("id-1", "B", (2,), index=1), Delta("id-1", "a", (3,)),
+              Delta("id-1", "b", (4,), index=1)]
+    body = chat_response(chat(n=2), deltas, done, "fp")
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == \
+        [(0, "Aa", "stop"), (1, "Bb", "length")]
+    assert body["usage"]["completion_tokens"] == 3
+    texts = [c["text"] for c in completion_response(completion(n=2), deltas, done, "fp")["choices"]]
+    assert texts == ["Aa", "Bb"]
 
 
 def test_lone_surrogate_escapes_are_refused():

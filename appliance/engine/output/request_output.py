@@ -25,8 +25,9 @@ from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 class RequestOutput:
     def __init__(self, request_id: str, params: SamplingParams, seed: int, limit: int,
                  eog_ids: frozenset[int], detokenize: Callable[[Sequence[int]], bytes],
-                 matcher: Matcher | None = None, parser: OutputParser | None = None) -> None:
+                 matcher: Matcher | None = None, parser: OutputParser | None = None, index: int = 0) -> None:
         self.id, self.params, self.limit = request_id, params, limit   # limit: most tokens it may add
+        self.index = index            # its choice (a request with n > 1)
         self.eog_ids, self.detokenize = eog_ids, detokenize
         self.sampler = Sampler(params, seed)
         self.stop = StopMatcher(params.stop)
@@ -34,6 +35,7 @@ class RequestOutput:
         self.matcher, self.parser = matcher, parser
         self.tokens: list[int] = []
         self.stopped = False          # a stop string ended the output
+        self.held: list[TokenLogprob] = []    # logprobs of tokens whose text is still held back
         self.stop_string: str | None = None   # which one
 
     def sample(self, row: np.ndarray) -> int:
@@ -50,13 +52,16 @@ class RequestOutput:
             return None
         piece = self.detokenize([tok])
         res = self.stop.feed(self.utf8.decode(piece))
-        lps = (self._logprobs(row, tok, piece),) if self.params.logprobs else ()
+        if self.params.logprobs:
+            self.held.append(self._logprobs(row, tok, piece))
         got = self.parser.feed(res.text) if self.parser is not None else Piece(res.text)
         self.stopped = res.stopped
         if res.stopped:
             self.stop_string = res.which
-        if got or lps:
-            return Delta(self.id, got.content, (tok,), lps, got.calls, got.reasoning, got.parts)
+            self.held.clear()   # what is held made the stop string, which is not output
+        if got:   # a token's logprob goes with the text it made: none travels without text
+            lps, self.held = tuple(self.held), []
+            return Delta(self.id, got.content, (tok,), lps, got.calls, got.reasoning, got.parts, self.index)
         return None
 
     def finished(self) -> str | None:
@@ -80,7 +85,10 @@ class RequestOutput:
             got = Piece(a.content + b.content, a.reasoning + b.reasoning, a.calls + b.calls, a.parts + b.parts)
             if self.parser.n_calls and reason == "stop":
                 reason = "tool_calls"
-        return reason, Delta(self.id, got.content, (), (), got.calls, got.reasoning, got.parts) if got else None
+        lps, self.held = tuple(self.held), []
+        if not got:
+            return reason, None
+        return reason, Delta(self.id, got.content, (), lps, got.calls, got.reasoning, got.parts, self.index)
 
     @property
     def reply(self) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """Logits -> token. Each step is a small pure function on a float32 logits row.
 
-Order (llama.cpp's default chain): penalties -> top_k -> top_p -> min_p -> temperature ->
-draw. Greedy is argmax with the lowest id on ties (np.argmax returns the first maximum), so a
+Order (llama.cpp's default chain): logit bias -> penalties -> top_k -> top_p -> min_p ->
+temperature -> draw. Greedy is argmax with the lowest id on ties (np.argmax returns the first maximum), so a
 greedy run is a function of the logits alone. Stop strings are matched on the detokenized
 text by `StopMatcher`, which holds back any tail that could still become a stop string so a
 stop is never leaked into the output.
@@ -20,6 +20,22 @@ NEG_INF = np.float32(-np.inf)
 
 def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
+
+
+BAN = -100.0   # OpenAI's word: a bias of -100 bans the token (here exactly: its logit becomes -inf)
+
+
+def apply_logit_bias(logits: np.ndarray, bias: tuple[tuple[int, float], ...]) -> np.ndarray:
+    """`logits` with each (token, bias) added (llama.cpp's logit-bias sampler); a bias of BAN or
+    less bans the token. Returns a new array when there is any bias."""
+    if not bias:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    ids = np.fromiter((t for t, _ in bias), dtype=np.int64, count=len(bias))
+    add = np.fromiter((b for _, b in bias), dtype=np.float32, count=len(bias))
+    np.add.at(out, ids, add)              # a token given twice gets both, as llama.cpp's chain does
+    out[ids[add <= BAN]] = NEG_INF
+    return out
 
 
 def apply_penalties(logits: np.ndarray, recent: list[int], presence: float, frequency: float,
@@ -125,10 +141,10 @@ class Sampler:
         p = self.params
         # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
         window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]
-        x = apply_penalties(logits, window, p.presence_penalty, p.frequency_penalty,
-                            p.repetition_penalty)
-        if allowed is not None:
-            x = np.where(allowed, x, NEG_INF)
+        x = self._masked(apply_logit_bias(logits, p.logit_bias), allowed)
+        if p.logit_bias and not np.isfinite(x).any():
+            x = self._masked(logits, allowed)   # the bans left no token the grammar allows: they yield
+        x = apply_penalties(x, window, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
         if p.greedy:
             tok = greedy(x)
         else:
@@ -136,6 +152,10 @@ class Sampler:
             tok = draw(x, p.temperature, self.rng)
         self.recent.append(tok)
         return tok
+
+    @staticmethod
+    def _masked(x: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+        return x if allowed is None else np.where(allowed, x, NEG_INF)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """A request inside the scheduler, from admission to its last event: where it is (slot,
 positions computed), what it has produced (its `RequestOutput`), its drafting state, and the
-clocks its `Timings` are made of."""
+clocks its `Timings` are made of. A request with n > 1 is n of these, one per choice, held
+together by `Choices`."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..output.request_output import RequestOutput
 from ..spec import Drafting
-from ..types import Request, Timings, Usage
+from ..types import ChoiceEnd, Done, Request, Timings, Usage
 
 
 @dataclass
@@ -30,10 +31,21 @@ class Active:
     decode_steps: int = 0
     decode_tokens: int = 0             # tokens committed by decode steps (several per verify)
     expert_base: tuple[int, int] | None = None   # its slot's expert (lookups, hits) at admission
+    group: Choices | None = None       # the request's choices, when it asked for n > 1
+    follows: Active | None = None      # a choice waiting for its leader's prefill, to take a copy of it
 
     @property
     def prefilling(self) -> bool:
-        return self.n_past < len(self.prompt)
+        return self.follows is None and self.n_past < len(self.prompt)
+
+    @property
+    def decoding(self) -> bool:
+        return self.follows is None and self.n_past >= len(self.prompt)
+
+    @property
+    def members(self) -> list[Active]:
+        """Every choice of its request (itself alone for n = 1)."""
+        return self.group.members if self.group is not None else [self]
 
     @property
     def out(self) -> list[int]:
@@ -63,3 +75,29 @@ class Active:
             return None
         lookups, hits = now[0] - self.expert_base[0], now[1] - self.expert_base[1]
         return hits / lookups if lookups else None
+
+
+@dataclass
+class Choices:
+    """The choices of a request with n > 1. The leader (choice 0) prefills the prompt; the others
+    take slots of their own, wait, and when the leader's last prompt chunk is computed take a
+    copy of its KV and sample their first token from the same logits row (`Scheduler._fork`):
+    one prefill for n replies. The request ends, with one Done, when every choice has ended."""
+
+    members: list[Active]
+    ends: dict[int, ChoiceEnd] = field(default_factory=dict)
+
+    def end(self, act: Active, reason: str) -> bool:
+        """Record that `act` ended; whether that was the last choice."""
+        out = act.output
+        self.ends[out.index] = ChoiceEnd(out.index, reason, out.stop_string, out.reply)  # type: ignore[arg-type]
+        return len(self.ends) == len(self.members)
+
+    def done(self, done: Done) -> Done:
+        """The request's Done: choice 0's own fields, every choice's end, the prompt counted once
+        and every choice's tokens (OpenAI's usage for n > 1)."""
+        lead = self.members[0]
+        usage = Usage(len(lead.prompt), sum(m.output.n_generated for m in self.members), lead.cached)
+        first = self.ends[0]
+        return Done(done.request_id, first.finish_reason, usage, done.timings, first.stop_string, first.token_ids,
+                    tuple(self.ends[i] for i in sorted(self.ends)))

@@ -23,6 +23,12 @@ A long prompt therefore never holds other streams for more than one chunk per st
 request joins the running batch at the next step. When a request ends, `PromptCache.release`
 keeps its prompt's KV in its slot for the next request that shares it.
 
+A request with n > 1 is n choices (`request_state.Choices`), admitted together when n slots
+are free: choice 0 prefills; the others wait in their slots, and when choice 0's last prompt
+chunk is computed each takes a copy of its KV (`runner.copy_prefix`) and samples its first
+token from the same logits row (`_fork`), then they decode as any request does. One prefill for
+n replies; one `Done` when the last choice ends.
+
 The scheduler holds its parts and keeps the queue, the slots and the step; what a token means
 (sampling, stops, tool calls, logprobs) is `RequestOutput`'s, what is cached is `PromptCache`'s,
 what is drafted is `Speculator`'s.
@@ -34,12 +40,12 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter, deque
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ...config import EngineConfig
-from ...errors import ApplianceError, ContextOverflow, QueueFull
+from ...errors import ApplianceError, ContextOverflow, InvalidRequest, QueueFull
 from ..cache.prompt_cache import PromptCache
 from ..output.constraints import Matcher
 from ..output.parser import OutputParser
@@ -48,7 +54,7 @@ from ..runners.base import ModelRunner, Span
 from ..spec import Speculator
 from ..stats import EngineStats
 from ..types import Accepted, Done, Error, Event, Request
-from .request_state import Active
+from .request_state import Active, Choices
 from .step_plan import StepPlan, plan_step
 
 
@@ -73,10 +79,12 @@ class Scheduler:
 
     # -- requests in ---------------------------------------------------------------------
     def submit(self, req: Request, prompt: list[int], matcher: Matcher | None = None,
-               parser: OutputParser | None = None) -> None:
-        """Validate and queue; emits Accepted, or Error and nothing else."""
+               parser: OutputParser | None = None,
+               more: Sequence[tuple[Matcher | None, OutputParser | None]] = ()) -> None:
+        """Validate and queue; emits Accepted, or Error and nothing else. `more`: the matcher and
+        parser of each further choice of a request with n > 1."""
         try:
-            act = self._admit_check(req, prompt, matcher, parser)
+            act = self._admit_check(req, prompt, [(matcher, parser), *more])
         except ApplianceError as e:
             self.emit(Error(req.id, *e.to_wire()))
             return
@@ -84,39 +92,65 @@ class Scheduler:
         self.by_id[req.id] = act
         self.emit(Accepted(req.id, len(prompt), 0))
 
-    def _admit_check(self, req: Request, prompt: list[int], matcher: Matcher | None,
-                     parser: OutputParser | None) -> Active:
+    def _admit_check(self, req: Request, prompt: list[int],
+                     outputs: Sequence[tuple[Matcher | None, OutputParser | None]]) -> Active:
         n, p = len(prompt), req.params
+        most = min(self.cfg.max_choices, len(self.slots))
+        if req.n > most:
+            raise InvalidRequest(f"n={req.n} asks for more choices than this server generates at once: at most "
+                                 f"{most} (each choice takes a slot; --max-choices {self.cfg.max_choices}, "
+                                 f"--n-slots {len(self.slots)})", param="n")
         if n == 0:
             raise ContextOverflow("the prompt is empty after tokenization", n_prompt_tokens=0, n_ctx=self.n_ctx)
-        max_tokens = p.max_tokens or self.cfg.max_tokens_default or (self.n_ctx - n)
+        asked = p.max_tokens or self.cfg.max_tokens_default   # 0: up to the end of the context
+        max_tokens = asked or (self.n_ctx - n)
         if n + max_tokens > self.n_ctx or max_tokens < 1:
-            raise ContextOverflow(
-                f"this request needs {n} prompt tokens + {max_tokens} max_tokens, more than the "
-                f"context of {self.n_ctx} tokens per slot",
-                param="messages" if req.messages is not None else "prompt",
-                n_prompt_tokens=n, n_ctx=self.n_ctx, max_tokens=max_tokens)
+            raise self._overflow(req, n, asked)
         if len(self.waiting) >= self.cfg.max_queue:
             raise QueueFull(f"all {len(self.slots)} slots are busy and {len(self.waiting)} requests "
                             "are waiting; retry later", retry_after=1)
         seed = p.seed if p.seed is not None else self.cfg.seed
         # any integer is a seed (OpenAI allows negatives); PCG64 takes non-negative ones
         seed = seed % 2**64 if seed is not None else int.from_bytes(os.urandom(8), "little")
-        drafting = self.spec.start(prompt, req.speculate)
-        out = RequestOutput(req.id, p, seed, min(max_tokens, self.n_ctx - n), self.runner.info.eog_ids,
-                            self.runner.detokenize, matcher, parser)
-        return Active(req, list(prompt), out, drafting)
+        if len(outputs) < req.n:   # a request without grammar or parser: none for the other choices either
+            assert outputs[0] == (None, None), "each choice needs its own matcher and parser"
+            outputs = [outputs[0]] * req.n
+        choices = [Active(req, list(prompt), RequestOutput(
+            req.id, p, (seed + i) % 2**64, min(max_tokens, self.n_ctx - n), self.runner.info.eog_ids,
+            self.runner.detokenize, matcher, parser, index=i), self.spec.start(prompt, req.speculate))
+            for i, (matcher, parser) in enumerate(outputs[:req.n])]
+        if req.n > 1:
+            group = Choices(choices)
+            for act in choices:
+                act.group, act.follows = group, (choices[0] if act is not choices[0] else None)
+        return choices[0]
+
+    def _overflow(self, req: Request, n: int, asked: int) -> ContextOverflow:
+        """The refusal of a prompt of `n` tokens that does not fit with `asked` max_tokens (0: none
+        asked), saying what would fit: never a negative count."""
+        param = "messages" if req.messages is not None else "prompt"
+        ctx = f"the context of {self.n_ctx} tokens per slot"
+        if n >= self.n_ctx:
+            over = f"over {ctx} by {n - self.n_ctx}" if n > self.n_ctx else f"all of {ctx}"
+            cut = n - self.n_ctx + 1
+            return ContextOverflow(f"the prompt alone is {n} tokens, {over}: shorten it by at least "
+                                   f"{cut} token{'s' * (cut > 1)} to leave room for a reply",
+                                   param=param, n_prompt_tokens=n, n_ctx=self.n_ctx)
+        return ContextOverflow(f"this request needs {n} prompt tokens + {asked} max_tokens, more than {ctx}: "
+                               f"ask for at most {self.n_ctx - n} max_tokens or shorten the prompt",
+                               param=param, n_prompt_tokens=n, n_ctx=self.n_ctx, max_tokens=asked)
 
     def abort(self, request_id: str) -> None:
         act = self.by_id.get(request_id)
         if act is not None:
-            act.cancelled = True
+            for choice in act.members:
+                choice.cancelled = True
 
     def fail_all(self, err: ApplianceError) -> None:
         """End every request with `err` (the runner failed under them); the slots are emptied."""
         for act in list(self.waiting) + [a for a in self.slots if a is not None]:
-            self.emit(Error(act.req.id, *err.to_wire()))
-            self.by_id.pop(act.req.id, None)
+            if self.by_id.pop(act.req.id, None) is not None:   # once per request, whatever its choices
+                self.emit(Error(act.req.id, *err.to_wire()))
         self.waiting.clear()
         self.slots = [None] * len(self.slots)
         self.cache.forget()  # the runner failed: trust no KV
@@ -171,7 +205,12 @@ class Scheduler:
             else:
                 act.n_past += len(span.tokens)
                 if span.n_logits:
-                    self._sample(act, rows[-1])
+                    followers = self._followers(act)
+                    row = rows[-1] if not followers else np.array(rows[-1], copy=True)  # copies run between
+                    self._sample(act, row)
+                    for choice in followers:
+                        self._fork(act, choice, row)
+                        sampled.append(choice)
             if span.n_logits:
                 sampled.append(act)
         self._account(plan, 1000.0 * (time.perf_counter() - t0))
@@ -196,27 +235,48 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         for act in [a for a in self.waiting if a.cancelled]:
             self.waiting.remove(act)
-            self._finish(act, "cancelled")
+            for choice in act.members:
+                self._finish(choice, "cancelled")
         for act in self.slots:
             if act is not None and act.cancelled:
                 self._finish(act, "cancelled")
 
     def _fill_slots(self) -> None:
-        while self.waiting and None in self.slots and not self.holding:
-            act = self.waiting.popleft()
+        """The waiting requests, in order, take free slots: one per choice, all at once (a request
+        whose choices do not all fit waits, and so does everyone behind it)."""
+        while self.waiting and not self.holding:
+            act = self.waiting[0]
             free = [i for i, s in enumerate(self.slots) if s is None]
-            at = self.cache.admit(act.prompt, act.req.cache_prompt, free)
-            act.slot, act.n_past, act.cached, act.t_admit = at.slot, at.reuse, at.reuse, time.perf_counter()
-            act.cache_exact = at.exact if at.inexact else None
-            act.expert_base = self._expert_counts(at.slot)
-            self.slots[at.slot] = act
+            if len(free) < len(act.members):
+                return
+            self.waiting.popleft()
+            for choice in act.members:   # the leader first: it alone may reuse a cached prefix
+                at = self.cache.admit(choice.prompt, choice.req.cache_prompt and choice.follows is None, free)
+                free.remove(at.slot)
+                choice.slot, choice.n_past, choice.cached = at.slot, at.reuse, at.reuse
+                choice.t_admit = time.perf_counter()
+                choice.cache_exact = at.exact if at.inexact else None
+                choice.expert_base = self._expert_counts(at.slot)
+                self.slots[at.slot] = choice
 
     def _plan(self) -> StepPlan:
-        decoding = [a for a in self.slots if a is not None and not a.prefilling]
+        decoding = [a for a in self.slots if a is not None and a.decoding]
         drafts = self.spec.propose([a.spec for a in decoding], [a.room(self.n_ctx) for a in decoding],
                                    [a.slot for a in decoding]) if decoding else []
         prefilling = sorted((a for a in self.slots if a is not None and a.prefilling), key=lambda a: a.t_submit)
         return plan_step(decoding, drafts, prefilling, self.grid, self.cfg.step_token_budget)
+
+    # -- choices (n > 1) ---------------------------------------------------------------------
+    def _followers(self, act: Active) -> list[Active]:
+        return [c for c in act.members if c.follows is act and not c.cancelled]
+
+    def _fork(self, leader: Active, choice: Active, row: np.ndarray) -> None:
+        """The leader's prompt is computed: `choice` takes a copy of its KV and samples its first
+        token from the leader's last prompt row, as if it had prefilled the prompt itself."""
+        self.runner.copy_prefix(leader.slot, choice.slot, leader.n_past)
+        choice.follows, choice.n_past = None, leader.n_past
+        choice.t_prefill = leader.t_prefill
+        self._sample(choice, row)
 
     # -- tokens out ----------------------------------------------------------------------
     def _sample(self, act: Active, row: np.ndarray) -> None:
@@ -258,7 +318,11 @@ class Scheduler:
             self.slots[act.slot] = None
             self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled",
                                output=act.out, exact=act.cache_exact, settle=reason != "cancelled")
-        self.by_id.pop(act.req.id, None)
-        experts = self._expert_counts(act.slot) if act.slot >= 0 else None
-        self.emit(Done(act.req.id, reason, act.usage(), act.timings(self.n_ctx, self.spec.label(act.spec), experts),
-                       act.output.stop_string, act.output.reply))
+        if act.group is not None and not act.group.end(act, reason):
+            return   # other choices of the request are still running
+        lead = act.members[0]
+        self.by_id.pop(lead.req.id, None)
+        experts = self._expert_counts(lead.slot) if lead.slot >= 0 else None
+        done = Done(lead.req.id, reason, lead.usage(), lead.timings(self.n_ctx, self.spec.label(lead.spec), experts),
+                    lead.output.stop_string, lead.output.reply)
+        self.emit(act.group.done(done) if act.group is not None else done)
