@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping
 
-from .chat_templates import BUILTIN, RENDER_ARGS, load_template
+from .chat_templates import BUILTIN, REASONING, default_kwargs, load_template
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .flags import ENV_PREFIX, flag, opt, values_of
 
@@ -116,11 +115,16 @@ class EngineConfig:
     chat_template_kwargs: str | None = opt(None, "JSON object of chat template variables every request gets, "
                                            "e.g. '{\"enable_thinking\": false}'; a request's own "
                                            "chat_template_kwargs win key by key")
+    reasoning: str = opt("auto", "thinking in the chat, on | off | auto (llama-server's --reasoning): on and off "
+                         "give every request's template enable_thinking true or false, as a request's "
+                         "chat_template_kwargs does (a request's own wins); auto leaves it to the template's "
+                         "default (thinking, where it has the switch)")
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache, bool):  # EngineConfig(prompt_cache=False), as before it had modes
             object.__setattr__(self, "prompt_cache", "on" if self.prompt_cache else "off")
         _require(self.prompt_cache in ("on", "off", "fast"), "prompt_cache must be on, off or fast")
+        _require(self.reasoning in REASONING, "reasoning must be on, off or auto")
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
         _require(self.thread_wait in THREAD_WAITS, f"thread_wait must be one of {', '.join(THREAD_WAITS)}")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
@@ -184,18 +188,9 @@ class EngineConfig:
         return load_template(self.chat_template) if self.chat_template else None
 
     def template_kwargs(self) -> dict[str, Any]:
-        """--chat-template-kwargs as a dict: the variables every request's template gets."""
-        if not self.chat_template_kwargs:
-            return {}
-        try:
-            kwargs = json.loads(self.chat_template_kwargs)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"chat_template_kwargs is not JSON: {e}") from None
-        _require(isinstance(kwargs, dict), "chat_template_kwargs must be a JSON object, e.g. "
-                 "'{\"enable_thinking\": false}'")
-        taken = sorted(RENDER_ARGS & set(kwargs))
-        _require(not taken, f"chat_template_kwargs may not set {', '.join(taken)}: the server passes those")
-        return kwargs
+        """The template variables every request gets: --chat-template-kwargs with --reasoning's
+        enable_thinking (`chat_templates.default_kwargs`)."""
+        return default_kwargs(self.chat_template_kwargs, self.reasoning)
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil

@@ -233,7 +233,7 @@ def test_chat_template_flags_and_variables():
 
 
 @pytest.mark.parametrize("flags,message", [
-    ({"chat_template": "no-such-template"}, "neither a built-in one (chatml, gemma, llama2, llama3, mistral, phi3"),
+    ({"chat_template": "no-such-template"}, "neither a built-in one (bailing, bailing-think, bailing2, chatglm3"),
     ({"chat_template_kwargs": "{nope"}, "chat_template_kwargs is not JSON"),
     ({"chat_template_kwargs": "[1, 2]"}, "chat_template_kwargs must be a JSON object"),
     ({"chat_template_kwargs": '{"messages": []}'}, "may not set messages"),

@@ -192,7 +192,7 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
             raise InvalidRequest(f"tools[{i}].function.description must be a string",
                                  param=f"tools[{i}].function.description")
         seen.add(name)
-        out.append(ToolSpec(name, desc, json.dumps(params, sort_keys=True)))
+        out.append(ToolSpec(name, desc, json.dumps(params)))   # in the client's key order, as llama-server keeps it
     return tuple(out)
 
 

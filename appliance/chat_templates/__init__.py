@@ -1,6 +1,12 @@
-"""Chat templates: the Jinja environment every one is compiled in, and the ones shipped with the
-appliance for `--chat-template NAME`. Both config (which checks `--chat-template` when it is
-given) and the engine (which renders, engine/chat.py) read them from here.
+"""Chat templates: the Jinja environment every one is compiled in, and the names
+`--chat-template NAME` takes. Both config (which checks `--chat-template` when it is given) and
+the engine (which renders, engine/chat.py) read them from here.
+
+The names are llama.cpp's (LLAMA_CPP: every name its `llama_chat_builtin_templates` lists, with
+the meaning its `llama_chat_apply_template` gives them, which the engine calls to render them)
+and the appliance's own Jinja files (SHIPPED). A file shipped under one of llama.cpp's names
+renders every conversation of roles and texts exactly as llama.cpp's does, and takes tools
+besides (tests/engine/test_builtin_templates.py holds them together).
 
 The environment is jinja2's immutable sandbox and mirrors what Hugging Face's
 `apply_chat_template` gives templates (trim_blocks, lstrip_blocks, loop controls, a `tojson`
@@ -28,10 +34,21 @@ if TYPE_CHECKING:
     import jinja2
 
 SUFFIX = ".jinja"
-BUILTIN = tuple(sorted(f.name.removesuffix(SUFFIX) for f in resources.files(__package__).iterdir()
+SHIPPED = tuple(sorted(f.name.removesuffix(SUFFIX) for f in resources.files(__package__).iterdir()
                        if f.name.endswith(SUFFIX)))
+# llama_chat_builtin_templates() of llama-cpp-python 0.3.36's llama.cpp (a test holds them equal)
+LLAMA_CPP = (
+    "bailing", "bailing-think", "bailing2", "chatglm3", "chatglm4", "chatml", "command-r", "deepseek",
+    "deepseek-ocr", "deepseek2", "deepseek3", "exaone-moe", "exaone3", "exaone4", "falcon3", "gemma", "gigachat",
+    "glmedge", "gpt-oss", "granite", "granite-4.0", "granite-4.1", "grok-2", "hunyuan-dense", "hunyuan-moe",
+    "hunyuan-vl", "kimi-k2", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3", "llama4",
+    "megrez", "minicpm", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken",
+    "monarch", "openchat", "orion", "pangu-embedded", "phi3", "phi4", "rwkv-world", "seed_oss", "smolvlm",
+    "solar-open", "vicuna", "vicuna-orca", "yandex", "zephyr")
+BUILTIN = tuple(sorted(set(SHIPPED) | set(LLAMA_CPP)))
 # what ChatTemplate.render and the prompt builder pass themselves; no default kwargs may set them
 RENDER_ARGS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
+REASONING = ("auto", "on", "off")   # llama-server's --reasoning
 
 
 class TemplateError(InvalidRequest):
@@ -65,13 +82,22 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def by_llama_cpp(template: str | None) -> bool:
+    """Whether this template is one of llama.cpp's names that no shipped file renders: the name
+    itself stands for it (as llama.cpp's own template argument does), llama.cpp renders it."""
+    return template in LLAMA_CPP and template not in SHIPPED
+
+
 def load_template(spec: str) -> tuple[str, str]:
-    """(where it comes from: builtin:NAME or file:PATH, Jinja source) of a built-in name or a
-    file's path. ValueError names what is wrong and lists the built-in names."""
+    """(where it comes from: builtin:NAME or file:PATH, the template) of a built-in name or a
+    file's path: a shipped file's Jinja source, or for a name llama.cpp renders the name itself.
+    ValueError names what is wrong and lists the built-in names."""
     import jinja2
 
-    if spec in BUILTIN:
+    if spec in SHIPPED:
         return f"builtin:{spec}", resources.files(__package__).joinpath(spec + SUFFIX).read_text()
+    if spec in LLAMA_CPP:
+        return f"builtin:{spec}", spec
     path = Path(spec).expanduser()
     try:
         source = path.read_text()
@@ -83,3 +109,28 @@ def load_template(spec: str) -> tuple[str, str]:
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"chat template {path}: line {e.lineno}: {e.message}") from None
     return f"file:{path.resolve()}", source
+
+
+def default_kwargs(kwargs_json: str | None, reasoning: str = "auto") -> dict[str, Any]:
+    """The template variables every request gets (a request's own win key by key):
+    --chat-template-kwargs' JSON object, with --reasoning on or off as enable_thinking true or
+    false (llama-server's default_template_kwargs); the two may not say opposite things.
+    ValueError says what is wrong."""
+    kwargs: Any = {}
+    if kwargs_json:
+        try:
+            kwargs = json.loads(kwargs_json)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"chat_template_kwargs is not JSON: {e}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError("chat_template_kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    taken = sorted(RENDER_ARGS & set(kwargs))
+    if taken:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)}: the server passes those")
+    if reasoning == "auto":
+        return kwargs
+    thinking = reasoning == "on"
+    if kwargs.get("enable_thinking", thinking) != thinking:
+        raise ValueError(f"--reasoning {reasoning} and --chat-template-kwargs enable_thinking "
+                         f"{json.dumps(kwargs['enable_thinking'])} say opposite things: give one of them")
+    return {**kwargs, "enable_thinking": thinking}

@@ -51,15 +51,18 @@ def generic_system_prompt(tools: tuple[ToolSpec, ...]) -> str:
             f"<arguments object>}}\n{CLOSE} and nothing else. Results come back as tool messages.")
 
 
+def written_calls(calls: tuple[ToolCall, ...]) -> str:
+    """Calls as the generic format writes them (hermes): what a template without tools shows."""
+    return "\n".join(f'{OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}\n{CLOSE}' for c in calls)
+
+
 def with_generic_tools(messages: tuple[ChatMessage, ...], tools: tuple[ToolSpec, ...]) -> tuple[ChatMessage, ...]:
     """For templates without tool support: tools described in the system message, earlier calls
     written out in the hermes format so the model sees its own convention."""
     out = []
     for m in messages:
         if m.tool_calls:
-            text = "\n".join(f'{OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}\n{CLOSE}'
-                             for c in m.tool_calls)
-            m = ChatMessage(m.role, ((m.content or "") + "\n" + text).strip(), m.name)
+            m = ChatMessage(m.role, ((m.content or "") + "\n" + written_calls(m.tool_calls)).strip(), m.name)
         out.append(m)
     prompt = generic_system_prompt(tools)
     if out and out[0].role == "system":

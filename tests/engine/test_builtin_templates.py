@@ -1,14 +1,18 @@
-"""The chat templates shipped for `--chat-template NAME` (appliance/chat_templates/), rendered
-to the exact strings their formats define; a Jinja file as the template; the names and files
-refused; `--chat-template-kwargs` under a request's own; the override in the engine's info."""
+"""`--chat-template NAME`: every name llama.cpp accepts (llama_chat_builtin_templates), rendered
+as its llama_chat_apply_template renders it; the Jinja files shipped under some of those names
+(and "mistral"), rendered to the exact strings their formats define, with tools; a Jinja file as
+the template; the names and files refused; `--chat-template-kwargs` and `--reasoning` under a
+request's own; the override in the engine's info."""
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 
+import llama_cpp
 import pytest
 
-from appliance.chat_templates import BUILTIN, load_template
+from appliance.chat_templates import BUILTIN, LLAMA_CPP, SHIPPED, load_template
 from appliance.config import EngineConfig
 from appliance.engine import tools
 from appliance.engine.chat import ChatTemplate
@@ -30,8 +34,6 @@ EXPECTED = {
     "gemma": ("<s><start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
               "Hello.<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
               "<start_of_turn>model\n"),
-    "llama2": ("<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST] Hello. </s>"
-               "<s>[INST] What is 2+2? [/INST]", ""),
     "llama3": ("<s><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
                "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
                "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
@@ -42,9 +44,6 @@ EXPECTED = {
                 "[INST]What is 2+2?[/INST]", ""),
     "phi3": ("<|system|>\nYou are terse.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello.<|end|>\n"
              "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n", "<|assistant|>\n"),
-    "vicuna": ("You are terse. USER: Hi there ASSISTANT: Hello.</s>USER: What is 2+2? ASSISTANT:", "ASSISTANT:"),
-    "zephyr": ("<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n<|assistant|>\nHello.</s>\n"
-               "<|user|>\nWhat is 2+2?</s>\n<|assistant|>\n", "<|assistant|>\n"),
 }
 
 
@@ -54,8 +53,48 @@ def builtin(name: str) -> ChatTemplate:
     return ChatTemplate(text, BOS, EOS)
 
 
-def test_every_builtin_has_its_expected_rendering():
-    assert set(BUILTIN) == set(EXPECTED) >= {"chatml", "llama3", "mistral", "gemma", "phi3"}
+def test_every_shipped_file_has_its_expected_rendering():
+    assert set(SHIPPED) == set(EXPECTED) == {"chatml", "gemma", "llama3", "mistral", "phi3"}
+
+
+def llama_cpp_names() -> list[str]:
+    n = llama_cpp.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * n)()
+    llama_cpp.llama_chat_builtin_templates(names, n)
+    return [name.decode() for name in names]
+
+
+def llama_cpp_render(name: str, messages, add: bool) -> str:
+    """llama.cpp's own rendering, called here without the engine's code."""
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *(llama_cpp.llama_chat_message(m.role.encode(), m.content.encode()) for m in messages))
+    buf = ctypes.create_string_buffer(8192)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(messages), add, buf, 8192)
+    assert 0 <= n <= 8192
+    return buf.raw[:n].decode()
+
+
+def test_the_names_are_every_one_llama_cpp_accepts():
+    assert sorted(LLAMA_CPP) == sorted(llama_cpp_names()) and len(LLAMA_CPP) > 50
+    assert set(BUILTIN) == set(LLAMA_CPP) | {"mistral"}        # the one name of the appliance's own
+
+
+@pytest.mark.parametrize("name", LLAMA_CPP)
+def test_every_llama_cpp_name_means_what_it_means_to_llama_cpp(name):
+    t = builtin(name)
+    for add in (True, False):
+        # a shipped file writes the BOS llama.cpp leaves to the tokenizer (the prompt builder keeps one)
+        got = t.render(CONVO, add_generation_prompt=add)
+        assert (got.removeprefix(BOS) if name in SHIPPED else got) == llama_cpp_render(name, CONVO, add)
+
+
+def test_a_name_llama_cpp_renders_keeps_tool_calls_and_results():
+    out = builtin("vicuna").render(ROUND_TRIP)       # vicuna has no tool role: results are user turns
+    assert out == ('Be exact.\n\nUSER: Add\nASSISTANT: <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n'
+                   "</tool_call></s>\nUSER: <tool_response>\n1\n</tool_response>\nUSER: <tool_response>\n2\n"
+                   "</tool_response>\nASSISTANT:")
+    out = builtin("phi4").render(ROUND_TRIP)            # phi4 has one: results as llama.cpp writes them
+    assert "<|im_start|>tool<|im_sep|>1<|im_end|><|im_start|>tool<|im_sep|>2<|im_end|>" in out
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -115,7 +154,8 @@ def test_mistral_lists_tools_before_the_last_user_turn():
 
 
 @pytest.mark.parametrize("name,fmt", [("chatml", "hermes"), ("llama3", "llama3"), ("mistral", "mistral"),
-                                      ("gemma", "generic"), ("phi3", "generic"), ("llama2", "generic")])
+                                      ("gemma", "generic"), ("phi3", "generic"), ("llama2", "generic"),
+                                      ("deepseek3", "generic")])
 def test_the_tool_call_format_follows_the_builtin(name, fmt):
     assert tools.detect_format(load_template(name)[1]) == fmt
 
@@ -130,7 +170,7 @@ def test_a_jinja_file_is_a_template(tmp_path):
 
 
 def test_an_unknown_name_lists_the_builtins(tmp_path):
-    with pytest.raises(ValueError, match="neither a built-in one .chatml, gemma, llama2, llama3, mistral, phi3"):
+    with pytest.raises(ValueError, match="neither a built-in one .bailing, bailing-think, .*, chatml, command-r, "):
         load_template("chatml2")
     with pytest.raises(ValueError, match="neither a built-in one"):
         load_template(str(tmp_path))              # a directory
@@ -167,4 +207,22 @@ def test_the_override_replaces_the_models_template_in_the_engines_info():
     assert _with_template(info, EngineConfig()).chat_template_source == "fallback:chatml"   # the GGUF has none
     chatml = _with_template(info, EngineConfig(chat_template="chatml"))
     assert chatml.chat_template_source == "builtin:chatml" and chatml.chat_template == load_template("chatml")[1]
-    assert rendered(EngineConfig(chat_template="vicuna")).endswith("USER: Hi there ASSISTANT:")
+    assert rendered(EngineConfig(chat_template="vicuna")).endswith("USER: Hi there\nASSISTANT:")
+    deepseek3 = _with_template(info, EngineConfig(chat_template="deepseek3"))
+    assert deepseek3.chat_template_source == "builtin:deepseek3" and deepseek3.chat_template == "deepseek3"
+    assert rendered(EngineConfig(chat_template="deepseek3")) == "<｜User｜>Hi there<｜Assistant｜>"
+
+
+def test_reasoning_is_the_default_of_enable_thinking_under_a_requests_own(tmp_path):
+    path = tmp_path / "think.jinja"
+    path.write_text("{{ messages[0].content }}{% if enable_thinking %} <think>{% else %} <no-think>{% endif %}")
+    assert rendered(EngineConfig(chat_template=str(path))) == "Hi there <think>"   # llama-server's default: on
+    assert rendered(EngineConfig(chat_template=str(path), reasoning="off")) == "Hi there <no-think>"
+    assert rendered(EngineConfig(chat_template=str(path), reasoning="off"), enable_thinking=True) == "Hi there <think>"
+    assert rendered(EngineConfig(chat_template=str(path), reasoning="on",
+                                 chat_template_kwargs='{"x": 1}')) == "Hi there <think>"
+    with pytest.raises(ValueError, match="--reasoning off and --chat-template-kwargs enable_thinking true say "
+                                         "opposite things: give one of them"):
+        EngineConfig(reasoning="off", chat_template_kwargs='{"enable_thinking": true}')
+    with pytest.raises(ValueError, match="reasoning must be on, off or auto"):
+        EngineConfig(reasoning="yes")

@@ -385,10 +385,14 @@ def llama_expected(date: str, system: str = "You are terse.") -> str:
             + "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>")
 
 
-def test_llama31_conversation_with_fixed_default_date():
+def test_llama31_conversation_says_todays_date_as_llama_server_does():
+    # issue 55: the template's own default ("26 Jul 2024") gave way to date_string, today's date,
+    # which llama-server puts in every template's context
+    from datetime import datetime
+
     t = ChatTemplate(LLAMA31, bos_token=LLAMA_BOS, eos_token=LLAMA_EOS)
     out = t.render(CONVO)
-    assert out == llama_expected("26 Jul 2024") + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    assert out == llama_expected(datetime.now().strftime("%d %b %Y")) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
     assert in_order(out, LLAMA_BOS, "system<|end_header_id|>", "Cutting Knowledge Date",
                     "You are terse.", "user<|end_header_id|>", "Hi there",
                     "assistant<|end_header_id|>", "Hello.", "user<|end_header_id|>",

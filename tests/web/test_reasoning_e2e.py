@@ -11,6 +11,7 @@ from ..engine.gguf_fixtures import write_tiny_llama
 from .conftest import running_server
 
 THINKING_TEMPLATE = (
+    "{{ 'Today: ' + date_string + '\\n' }}"    # what llama-server gives every template: today's date
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
@@ -25,6 +26,18 @@ def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("srv"), "--model", str(model), "--n-ctx", "256",
                         "--n-slots", "1", timeout=120) as srv:
         yield srv
+
+
+def test_apply_template_renders_todays_date_and_the_thinking_switch(server):
+    from datetime import datetime
+
+    def prompt(**kw) -> str:
+        body = {"messages": BODY["messages"], **kw}
+        return requests.post(server.url + "/apply-template", json=body, timeout=60).json()["prompt"]
+
+    on = prompt()
+    assert on.startswith(f"Today: {datetime.now().strftime('%d %b %Y')}\n") and on.endswith("assistant\n<think>\n")
+    assert prompt(chat_template_kwargs={"enable_thinking": False}).endswith("<think>\n\n</think>\n\n")
 
 
 def test_thinking_goes_to_reasoning_content(server):

@@ -1,0 +1,48 @@
+"""Writes tests/engine/chat_templates/llama_server.json: each template's rendering of each case by
+llama.cpp's own code (`render`, built by build.sh), today's date replaced by the placeholders the
+test fills in with the day it runs.
+
+    python scripts/llama_template_render/expected.py /tmp/llama_template_render/render
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.engine.chat_templates import cases  # noqa: E402
+
+
+def render(binary: str, name: str, messages: list, tools: list | None, reasoning: int) -> str | None:
+    """The prompt, or None where llama.cpp refuses the request (llama-server answers an error)."""
+    body = {"messages": messages, "bos": cases.BOS, "eos": cases.EOS, "reasoning": reasoning}
+    if tools:
+        body["tools"] = tools
+    got = subprocess.run([binary, str(cases.HERE / f"{name}.jinja")], input=json.dumps(body), capture_output=True,
+                         text=True)
+    if got.returncode == 2:
+        print(f"{name}: llama.cpp refuses: {got.stderr.strip()}", file=sys.stderr)
+        return None
+    got.check_returncode()
+    return got.stdout
+
+
+def main(binary: str) -> None:
+    now = datetime.now()
+    dates = {now.strftime("%d %b %Y"): cases.DATE_STRING, now.strftime("%b %d %Y"): cases.DATETIME}
+    out: dict[str, dict[str, str | None]] = {}
+    for name in cases.TEMPLATES:
+        out[name] = {}
+        for case, (messages, tools, reasoning) in cases.CASES.items():
+            text = render(binary, name, messages, tools, reasoning)
+            for date, placeholder in dates.items():
+                text = text if text is None else text.replace(date, placeholder)
+            out[name][case] = text
+    cases.EXPECTED.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,50 @@
+"""Real models' chat templates and the requests their renderings are compared on.
+
+The .jinja files beside this one are copies of llama.cpp's models/templates/ (from the vendored
+llama.cpp of llama-cpp-python 0.3.36's sdist), which holds them as the models' repositories
+publish them. `llama_server.json` is what llama.cpp's own code (common_chat_templates_init and
+common_chat_templates_apply, as llama-server calls them) made of each case, written by
+scripts/llama_template_render/expected.py; today's date in it is DATE_STRING / DATETIME.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).parent
+EXPECTED = HERE / "llama_server.json"
+# what llama-server puts in a template's context for today (common_chat_extra_context)
+DATE_STRING, DATETIME = "{date_string}", "{datetime}"
+# SmolLM2's vocabulary, which the tiny GGUF fixtures carry: the bos_token and eos_token a template sees
+BOS, EOS = "<|im_start|>", "<|im_end|>"
+
+TEMPLATES = sorted(p.stem for p in HERE.glob("*.jinja"))
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# Mistral's templates take only ids of 9 letters and digits
+CALL = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+# name -> (messages, tools, --reasoning: -1 auto, 0 off, 1 on)
+CASES: dict[str, tuple[list[dict], list[dict] | None, int]] = {
+    "system": ([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"}], None, -1),
+    "turns": ([{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello."},
+               {"role": "user", "content": "What is 2+2?"}], None, -1),
+    "thinking_off": ([{"role": "user", "content": "What is 2+2?"}], None, 0),
+    "thinking_on": ([{"role": "user", "content": "What is 2+2?"}], None, 1),
+    "tools": ([{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"}],
+              [WEATHER], -1),
+    "tool_result": ([{"role": "user", "content": "Weather in Paris?"},
+                     {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                     {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "18 C and sunny"}], [WEATHER], -1),
+}
+
+
+def template(name: str) -> str:
+    return (HERE / f"{name}.jinja").read_text()
+
+
+def expected() -> dict[str, dict[str, str]]:
+    """template -> case -> llama-server's rendering (DATE_STRING and DATETIME for today)."""
+    return json.loads(EXPECTED.read_text())
