@@ -228,7 +228,7 @@ BAD_INPUT = {  # API-CONTRACT.md's list: each a clean 4xx in OpenAI's shape
     "max_tokens too large": ("/v1/chat/completions", dict(json={"messages": HI, "max_tokens": 10**6}), 400),
     "temperature out of range": ("/v1/chat/completions", dict(json={"messages": HI, "temperature": 7}), 400),
     "top_p out of range": ("/v1/chat/completions", dict(json={"messages": HI, "top_p": 1.5}), 400),
-    "n > 1": ("/v1/chat/completions", dict(json={"messages": HI, "n": 3}), 400),
+    "n 0": ("/v1/chat/completions", dict(json={"messages": HI, "n": 0}), 400),
     "invalid JSON schema": ("/v1/chat/completions", dict(json={"messages": HI, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}), 400),
     "malformed tools": ("/v1/chat/completions", dict(json={"messages": HI, "tools": [{"type": "function"}]}), 400),
