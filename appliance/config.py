@@ -100,6 +100,9 @@ class EngineConfig:
                                       "and Ollama's /api/embed, named by its file name (a request naming no "
                                       "model gets it); 'chat': the chat models answer embeddings themselves, "
                                       "with the mean of their last hidden states (llama.cpp runner)")
+    pooling: str | None = opt(None, "the embedding model's pooling, none | mean | cls | last (llama-server's "
+                              "--pooling; default: its GGUF's); none answers llama-server's /embeddings with a "
+                              "vector per token, and OpenAI's and Ollama's with their mean")
     speculate_inexact: bool = opt(False, "allow speculation on a runner that is not exact (the output may "
                                   "differ from serial decoding; every response says so in timings)")
     max_queue: int = opt(64, "requests that may wait for a slot; past this the API answers 503")
@@ -125,6 +128,7 @@ class EngineConfig:
             object.__setattr__(self, "prompt_cache", "on" if self.prompt_cache else "off")
         _require(self.prompt_cache in ("on", "off", "fast"), "prompt_cache must be on, off or fast")
         _require(self.reasoning in REASONING, "reasoning must be on, off or auto")
+        _require(self.pooling in (None, "none", "mean", "cls", "last"), "pooling must be none, mean, cls or last")
         _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
         _require(self.thread_wait in THREAD_WAITS, f"thread_wait must be one of {', '.join(THREAD_WAITS)}")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),

@@ -2,7 +2,7 @@
 llama.vim and llama.vscode, scripts, its web UI's probes): `POST /completion` (and
 `/completions`, which llama-server also answers natively), `POST /infill`, `GET /props`,
 `POST /apply-template`, and the OpenAI routes without their `/v1` (`/chat/completions`,
-`/models`).
+`/models`). Its `/embeddings` and `/embedding` are web/embeddings.py's, beside OpenAI's.
 
 /completion and /infill are translated onto the OpenAI completions request
 (`serving.parse_submit`): validation, limits, the prompt cache, speculation and timings are those of
@@ -335,7 +335,7 @@ def apply_template():
     return jsonify({"prompt": serving.render_prompt({**body, "model": _model_name(body)}).text})
 
 
-# the OpenAI routes without /v1, as llama-server answers them (its /embeddings is its own format)
+# the OpenAI routes without /v1, as llama-server answers them (its own /embeddings: web/embeddings.py)
 bp.add_url_rule("/chat/completions", "chat_completions", openai_chat.chat_completions, methods=["POST"])
 bp.add_url_rule("/responses", "responses", openai_responses.create, methods=["POST"])
 bp.add_url_rule("/models", "models", api.models, methods=["GET"])

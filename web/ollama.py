@@ -268,7 +268,7 @@ def _embed(body: dict[str, Any], inputs: tuple[str, ...], truncate: bool,
     _need(isinstance(body.get("options") or {}, dict), "'options' must be an object", "options")
     _need(isinstance(truncate, bool), "'truncate' must be true or false", "truncate")
     return embeddings.embed({**body, "model": _model_name(body)}, inputs, truncate=truncate,
-                            dimensions=embeddings.dimensions(body), normalize=normalize)
+                            dimensions=embeddings.dimensions(body), norm=2 if normalize else -1)
 
 
 @bp.post("/api/embed")

@@ -160,7 +160,7 @@ def _openai() -> dict[str, Any]:
                                         "delete": bodiless("Forget a stored response", "openai", deleted, rid)},
         "/v1/embeddings": {"post": post("Embeddings of texts or token ids", "openai",
                                         _obj(("input",), input=ANY, model=ANY, encoding_format=ANY, dimensions=ANY,
-                                             user=ANY), embedding)},
+                                             user=ANY, truncate=ANY, embd_normalize=ANY), embedding)},
     }
 
 
@@ -169,8 +169,16 @@ def _llama_server(chat: dict[str, Any], models: dict[str, Any]) -> dict[str, Any
     completion = post("llama-server's completion", "openai", _obj(("prompt",), prompt=ANY, stream=ANY,
                                                                    n_predict=ANY, model=ANY, logit_bias=ANY),
                       OBJECT, "sse")
+    vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+    embeddings = post("llama-server's embeddings: per input, its vector, or a vector per token (pooling none)",
+                      "openai", _obj(input=ANY, content=ANY, model=ANY, encoding_format=ANY, embd_normalize=ANY,
+                                     truncate=ANY, dimensions=ANY),
+                      {"type": "array", "items": _obj(("index", "embedding"), index={"type": "integer"},
+                                                      embedding=vectors)})
     return {
         "/completion": {"post": completion},
+        "/embeddings": {"post": embeddings},
+        "/embedding": {"post": {**embeddings, "summary": "llama-server's embeddings (its older path)"}},
         "/completions": {"post": {**completion, "summary": "llama-server's completion (its other path)"}},
         "/infill": {"post": post("llama-server's fill-in-the-middle (code models with FIM tokens)", "openai",
                                  _obj(input_prefix=ANY, input_suffix=ANY, input_extra=ANY, prompt=ANY), OBJECT, "sse")},

@@ -68,10 +68,14 @@ class Embed:
     batched with other requests' and run one batch per loop turn (engine/embed.py)."""
 
     request_id: str
-    inputs: tuple[str | tuple[int, ...], ...]
+    # a text, token ids, or llama-server's mix of both (its texts tokenized in place; the model's
+    # BOS only before a first piece that is text)
+    inputs: tuple[str | tuple[int | str, ...], ...]
     truncate: bool = False           # cut an input longer than the model takes, instead of refusing it
     dimensions: int | None = None    # refused unless the model's own size
-    normalize: bool = True           # L2, as llama-server's and OpenAI's vectors are
+    normalize: bool = True           # as llama-server's and OpenAI's vectors are
+    norm: int = 2                    # llama-server's embd_normalize: 2 L2, 1 taxicab, 0 max-abs to int16, p > 2
+    per_token: bool = False          # a vector per token where the model pools none (llama-server's /embeddings)
 
 
 Command = Submit | Abort | Tokenize | Detokenize | RenderPrompt | Embed | Stop

@@ -114,8 +114,10 @@ class ModelPool:
     def resolve_embedding(self, model: object) -> str:
         """The model that answers an embeddings request naming `model`: the served model it names
         if that one embeds (an embedding model; any model under --embedding-model chat); for no
-        name or an unknown one, the embedding model, or under --embedding-model chat the default
-        model (an unknown name is a 404 then). InvalidRequest names the flag when none embeds."""
+        name or an unknown one (clients send text-embedding-3-small), the embedding model, or under
+        --embedding-model chat the default model, or the one model served whatever its name, as
+        chat's rule has it (with several, an unknown name is a 404). InvalidRequest names the flag
+        when none embeds."""
         own = [n for n, m in self._models.items() if m.spec.kind == "embedding"]
         chat = self.config.engine.embedding_model == "chat"
         if isinstance(model, str):
@@ -123,7 +125,7 @@ class ModelPool:
                 name = self.resolve(model, exact=True)
             except ModelNotFound:
                 if chat and not own:
-                    raise
+                    return self.resolve(model)   # one model served: any name is it
                 name = None
             if name is not None:
                 if chat or self.kind(name) == "embedding":

@@ -146,9 +146,9 @@ def start_embedding(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
 
 def _embedder(ctx: EmbeddingContext, runner: ModelRunner, prompts: PromptBuilder,
               emit: Callable[[Event], None]) -> Embedder:
-    """Texts tokenized as llama-server tokenizes an embeddings input (special tokens added and
-    parsed), warmed up."""
-    embedder = Embedder(ctx, lambda text: runner.tokenize(text, add_special=True, parse_special=True),
+    """Texts tokenized as llama-server tokenizes an embeddings input (special tokens added, where
+    a piece starts the input, and parsed), warmed up."""
+    embedder = Embedder(ctx, lambda text, special: runner.tokenize(text, add_special=special, parse_special=True),
                         prompts.check_ids, emit)
     embedder.warm_up(runner.info.bos_id or 0)
     return embedder

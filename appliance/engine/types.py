@@ -258,12 +258,14 @@ class Tokenized:
 class Embedded:
     """The one event answering an embed command: a vector per input, in order, as little-endian
     float32 (`data`: n_inputs x n_embd; OpenAI's base64 encoding is these bytes), and each
-    input's token count."""
+    input's token count. With `per_token`, a vector per token of each input (data: sum(n_tokens)
+    x n_embd)."""
 
     request_id: str
     data: bytes
     n_embd: int
     n_tokens: tuple[int, ...]
+    per_token: bool = False
 
     def raw(self, i: int) -> bytes:
         size = 4 * self.n_embd
@@ -274,6 +276,13 @@ class Embedded:
         if sys.byteorder == "big":
             vec.byteswap()
         return vec.tolist()
+
+    def rows(self, i: int) -> list[list[float]]:
+        """Input i's vectors: one per token with `per_token`, else its one vector."""
+        if not self.per_token:
+            return [self.floats(i)]
+        start = sum(self.n_tokens[:i])
+        return [self.floats(start + j) for j in range(self.n_tokens[i])]
 
 
 Event = Accepted | Delta | Done | Error | Tokenized | Embedded

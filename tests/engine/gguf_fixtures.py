@@ -146,8 +146,8 @@ class _Init:
         return 1.0 + self.rand(n, std=self.norm_std)
 
 
-def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str,
-                   chat_template: str | None, special_ids: dict[str, int] | None = None) -> None:
+def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: str | None,
+                   special_ids: dict[str, int] | None = None, add_bos: bool | None = None) -> None:
     w.add_name(name)
     w.add_context_length(d.n_ctx)
     w.add_embedding_length(d.n_embd)
@@ -175,8 +175,12 @@ def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str,
             w.add_expert_feed_forward_length(d.n_ff)
     w.add_vocab_size(d.n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    overrides = {} if add_bos is None else {"tokenizer.ggml.add_bos_token": add_bos}
     for key, value, vtype, sub in tokenizer_fields():
-        w.add_key_value(key, value, vtype, sub)
+        if key not in overrides:
+            w.add_key_value(key, value, vtype, sub)
+    for key, flag in overrides.items():
+        w.add_bool(key, flag)
     for kind, tok in (special_ids or {}).items():  # e.g. {"fim_pre": 6}: tokenizer.ggml.fim_pre_token_id
         w.add_uint32(f"tokenizer.ggml.{kind}_token_id", tok)
     if chat_template is not None:
@@ -240,19 +244,20 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
                out_std: float | None = None, norm_std: float = NORM_STD,
                chat_template: str | None = None, name: str | None = None,
                split_max_tensors: int = 0, special_ids: dict[str, int] | None = None,
-               pooling: str | None = None) -> Path:
+               pooling: str | None = None, add_bos: bool | None = None) -> Path:
     """Write a random-weight F32 GGUF of `arch` (one of TINY_ARCHS) with SmolLM2's tokenizer
     that llama.cpp loads; returns the path. The weights are `tiny_tensors` (same arguments).
     "mixtral" is written as general.architecture "llama" with experts. With
     `split_max_tensors`, gguf-split's parts (`STEM-00001-of-0000N.gguf`); returns the first.
     `special_ids` names more special tokens of the borrowed vocabulary (fill-in-the-middle ones).
-    `pooling` (none, mean, cls, last) writes `{arch}.pooling_type`, as an embedding model's GGUF has."""
+    `pooling` (none, mean, cls, last) writes `{arch}.pooling_type`, as an embedding model's GGUF has.
+    `add_bos` overrides SmolLM2's tokenizer.ggml.add_bos_token (false): a tokenizer that adds its BOS."""
     d = tiny_dims(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                   n_ff=n_ff, n_ctx=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
                   head_dim=head_dim)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), d.file_arch, split_max_tensors=split_max_tensors)
-    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids)
+    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids, add_bos)
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType[pooling.upper()])
     for tname, data in tiny_tensors(d, seed=seed, weight_std=weight_std, embd_std=embd_std,
@@ -270,7 +275,7 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
 def write_tiny_llama(path: os.PathLike[str] | str, *, chat_template: str | None = None,
                      n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 128, n_ctx: int = 512, seed: int = 0,
-                     special_ids: dict[str, int] | None = None) -> Path:
+                     special_ids: dict[str, int] | None = None, add_bos: bool | None = None) -> Path:
     """Write a random-weight llama-arch GGUF (F32) with SmolLM2's tokenizer; returns the path.
 
     The serving-path fixture: every weight N(0, 0.02) and norms exactly one, so the file is the
@@ -279,7 +284,7 @@ def write_tiny_llama(path: os.PathLike[str] | str, *, chat_template: str | None 
     return write_tiny(path, "llama", n_layer=n_layer, n_embd=n_embd, n_head=n_head,
                       n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, seed=seed, weight_std=0.02,
                       embd_std=0.02, out_std=0.02, norm_std=0.0, chat_template=chat_template,
-                      name="tiny-random-llama", special_ids=special_ids)
+                      name="tiny-random-llama", special_ids=special_ids, add_bos=add_bos)
 
 
 def write_garbage(path: os.PathLike[str] | str, kind: str = "truncated", seed: int = 0) -> Path:

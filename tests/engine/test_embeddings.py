@@ -1,11 +1,13 @@
 """Embeddings in the engine (engine/embed.py over runners/embedding.py): vectors against
-llama-cpp-python's own `Llama.embed` on the same tiny GGUF (an independent reference), a batch
-equal to one input at a time, the chat model's mean-pooled hidden state beside generation, the
-Embedder's packing, order and refusals over a fake context, and which model answers (the
-catalog's --embedding-model, `ModelPool.resolve_embedding`)."""
+llama-cpp-python's own `Llama.embed` on the same tiny GGUF (an independent reference), pooled and
+a vector per token (pooling none, from the GGUF or --pooling), a batch equal to one input at a
+time, the chat model's mean-pooled hidden state beside generation, the Embedder's packing, order,
+mixed text and token-id inputs, norms and refusals over a fake context, and which model answers
+(the catalog's --embedding-model, `ModelPool.resolve_embedding`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import llama_cpp as L
 
 from appliance import config
 from appliance.config import EngineConfig
-from appliance.engine.embed import Embedder
+from appliance.engine.embed import Embedder, normalized
 from appliance.engine.pool import ModelPool
 from appliance.engine.ipc import Embed
 from appliance.engine.runners.base import Span
@@ -68,7 +70,7 @@ def embedding_model(request, tmp_path_factory):
 
 def embedder_of(runner, ctx=None) -> tuple[Embedder, list]:
     events: list = []
-    text = lambda t: runner.tokenize(t, add_special=True, parse_special=True)  # noqa: E731
+    text = lambda t, special: runner.tokenize(t, add_special=special, parse_special=True)  # noqa: E731
     return Embedder(ctx or runner.embeddings, text, lambda ids, p: None, events.append), events
 
 
@@ -124,6 +126,55 @@ def test_token_ids_are_embedded_as_given(embedding_model):
     assert np.array_equal(vectors(text), vectors(given))
 
 
+def test_a_vector_per_token_where_the_model_pools_none(embedding_model):
+    path, runner, pooling = embedding_model
+    embedder, events = embedder_of(runner)
+    pooled = vectors(run(embedder, events, Embed("p", tuple(TEXTS[:2])))["p"])
+    got = run(embedder, events, Embed("t", tuple(TEXTS[:2]), per_token=True))["t"]
+    assert got.per_token == (pooling == "none")
+    if pooling != "none":      # a model that pools answers its pooled vectors
+        assert np.array_equal(vectors(got), pooled)
+        return
+    llm = L.Llama(str(path), embedding=True, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1,
+                  pooling_type=L.LLAMA_POOLING_TYPE_NONE, verbose=False)
+    try:
+        for i, text in enumerate(TEXTS[:2]):
+            rows = np.array(got.rows(i))
+            assert rows.shape == (got.n_tokens[i], 64)
+            assert np.abs(rows - np.array(llm.embed(text))).max() < 1e-5     # not normalised
+            assert np.abs(normalized(rows.mean(axis=0, keepdims=True), 2)[0] - pooled[i]).max() < 1e-5
+    finally:
+        llm.close()
+
+
+def test_the_pooling_flag_overrides_the_gguf(tmp_path):
+    path = write_tiny(tmp_path / "mean.gguf", "llama", pooling="mean")
+    runner = EmbeddingRunner(dataclasses.replace(CFG, pooling="none"), path, "tiny-embed")
+    try:
+        assert runner.embeddings.per_token and runner.info.settings["embeddings"]["pooling"] == "none"
+    finally:
+        runner.close()
+    with pytest.raises(ValueError, match="pooling must be none, mean, cls or last"):
+        dataclasses.replace(CFG, pooling="max")
+
+
+def test_a_text_counts_the_bos_its_tokenizer_adds_and_a_mix_has_it_only_before_a_first_text(tmp_path):
+    path = write_tiny(tmp_path / "bos.gguf", "llama", pooling="mean", add_bos=True)
+    llm = L.Llama(str(path), vocab_only=True, verbose=False)     # an independent tokenizer
+    text, bos = llm.tokenize(b"hello world", add_bos=False), llm.token_bos()
+    assert llm.tokenize(b"hello world") == [bos, *text]
+    llm.close()
+    runner = EmbeddingRunner(CFG, path, "bos")
+    try:
+        embedder, events = embedder_of(runner)
+        got = run(embedder, events, Embed("b", ("hello world", tuple(text), ("hello world", 5), (5, "hello world"))))["b"]
+        assert got.n_tokens == (len(text) + 1, len(text), len(text) + 2, len(text) + 1)
+        ids = vectors(run(embedder, events, Embed("i", ((bos, *text, 5),)))["i"])
+        assert np.abs(vectors(got)[2] - ids[0]).max() < 1e-6     # the mix is the BOS, the text's tokens, 5
+    finally:
+        runner.close()
+
+
 def test_the_chat_model_embeds_beside_generation_without_changing_it(tmp_path):
     path = write_tiny(tmp_path / "chat.gguf", "llama")
     runner = LlamaCppRunner(EngineConfig(n_ctx=256, n_slots=2, n_threads=1, prompt_cache=False), path, "chat")
@@ -144,29 +195,39 @@ def test_the_chat_model_embeds_beside_generation_without_changing_it(tmp_path):
 
 # -- the Embedder over a fake context: packing, order, refusals ------------------------------------
 class FakeContext:
-    """Vector of a sequence: (first token, length, 0...): which input a vector is, at a glance."""
+    """Vector of a sequence: (first token, length, 0...): which input a vector is, at a glance;
+    a token's (token, position, 0, 0) where it pools none."""
 
     n_embd, max_tokens, n_seq_max = 4, 10, 3
 
-    def __init__(self) -> None:
+    def __init__(self, per_token: bool = False) -> None:
         self.forwards: list[list[tuple[int, ...]]] = []
+        self.per_token = per_token
 
     def embed(self, seqs):
         self.forwards.append([tuple(s) for s in seqs])
         return np.array([[s[0], len(s), 0, 0] for s in seqs], np.float32)
 
+    def embed_tokens(self, seqs):
+        self.forwards.append([tuple(s) for s in seqs])
+        return [np.array([[t, j, 0, 0] for j, t in enumerate(s)], np.float32) for s in seqs]
+
     def close(self):
         pass
 
 
-def fake() -> tuple[Embedder, list, FakeContext]:
-    ctx, events = FakeContext(), []
+def fake(bos: int | None = None, per_token: bool = False) -> tuple[Embedder, list, FakeContext]:
+    """A text's tokens are its characters' codes, after `bos` where specials are added."""
+    ctx, events = FakeContext(per_token), []
 
     def check(ids, param):
         if any(t >= 1000 for t in ids):
             raise InvalidToken("outside the vocabulary", param=param)
 
-    return Embedder(ctx, lambda t: [ord(c) for c in t], check, events.append), events, ctx
+    def tokenize(text, special):
+        return ([bos] if special and bos is not None else []) + [ord(c) for c in text]
+
+    return Embedder(ctx, tokenize, check, events.append), events, ctx
 
 
 def test_inputs_are_packed_in_arrival_order_within_the_batch_limits():
@@ -191,6 +252,51 @@ def test_vectors_are_l2_normalised_little_endian_float32():
     got = run(embedder, events, Embed("n", ((3, 9, 9, 9),)))["n"]
     assert got.floats(0) == pytest.approx([0.6, 0.8, 0, 0])
     assert np.frombuffer(got.raw(0), "<f4").tolist() == got.floats(0)
+
+
+@pytest.mark.parametrize("p,want", [
+    (2, [0.6, -0.8, 0, 0]), (1, [3 / 7, -4 / 7, 0, 0]), (0, [3 / 4 * 32760, -32760, 0, 0]),
+    (3, [3 / 91 ** (1 / 3), -4 / 91 ** (1 / 3), 0, 0]),
+])
+def test_norms_are_llama_cpps_embd_normalize(p, want):
+    assert normalized(np.array([[3.0, -4.0, 0, 0]]), p)[0] == pytest.approx(want)
+    embedder, events, _ = fake()
+    got = run(embedder, events, Embed("n", ((3, 9, 9, 9),), norm=p))["n"]
+    assert got.floats(0) == pytest.approx(normalized(np.array([[3.0, 4.0, 0, 0]]), p)[0].tolist())
+    events.clear()
+    raw = run(embedder, events, Embed("r", ((3, 9, 9, 9),), normalize=False, norm=p))["r"]
+    assert raw.floats(0) == [3, 4, 0, 0]
+
+
+def test_mixed_inputs_have_the_bos_only_before_a_first_text():
+    embedder, events, ctx = fake(bos=1)
+    run(embedder, events, Embed("m", (("ab", 5, "c"), (5, "ab"), "ab", (7, 8)), normalize=False))
+    assert ctx.forwards == [[(1, 97, 98, 5, 99), (5, 97, 98)], [(1, 97, 98), (7, 8)]]
+    events.clear()
+    embedder.submit(Embed("bad", (("ab", 5), ("ab", 1000))))
+    [err] = events
+    e = from_wire(err.kind, err.message, err.fields)
+    assert (e.code, e.param) == ("invalid_token", "input[1]")
+
+
+def test_per_token_vectors_are_rows_never_normalised_and_never_share_a_forward_with_pooled():
+    embedder, events, ctx = fake(per_token=True)
+    got = run(embedder, events, Embed("a", ((3, 4), (5,)), per_token=True), Embed("b", ((6,),), normalize=False))
+    assert ctx.forwards == [[(3, 4), (5,)], [(6,)]]
+    a, b = got["a"], got["b"]
+    assert a.per_token and a.n_tokens == (2, 1) and a.rows(0) == [[3, 0, 0, 0], [4, 1, 0, 0]]
+    assert a.rows(1) == [[5, 0, 0, 0]]
+    assert not b.per_token and b.rows(0) == [[6, 1, 0, 0]]
+    embedder, events, ctx = fake()                                 # a model that pools: pooled
+    assert not run(embedder, events, Embed("c", ((3, 4),), per_token=True))["c"].per_token
+
+
+def test_an_input_over_the_limit_says_too_large_in_words_clients_match():
+    embedder, events, _ = fake()
+    embedder.submit(Embed("e", ("abc", "x" * 11)))
+    [err] = events
+    assert err.message == ("input[1] (11 tokens) is too large to process: this model's maximum context length for "
+                           "an embedding input is 10 tokens; shorten it or send truncate: true to cut it")
 
 
 def test_an_aborted_request_is_dropped_and_others_go_on():
@@ -261,6 +367,12 @@ def test_embedding_model_chat_makes_every_chat_model_answer():
         assert [pool.resolve_embedding(m) for m in ("llama", None)] == ["llama", "qwen"]
         with pytest.raises(ModelNotFound):
             pool.resolve_embedding("text-embedding-3-small")
+
+
+def test_embedding_model_chat_with_one_model_takes_any_name():
+    with pool_of(("qwen", "chat"), embedding_model="chat") as pool:
+        assert [pool.resolve_embedding(m) for m in ("text-embedding-3-small", "text-embedding-ada-002", None)] == \
+            ["qwen"] * 3
 
 
 def test_without_an_embedding_model_the_refusal_names_the_flag():

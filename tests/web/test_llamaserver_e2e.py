@@ -1,7 +1,8 @@
 """llama-server's own routes end to end: /completion (streamed and not, against /v1/completions),
 n_predict, stop words, n_probs, token-id prompts, grammar, /props, /apply-template, the OpenAI
-routes without /v1, the context limit, and /infill (refused by the embedded model, which has no
-fill-in-the-middle tokens; laid out on a tiny model that has them)."""
+routes without /v1, the context limit, /embeddings' refusals on a server with no embedding model
+(its answers: test_embeddings_e2e.py, test_embeddings_chat_e2e.py), and /infill (refused by the
+embedded model, which has no fill-in-the-middle tokens; laid out on a tiny model that has them)."""
 from __future__ import annotations
 
 import json
@@ -122,6 +123,19 @@ def test_bad_input_and_an_overlong_prompt_are_400s_before_any_stream_byte(server
         assert post(server, "/completion", body, status=400)["error"]["param"] == param
     r = requests.post(server.url + "/completion", json={"prompt": "word " * (N_CTX + 10), "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["n_ctx"] == N_CTX
+
+
+def test_embeddings_without_an_embedding_model_are_refused_in_words(server):
+    for path in ("/embeddings", "/embedding"):
+        assert post(server, path, {"content": "hello"}, status=400)["error"]["message"] == (
+            "this server serves no embedding model: start it with --embedding-model PATH.gguf (an embedding model) "
+            "or --embedding-model chat (the chat model's mean-pooled hidden state)")
+    assert post(server, "/embeddings", {"prompt": "hello"}, status=400)["error"]["message"] == \
+        '"input" or "content" must be provided'
+    err = post(server, "/embeddings", {"input": "hello", "embd_normalize": "2"}, status=400)["error"]
+    assert err["param"] == "embd_normalize" and err["message"] == ("'embd_normalize' must be an integer: -1 (none), "
+                                                                   "0 (max absolute, scaled to int16), 1 (taxicab), "
+                                                                   "2 (Euclidean) or p > 2 (p-norm)")
 
 
 def test_infill_on_a_model_without_fim_tokens_is_refused(server):

@@ -18,7 +18,8 @@ N_CTX = 256
 
 
 # llama-server's paths without /v1 serve the same views as these: fuzzed once, there
-SAME_VIEW = {"/chat/completions": "/v1/chat/completions", "/responses": "/v1/responses", "/completions": "/completion"}
+SAME_VIEW = {"/chat/completions": "/v1/chat/completions", "/responses": "/v1/responses", "/completions": "/completion",
+             "/embedding": "/embeddings"}
 
 
 @pytest.fixture(scope="module")

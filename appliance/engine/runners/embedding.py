@@ -1,9 +1,10 @@
 """Embeddings through llama.cpp: a context made for them over a loaded model.
 
 llama.cpp pools each sequence's last hidden states (after the output norm) itself when the
-context's pooling type is mean, cls or last (`llama_get_embeddings_seq`). A model whose GGUF
-says none gets the mean of its per-token states, so every model answers one vector per input;
-rank pooling (a reranker's score) is refused.
+context's pooling type is mean, cls or last (`llama_get_embeddings_seq`). A model that pools
+none (its GGUF says so, or --pooling none) answers a vector per token where the API can say it
+(llama-server's /embeddings, `embed_tokens`), and the mean of them where one vector per input is
+asked (`embed`: OpenAI's, Ollama's); rank pooling (a reranker's score) is refused.
 
 The context's shape, and why:
 - embeddings on: every token of a batch is an output, and each sequence gets its vector.
@@ -40,6 +41,7 @@ log = logging.getLogger("appliance.llamacpp")
 
 POOLING = {L.LLAMA_POOLING_TYPE_NONE: "none", L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls",
            L.LLAMA_POOLING_TYPE_LAST: "last", L.LLAMA_POOLING_TYPE_RANK: "rank"}
+POOLING_OF = {None: L.LLAMA_POOLING_TYPE_UNSPECIFIED, **{name: kind for kind, name in POOLING.items()}}  # --pooling
 
 
 class LlamaEmbeddings:
@@ -66,6 +68,7 @@ class LlamaEmbeddings:
         if self.pooling == L.LLAMA_POOLING_TYPE_RANK:
             L.llama_free(self.ctx)
             raise ModelLoadError(f"{what}: a reranker (its pooling is rank: a score, not an embedding)")
+        self.per_token = self.pooling == L.LLAMA_POOLING_TYPE_NONE
         self.n_embd = L.llama_model_n_embd_out(model)
         self.mem = L.llama_get_memory(self.ctx)      # none for encoders without a KV cache (BERT)
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
@@ -78,6 +81,24 @@ class LlamaEmbeddings:
     def embed(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         """[len(seqs), n_embd] float32: each sequence's pooled state, all in one llama_decode (the
         caller keeps to max_tokens tokens in all and n_seq_max sequences)."""
+        self._decode(seqs)
+        if self.pooling != L.LLAMA_POOLING_TYPE_NONE:
+            return np.stack([self._row(L.llama_get_embeddings_seq(self.ctx, seq)) for seq in range(len(seqs))])
+        return np.stack([rows.mean(axis=0) for rows in self._token_rows(seqs)])
+
+    def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each sequence's [len(seq), n_embd] token states (a context that pools none), one decode."""
+        assert self.per_token, "a pooling context has no per-token states"
+        self._decode(seqs)
+        return [rows.copy() for rows in self._token_rows(seqs)]
+
+    def _token_rows(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        n = sum(len(t) for t in seqs)
+        rows = np.ctypeslib.as_array(L.llama_get_embeddings(self.ctx), shape=(n, self.n_embd))
+        ends = np.cumsum([len(t) for t in seqs])
+        return [rows[end - len(t):end] for t, end in zip(seqs, ends)]
+
+    def _decode(self, seqs: Sequence[Sequence[int]]) -> None:
         b, n = self.batch, 0
         for seq, toks in enumerate(seqs):
             for pos, tok in enumerate(toks):
@@ -90,11 +111,6 @@ class LlamaEmbeddings:
         rc = L.llama_decode(self.ctx, b)
         if rc != 0:
             raise EngineFailure(f"llama_decode failed with code {rc} on an embeddings batch of {n} tokens")
-        if self.pooling != L.LLAMA_POOLING_TYPE_NONE:
-            return np.stack([self._row(L.llama_get_embeddings_seq(self.ctx, seq)) for seq in range(len(seqs))])
-        rows = np.ctypeslib.as_array(L.llama_get_embeddings(self.ctx), shape=(n, self.n_embd))
-        ends = np.cumsum([len(t) for t in seqs])
-        return np.stack([rows[end - len(t):end].mean(axis=0) for t, end in zip(seqs, ends)])
 
     def _row(self, ptr) -> np.ndarray:
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
@@ -125,7 +141,7 @@ class EmbeddingRunner(TextMethods):
         self.model = load_model(model_path, params=placed.model_params(cfg.main_gpu))
         self.text = Vocab(self.model)
         try:
-            self.embeddings = LlamaEmbeddings(self.model, s, L.LLAMA_POOLING_TYPE_UNSPECIFIED, str(model_path))
+            self.embeddings = LlamaEmbeddings(self.model, s, POOLING_OF[cfg.pooling], str(model_path))
         except ModelLoadError:
             L.llama_model_free(self.model)
             raise
