@@ -131,10 +131,13 @@ def host_compute_bytes(m: ModelFacts, req: FitRequest) -> int:
     """The host's compute buffer beside a GPU: what the CPU computes itself for a micro-batch
     (the embedding rows and what the GPU reads back: about 2.5 float32 rows of n_embd a token),
     the batch's inputs (ids, positions, output rows) and the attention mask over a slot's
-    context (float16 with flash attention). Fitted on llama.cpp's Vulkan backend: within 5% for
-    the embedded model and the tiny MoE without flash attention, 22% over with it."""
+    context (float32; float16 with flash attention, and less of the rest). Fitted on llama.cpp's
+    Vulkan backend (its Vulkan_Host buffer) at 256 to 2048 positions: within 5% for the embedded
+    model and the tiny MoE; with flash attention within 3% for the embedded model."""
     ub = min(req.n_ubatch, req.n_ctx * req.n_slots)
-    return ub * (10 * m.n_embd + 512 + (2 if req.flash_attn else 4) * req.n_ctx)
+    if req.flash_attn:
+        return ub * (8 * m.n_embd + 128 + 2 * req.n_ctx)
+    return ub * (10 * m.n_embd + 512 + 4 * req.n_ctx)
 
 
 # -- one placement ----------------------------------------------------------------------------

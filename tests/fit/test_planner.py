@@ -296,3 +296,18 @@ def test_a_gpu_build_computes_big_batches_on_the_gpu(hosts, models):
     assert nothing.use["CPU"].compute == everything.use["CPU"].compute < everything.use["GPU0"].compute // 10
     cpu_only = place(m, req, [devices[0]], 0, 0, 0)                 # no GPU: the CPU computes it all
     assert cpu_only.use["CPU"].compute == planner.compute_bytes(m, req, True, True)
+
+
+@pytest.mark.parametrize("n_ctx, flash_attn, measured", [
+    (256, False, 1835008), (2048, False, 7350518), (512, True, 2925527), (256, True, 1352663), (2048, True, 4498391)])
+def test_the_host_compute_beside_a_gpu_is_what_llama_cpp_allocated_on_vulkan(n_ctx, flash_attn, measured):
+    """The host's compute buffer (Vulkan_Host) llama.cpp allocated for the embedded model with
+    every layer on lavapipe (scripts/vulkan_check.sh), one slot, 512-token micro-batches: the
+    mask is float32 or, with flash attention (a quantised KV), float16 and the rest smaller.
+    Planned at 0.78x of it with flash attention before the Vulkan run showed it."""
+    from appliance.fit.model import from_gguf
+    from appliance.models import embedded_model_path
+
+    m = from_gguf(embedded_model_path())
+    req = FitRequest(n_ctx=n_ctx, n_slots=1, flash_attn=flash_attn, kv_type="q8_0" if flash_attn else "f16")
+    assert planner.host_compute_bytes(m, req) == pytest.approx(measured, rel=0.05)
