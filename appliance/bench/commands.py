@@ -104,6 +104,10 @@ def _add_bench(sub: Any) -> None:
     bench.add_argument("--agent-turns", type=int, default=8, help="turns per agent conversation")
     bench.add_argument("--agent-system-tokens", type=int, default=2000, help="agent system prompt size")
     bench.add_argument("--agent-turn-tokens", type=int, default=300, help="tool result size per turn")
+    bench.add_argument("--agent-tools", type=int, default=None, metavar="N",
+                       help="tool definitions the agent sends: the first N of the tool-calls set's read_file, "
+                            "write_file, edit_file, run_shell, search_code, list_directory (default: all six, "
+                            "~700 tokens; 1 sends read_file alone, ~130)")
     bench.add_argument("--agent-tool-ms", type=int, default=0, metavar="MS",
                        help="how long each tool call takes: the client waits this long before each follow-up "
                             "turn, and the server is idle meanwhile (default 0: turns back to back)")
@@ -178,6 +182,8 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         return run_soak(args, argv)
     if args.tokens < 2:
         return fail("bench", "--tokens must be at least 2 (a decode rate needs two tokens)")
+    if args.agent_tools is not None and args.agent_tools < 1:
+        return fail("bench", "--agent-tools must be at least 1 (the agent's turns call read_file)")
     try:
         sets = args.prompts if args.prompts is not None else prompt_sets.DEFAULT_SETS
         for name in sets:
@@ -187,7 +193,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     options = BenchOptions(modes=args.modes, prompt_sets=tuple(sets), tokens=args.tokens, runs=args.runs,
                            depths=None if args.no_depth else args.depths, concurrency=args.concurrency,
                            agent_conversations=args.agent_conversations, agent_turns=args.agent_turns,
-                           agent_system_tokens=args.agent_system_tokens,
+                           agent_system_tokens=args.agent_system_tokens, agent_tools=args.agent_tools,
                            agent_turn_tokens=args.agent_turn_tokens, agent_restart=args.agent_restart,
                            agent_tool_ms=args.agent_tool_ms,
                            needle_lengths=() if args.no_needle else args.needle_lengths)

@@ -62,6 +62,7 @@ class BenchOptions:
     agent_turns: int = 8
     agent_system_tokens: int = 2000
     agent_turn_tokens: int = 300
+    agent_tools: int | None = None             # the first N of the tool-calls set's tools (None: all)
     agent_reply_tokens: int = 24
     agent_tool_ms: int = 0                     # the client waits this long before each follow-up (a tool runs)
     agent_restart: bool = False                # restart the server after the replay, then one more turn each

@@ -130,6 +130,7 @@ def test_the_restart_step_runs_each_servers_own_restart_command(server, tmp_path
 @pytest.mark.parametrize("args, message", [
     (["bench", "--ab", "--n-ubatch 256", "--n-ubatch 512", "--against", "http://127.0.0.1:9"], "give one of them"),
     (["bench", "--soak", "1", "--against", "http://127.0.0.1:9"], "--soak measures one server"),
+    (["bench", "--agent-tools", "0"], "--agent-tools must be at least 1 (the agent's turns call read_file)"),
 ])
 def test_two_second_servers_or_a_soak_against_another_are_refused(args, message, capsys):
     assert main(args) == 2

@@ -249,8 +249,10 @@ def test_against_another_server_alternates_the_agent_replay_turn_by_turn(tmp_pat
     # B: another appliance behind a URL (as llama-server would be); A: the one the bench starts
     db = str(tmp_path / "r.db")
     with running_server(tmp_path, "--n-ctx", "2048", "--n-slots", "2") as other:
+        # read_file alone: a first turn of ~400 tokens where the six tools make ~1,100 (CI time)
         out = appliance("bench", "--prompts", "", "--concurrency", "", "--no-depth", "--no-needle", "--tokens", "4",
                         "--agent-conversations", "2", "--agent-turns", "2", "--agent-system-tokens", "100",
+                        "--agent-tools", "1",
                         "--agent-turn-tokens", "60", "--against", other.url, "--n-ctx", "2048", "--n-slots", "2",
                         "--quiet", "--db-path", db, timeout=600)
         assert out.returncode == 0, out.stderr + out.stdout
@@ -263,6 +265,7 @@ def test_against_another_server_alternates_the_agent_replay_turn_by_turn(tmp_pat
     assert replay == [("A", 0, 0), ("B", 0, 0), ("B", 1, 0), ("A", 1, 0),
                       ("A", 0, 1), ("B", 0, 1), ("B", 1, 1), ("A", 1, 1)]
     assert [(c.variant, c.extra["turn"]) for c in cells if c.kind == "agent-cold"] == [("A", 1), ("B", 1)]
+    assert max(c.prompt_tokens for c in cells if c.kind == "agent" and c.extra["turn"] == 0) < 600  # one tool
     assert info.engine_settings["B"]["url"] == other.url and info.engine_settings["A"]["url"] != other.url
     assert "B against A" in out.stdout and "server B: the server at " + other.url in out.stderr
     # each B step ended once B had nothing left to do idle: its replies were settled meanwhile
