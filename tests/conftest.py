@@ -4,7 +4,8 @@ interpreter: TRITON_INTERPRET must be set before Triton is first imported, by an
 Every server the suite starts remembers its start-up probes in one directory for the session
 (--probe-cache, through APPLIANCE_PROBE_CACHE): each model, runner and setting is probed once per
 run, not once per server. The probes themselves are tested on engines built in-process, which
-do not read the environment."""
+do not read the environment; the speculation identity modules pass the directory to theirs
+(the same runners in two modules: the first measures, the second remembers)."""
 import os
 import shutil
 import tempfile

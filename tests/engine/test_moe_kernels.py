@@ -3,8 +3,13 @@ torch runner with `--torch-kernels triton` keeps a Q8_0 model's experts as the f
 and computes every routed (row, expert) pair in two launches a layer; with expert offload the
 pool's slots go through the same kernel. Under Triton's interpreter on CPU this proves the
 wiring against the same runner with the experts dequantized (the tiny qwen3moe and Mixtral
-fixtures, several streams in one forward), the start-up exactness check, and offload on the
-kernel equal to all-resident on the kernel bit for bit."""
+fixture, several streams in one forward), the start-up exactness check, and offload on the
+kernel equal to all-resident on the kernel bit for bit.
+
+On the qwen3moe fixture only (CI time: the interpreter took ~32 s more for Mixtral): the kernel
+gets (row, expert) pairs and their weights, and what differs between the two architectures
+(whether the router's top-k weights are renormalised) is torch code before it, which
+test_expert_offload.py and test_torch_runner.py run on both."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +35,7 @@ TOL = 1e-4 if INTERPRET else 3e-2
 IDS = [(i * 37) % 4000 + 5 for i in range(120)]
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3moe"])
 def files(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("moe-kernels")
     src = write_tiny(d / f"{request.param}.gguf", request.param, n_layer=2, n_expert=8, n_expert_used=2)
@@ -79,14 +84,13 @@ def test_block_experts_on_the_kernel_match_the_dequantized_runner(files):
 def test_offload_on_the_kernel_equals_resident_on_the_kernel(files):
     """Dense float32 experts (the F32 file): a 10-slot pool for 16 experts through the grouped
     kernel equals every expert resident on it bit for bit when the misses are copied in
-    (`device`); misses computed on the host (`cpu`: qwen3moe only, for CI time) take torch's
-    matmul for their pairs."""
+    (`device`); misses computed on the host (`cpu`) take torch's matmul for their pairs."""
     src, _ = files
     resident = runner(src, "triton")
     try:
         assert all(b.ffn.kernel is not None and b.ffn.kernel.mats.fmt is None for b in resident.model.blocks)
         want = forwards(resident)
-        for compute in ("device", "cpu") if src.stem == "qwen3moe" else ("device",):
+        for compute in ("device", "cpu"):
             offload = runner(src, "triton", cache="10", compute=compute)
             try:
                 assert offload.model.experts is not None and offload.model.experts.grouped

@@ -9,6 +9,7 @@ Never loosen these comparisons: an inexact verify changes the output, which is t
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import uuid
 
@@ -37,23 +38,39 @@ LONG_SETS = ("editing-code", "tool-calls", "long-document")
 PER_SET = {name: 1 for name in prompt_sets.DEFAULT_SETS}
 
 # the configurations that are exact on these machines, what they are asked to do: prompts per
-# set and the streams decoded together
+# set and the streams decoded together (two: sequences of other lengths and drafts in one
+# verify batch; four took a minute of CI more on torch and proved the same batching)
 EXACT = {
-    "torch": ({"engine": "torch"}, PER_SET, 4),
+    "torch": ({"engine": "torch"}, PER_SET, 2),
     # flash attention's CPU kernel splits the keys of a one-row step over the threads past 256
     # positions, and the default attention path computes a batch unlike a step at any depth:
     # with flash attention on one thread, a k-row verify is k steps bit for bit. It prefills
-    # at a third of torch's rate here: two streams
-    # It skips long-document (about a minute of CI at one thread): torch runs lookup over it,
-    # and the draft identity test runs this configuration over it.
+    # at a third of torch's rate here.
+    # It skips long-document (about a minute of CI at one thread): past 256 keys its kernel
+    # takes one path at any depth, which editing-code and tool-calls (~900-1,000 tokens, two
+    # prefill chunks) already cross; torch runs lookup over long-document's ~5,000 tokens.
     "llamacpp-fa-1thread": ({"engine": "llamacpp", "flash_attn": True, "n_threads": 1},
                             {**PER_SET, "long-document": 0}, 2),
 }
 
 
 def engine(kind: str, speculate: str = "auto", **cfg) -> EngineLoop:
+    """The engine as served, its start-up probes (chunk invariance, verify exactness and costs)
+    measured once per runner and setting in a pytest run (tests/conftest.py's probe cache): the
+    first module to start it measures them, test_draft_identity.py starts the same runners."""
     return EngineLoop(EngineConfig(engine=kind, n_ctx=N_CTX, n_slots=4, plan="off", cache_disk_bytes=0,
-                                   speculate=speculate, **cfg))
+                                   speculate=speculate, probe_cache=os.environ.get("APPLIANCE_PROBE_CACHE"),
+                                   **cfg))
+
+
+def serial(loop: EngineLoop, messages, tools=()) -> tuple[list[int], Done]:
+    """Serial greedy decoding without drafts or the prompt cache: the reference every
+    speculative run is compared with, computed once per engine and conversation."""
+    refs = loop.__dict__.setdefault("serial_references", {})
+    key = repr((messages, tools))
+    if key not in refs:
+        (refs[key],) = run(loop, [chat(messages, tools, "off", cache=False)])
+    return refs[key]
 
 
 def run(loop: EngineLoop, reqs: list[Request]) -> list[tuple[list[int], Done]]:
@@ -133,11 +150,11 @@ def equals_serial_on_shipped_sets(loop: EngineLoop, per_set: dict[str, int], mod
     for `long_sets`), against serial greedy without it: the same tokens. Returns the cached
     runs, of which some reused a cached prefix (else the cache's restore went untested)."""
     cases = shipped(per_set)
-    serial = [run(loop, [chat(m, t, "off", cache=False)])[0] for _, (m, t) in cases]
+    reference = [serial(loop, m, t) for _, (m, t) in cases]
     cached = [run(loop, [chat(m, t, mode, cache=True)])[0] for _, (m, t) in cases]
     cold = {name: run(loop, [chat(m, t, mode, cache=False)])[0]
             for name, (m, t) in cases if not name.startswith(tuple(long_sets))}
-    for (name, _), s, c in zip(cases, serial, cached):
+    for (name, _), s, c in zip(cases, reference, cached):
         assert c[0] == s[0], f"{name}: {mode} with the prompt cache differs from serial"
         assert c[1].timings.speculation == mode
         if name in cold:
@@ -155,9 +172,8 @@ def test_lookup_equals_serial_on_every_shipped_prompt_set(exact):
 def test_lookup_equals_serial_on_generated_prompts(exact):
     for text in generated():
         msgs = [{"role": "user", "content": text}]
-        (serial,) = run(exact[0], [chat(msgs, mode="off", cache=False)])
         (drafted,) = run(exact[0], [chat(msgs, mode="lookup", cache=False)])
-        assert drafted[0] == serial[0]
+        assert drafted[0] == serial(exact[0], msgs)[0]
 
 
 def test_several_drafting_streams_equal_each_alone(exact):
@@ -166,7 +182,7 @@ def test_several_drafting_streams_equal_each_alone(exact):
     loop, _, streams = exact
     ps = prompt_sets.load("tool-calls")
     cases = [(p.messages, p.tools) for p in ps.prompts[:streams]]
-    alone = [run(loop, [chat(m, t, "off", cache=False)])[0][0] for m, t in cases]
+    alone = [serial(loop, m, t)[0] for m, t in cases]   # the first: the shipped-set test's reference
     together = run(loop, [chat(m, t, "lookup", cache=False) for m, t in cases])
     assert [t for t, _ in together] == alone
     assert sum(d.timings.draft_n_accepted for _, d in together) > 0
