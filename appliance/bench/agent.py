@@ -24,11 +24,6 @@ AGENT_SYSTEM = (
     "Project notes follow.\n\n")
 
 
-def agent_tools() -> list[dict]:
-    """The tools an agent sends, the tool-calls set's: read_file (which every turn calls) first."""
-    return list(next(p.tools for p in prompt_sets.load("tool-calls").prompts if p.tools))
-
-
 class Agent:
     """One replayed agent conversation: a long system prompt with tools, then turns that each
     append a tool call and its result of a few hundred tokens and resend everything."""
@@ -65,7 +60,8 @@ def agent_steps(ctx: Context, v: Variant, o: BenchOptions) -> list[Step]:
     the last turn's depth (the same conversation behind a fresh nonce) to compare against."""
     if o.agent_conversations < 1 or o.agent_turns < 1:
         return []
-    tools = agent_tools()[:o.agent_tools]
+    # the tool-calls set's tools, read_file (which every turn calls) first; --agent-tools keeps N
+    tools = next(p.tools for p in prompt_sets.load("tool-calls").prompts if p.tools)[:o.agent_tools]
     agents = once(lambda: [Agent(ctx, o, i, tools) for i in range(o.agent_conversations)])
     steps = []
     for turn in range(o.agent_turns):
