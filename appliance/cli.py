@@ -24,13 +24,30 @@ def _serve(args: argparse.Namespace) -> int:
     from appliance.models import resolve
 
     try:   # a model that is not there is said at once, before the server starts (the pool logs its path)
-        resolve(cfg.engine.model, cfg.engine.model_alias)
+        ref = resolve(cfg.engine.model, cfg.engine.model_alias)
     except ApplianceError as e:
         print(f"appliance serve: {e.message}", file=sys.stderr)
+        return 2
+    try:   # and a context it cannot be served at, before anything loads
+        _check_context(cfg.engine, ref.path)
+    except ValueError as e:
+        print(f"appliance serve: {ref.path.name}: {e}", file=sys.stderr)
         return 2
     from web.server import serve  # the only place the core reaches the web layer
 
     return serve(cfg)
+
+
+def _check_context(cfg: config.EngineConfig, path) -> None:
+    """The served context and its RoPE scaling resolved from a GGUF's header (ValueError with the
+    flag to give); a checkpoint directory is checked by the torch runner as it loads."""
+    if path.is_dir():
+        return
+    from .fit.gguf_header import read_header
+    from .rope import ModelRope, served
+
+    meta, _ = read_header(path)
+    served(cfg, ModelRope.from_meta(meta.get, str(meta.get("general.architecture", ""))))
 
 
 def _hostcheck(args: argparse.Namespace) -> int:

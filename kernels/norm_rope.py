@@ -101,13 +101,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 # ------------------------------------------------------------------------------ Q/K + RoPE
 
-def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [N] (integers), inv_freq [rope_dim/2] (the model's Rope.inv_freq, float64) ->
-    (cos, sin), each [N, rope_dim/2] float32: angles in float64, as `Rope.tables` takes them."""
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor,
+                magnitude: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [N] (integers), inv_freq [rope_dim/2] (the model's Rope.inv_freq, float64, any
+    linear or YaRN scaling in it) -> (cos, sin), each [N, rope_dim/2] float32 and scaled by
+    `magnitude` (YaRN's attention factor, the model's Rope.magnitude): angles in float64, as
+    `Rope.tables` takes them."""
     if positions.dim() != 1 or inv_freq.dim() != 1:
         raise ValueError(f"positions [N], inv_freq [rope_dim/2]: got {tuple(positions.shape)}, {tuple(inv_freq.shape)}")
     angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
-    return torch.cos(angles).float(), torch.sin(angles).float()
+    return (magnitude * torch.cos(angles)).float(), (magnitude * torch.sin(angles)).float()
 
 
 def _check_qk(qk, n_q_heads, cos, sin, kind, rope_dim, q_norm, k_norm) -> None:

@@ -92,8 +92,9 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
         info = _with_settings(info, embeddings=ctx.report())
     # the settings were each said as they were decided (placement, speculation, prompt cache);
     # the whole dict is /health's "settings"
-    log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB",
-             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots, info.n_ctx, info.kv_bytes / 2**20)
+    log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB; context: %s",
+             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots, info.n_ctx, info.kv_bytes / 2**20,
+             info.settings.get("context", "-"))
     log.debug("settings: %s", info.settings)
     return Engine(info, runner, prompts, scheduler, embedder)
 

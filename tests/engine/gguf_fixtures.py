@@ -244,14 +244,17 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
                out_std: float | None = None, norm_std: float = NORM_STD,
                chat_template: str | None = None, name: str | None = None,
                split_max_tensors: int = 0, special_ids: dict[str, int] | None = None,
-               pooling: str | None = None, add_bos: bool | None = None) -> Path:
+               pooling: str | None = None, add_bos: bool | None = None,
+               rope_scaling: tuple[str, float] | None = None) -> Path:
     """Write a random-weight F32 GGUF of `arch` (one of TINY_ARCHS) with SmolLM2's tokenizer
     that llama.cpp loads; returns the path. The weights are `tiny_tensors` (same arguments).
     "mixtral" is written as general.architecture "llama" with experts. With
     `split_max_tensors`, gguf-split's parts (`STEM-00001-of-0000N.gguf`); returns the first.
     `special_ids` names more special tokens of the borrowed vocabulary (fill-in-the-middle ones).
     `pooling` (none, mean, cls, last) writes `{arch}.pooling_type`, as an embedding model's GGUF has.
-    `add_bos` overrides SmolLM2's tokenizer.ggml.add_bos_token (false): a tokenizer that adds its BOS."""
+    `add_bos` overrides SmolLM2's tokenizer.ggml.add_bos_token (false): a tokenizer that adds its BOS.
+    `rope_scaling` (type, factor) declares RoPE scaling of the n_ctx trained positions, as a
+    converted YaRN checkpoint's GGUF does (rope.scaling.type, .factor, .original_context_length)."""
     d = tiny_dims(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                   n_ff=n_ff, n_ctx=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
                   head_dim=head_dim)
@@ -260,6 +263,10 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
     _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids, add_bos)
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType[pooling.upper()])
+    if rope_scaling is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
+        w.add_rope_scaling_factor(rope_scaling[1])
+        w.add_rope_scaling_orig_ctx_len(d.n_ctx)
     for tname, data in tiny_tensors(d, seed=seed, weight_std=weight_std, embd_std=embd_std,
                                     out_std=out_std, norm_std=norm_std):
         w.add_tensor(tname, data)

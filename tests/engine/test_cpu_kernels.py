@@ -162,11 +162,16 @@ def test_rms_norm_is_torchs_row_by_row(mod, c):
 
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("e,dim", [(64, 64), (64, 32)])   # the whole head or a part rotated
-def test_rope_in_place_is_the_complex_rotation(mod, neox, e, dim):
+@pytest.mark.parametrize("scaling", ["none", "yarn"])     # YaRN: angles blended by pair, cos and sin x 1.14
+def test_rope_in_place_is_the_complex_rotation(mod, neox, e, dim, scaling):
     from appliance.engine.runners.torch.model import Rope
+    from appliance.rope import RopeScaling
 
     class Args:
-        rope_dim, rope_scale, rope_base = dim, 1.0, 10000.0
+        rope_dim = dim
+        rope = RopeScaling(kind=scaling, freq_base=10000.0, freq_scale=0.25 if scaling == "yarn" else 1.0,
+                           orig_ctx=1024, ext_factor=1.0 if scaling == "yarn" else 0.0, attn_factor=1.0,
+                           beta_fast=32.0, beta_slow=1.0)
 
         class spec:
             rope = "neox" if neox else "norm"

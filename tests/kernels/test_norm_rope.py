@@ -5,11 +5,13 @@ bad input refused.
 Tolerance: float32 all the way (half inputs are upcast exactly on load), so kernel and
 reference differ only by summation order and rounding: max abs error <= 1e-6 x the largest
 magnitude of the expected values (2e-6 on a GPU, where FMAs contract and rsqrt differs)."""
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from appliance.rope import RopeScaling
 from kernels import norm_rope as nr
 from kernels._triton import INTERPRET, available
 
@@ -48,8 +50,12 @@ def qk_case(n, h, g, e, rope_dim, norm, device="cpu", seed=0):
 
 # --------------------------------------------------------------- references vs the runner
 
-def rope_args(kind, rope_dim, base=1e4, scale=1.0):
-    return SimpleNamespace(spec=SimpleNamespace(rope=kind), rope_dim=rope_dim, rope_base=base, rope_scale=scale)
+def rope_args(kind, rope_dim, base=1e4, scale=1.0, scaling="linear"):
+    """The model's args for Rope: `scaling` linear (every pair x scale) or yarn (blended by pair,
+    cos and sin scaled by 1 + 0.1 ln(1 / scale)), trained at 4096 positions."""
+    r = RopeScaling(kind=scaling, freq_base=base, freq_scale=scale, orig_ctx=4096,
+                    ext_factor=1.0 if scaling == "yarn" else 0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+    return SimpleNamespace(spec=SimpleNamespace(rope=kind), rope_dim=rope_dim, rope=r)
 
 
 def test_rms_norm_torch_is_the_models():
@@ -60,12 +66,14 @@ def test_rms_norm_torch_is_the_models():
 
 @pytest.mark.parametrize("kind", nr.KINDS)
 @pytest.mark.parametrize("freqs", [False, True])
-def test_rope_tables_are_the_models(kind, freqs):
+@pytest.mark.parametrize("scaling", ["linear", "yarn"])
+def test_rope_tables_are_the_models(kind, freqs, scaling):
     from appliance.engine.runners.torch.model import Rope
     factors = torch.linspace(1, 8, 32) if freqs else None           # Llama 3's rope_freqs
-    rope = Rope(rope_args(kind, 64, base=5e5, scale=0.25), factors, "cpu")
+    rope = Rope(rope_args(kind, 64, base=5e5, scale=0.25, scaling=scaling), factors, "cpu")
+    assert rope.magnitude == (1.0 if scaling == "linear" else pytest.approx(1 + 0.1 * math.log(4)))
     pos = torch.tensor([0, 1, 17, 4095, 131071])
-    cos, sin = nr.rope_tables(pos, rope.inv_freq)
+    cos, sin = nr.rope_tables(pos, rope.inv_freq, rope.magnitude)
     rot = rope.tables(pos)[:, 0]
     assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (5, 32)
     assert torch.equal(cos, rot.real) and torch.equal(sin, rot.imag)
@@ -119,6 +127,19 @@ def test_qk_norm_rope_kernel(dev, kind, norm, n, h, g, e, rope_dim):
     for bh in (1, 4, 16):                                     # heads per program, masked past H + G
         got = nr.qk_norm_rope(qk, h, cos, sin, kind, rope_dim, qn, kn, config=nr.RopeConfig(block_heads=bh))
         assert_near(got, want)
+
+
+@pytest.mark.parametrize("kind", nr.KINDS)
+def test_qk_norm_rope_kernel_yarn(dev, kind):
+    """The model's YaRN rotation (angles blended by pair, cos and sin x 1 + 0.1 ln 8) at positions
+    past the original context: the kernel rotates by the tables it is given, as the reference."""
+    from appliance.engine.runners.torch.model import Rope
+    rope = Rope(rope_args(kind, 64, base=1e5, scale=0.125, scaling="yarn"), None, "cpu")
+    qk, _, _, qn, kn = qk_case(3, 6, 2, 64, 64, True, dev)
+    pos = torch.tensor([5, 4096 * 3, 4096 * 8 - 1])
+    cos, sin = (t.to(dev) for t in nr.rope_tables(pos, rope.inv_freq, rope.magnitude))
+    assert cos.abs().max() > 1.2                      # the magnitude is in the tables
+    assert_near(nr.qk_norm_rope(qk, 6, cos, sin, kind, 64, qn, kn), nr.qk_norm_rope_torch(qk, 6, cos, sin, kind, 64, qn, kn))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

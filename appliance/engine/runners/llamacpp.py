@@ -28,6 +28,7 @@ from ...config import EngineConfig
 from ...errors import EngineFailure, ModelLoadError
 from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
+from ...rope import ModelRope, RopeScaling, served
 from .base import RunnerInfo, Span
 from .placement import GGML_KV_TYPES, place_model
 from .vocab import TextMethods, Vocab, captured_log, init_backend, load_model, meta
@@ -60,6 +61,18 @@ def kv_bytes(model: L.llama_model_p, kv_type: str, positions: int) -> int:
     return nbytes(kv_type.upper(), positions * n_layer * n_head_kv * (k_dim + v_dim))
 
 
+ROPE_TYPES = {"none": L.LLAMA_ROPE_SCALING_TYPE_NONE, "linear": L.LLAMA_ROPE_SCALING_TYPE_LINEAR,
+              "yarn": L.LLAMA_ROPE_SCALING_TYPE_YARN}
+
+
+def set_rope(cp: L.llama_context_params, r: RopeScaling) -> None:
+    """The resolved rotation into llama_context_params, every field given (none left to the model)."""
+    cp.rope_scaling_type = ROPE_TYPES[r.kind]
+    cp.rope_freq_base, cp.rope_freq_scale = r.freq_base, r.freq_scale
+    cp.yarn_ext_factor, cp.yarn_attn_factor = r.ext_factor, r.attn_factor
+    cp.yarn_beta_fast, cp.yarn_beta_slow, cp.yarn_orig_ctx = r.beta_fast, r.beta_slow, r.orig_ctx
+
+
 class LlamaCppRunner(TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
         init_backend()
@@ -74,6 +87,8 @@ class LlamaCppRunner(TextMethods):
         with captured_log() as said:
             try:
                 self.model = load_model(model_path, params=self.placed.model_params(cfg.main_gpu))
+                # read before the context: llama.cpp rewrites n_ctx_train for a custom YaRN scale
+                n_ctx_train = L.llama_model_n_ctx_train(self.model)
                 self._context(cfg, model_path, s)
             except ModelLoadError as e:      # with llama.cpp's reason: a buffer a device did not give
                 raise ModelLoadError(e.message + said.why()) from None
@@ -82,7 +97,6 @@ class LlamaCppRunner(TextMethods):
             log.warning("placement: %s", note)
         self.text = Vocab(self.model)
         self.n_vocab = self.text.n_vocab
-        n_ctx_train = L.llama_model_n_ctx_train(self.model)
         n_ctx = cfg.n_ctx or n_ctx_train
         self.mem = L.llama_get_memory(self.ctx)
         self.n_batch = s.n_batch
@@ -94,15 +108,22 @@ class LlamaCppRunner(TextMethods):
             n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
             **self.text.facts(),
             kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
-            settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__},
+            settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__,
+                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train)},
             fingerprint=file_fingerprint(model_path),
             placement=self.placed.summary(),
         )
 
     def _context(self, cfg: EngineConfig, model_path: Path, s: LlamaCppSettings) -> None:
         """The llama context: one KV stream per slot, the batch shapes, threads, KV type."""
-        n_ctx = cfg.n_ctx or L.llama_model_n_ctx_train(self.model)
+        arch = meta(self.model, "general.architecture") or ""
+        try:
+            n_ctx, self.rope = served(cfg, ModelRope.from_meta(lambda k: meta(self.model, k), arch))
+        except ValueError as e:
+            L.llama_model_free(self.model)
+            raise ModelLoadError(f"{model_path}: {e}") from None
         cp = L.llama_context_default_params()
+        set_rope(cp, self.rope)
         cp.n_ctx = n_ctx * cfg.n_slots
         cp.n_seq_max = cfg.n_slots
         cp.kv_unified = False
@@ -127,7 +148,7 @@ class LlamaCppRunner(TextMethods):
         return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={self.kv_type}",
                          f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
-                         f"n_threads_batch={s.n_threads_batch}", self.placed.identity()])
+                         f"n_threads_batch={s.n_threads_batch}", self.rope.identity(), self.placed.identity()])
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:

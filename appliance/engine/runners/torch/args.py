@@ -2,9 +2,12 @@
 differences from llama (`ARCHS`) and the sizes, read from the GGUF's metadata (`ModelArgs`)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from ....config import EngineConfig
 from ....errors import ModelLoadError
+from ....rope import ModelRope, RopeScaling, served
 from .weights import GGUFWeights
 
 
@@ -35,14 +38,22 @@ class ModelArgs:
     head_dim: int
     ff: int
     eps: float
-    rope_base: float
     rope_dim: int
-    rope_scale: float       # positions are multiplied by this (linear scaling: 1 / factor)
+    rope: RopeScaling       # the rotation served (`runner` resolves --rope-* against `rope_model`)
+    rope_model: ModelRope   # what the GGUF says of its positions
     n_ctx_train: int
     n_vocab: int
     n_expert: int = 0
     n_expert_used: int = 0
     expert_ff: int = 0
+
+    def served(self, cfg: EngineConfig, path) -> tuple[int, ModelArgs]:
+        """(positions per slot, these args with the rotation) `cfg`'s --n-ctx and --rope-* serve."""
+        try:
+            n_ctx, rope = served(cfg, self.rope_model)
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from None
+        return n_ctx, dataclasses.replace(self, rope=rope)
 
     @classmethod
     def from_gguf(cls, w: GGUFWeights) -> "ModelArgs":
@@ -61,18 +72,18 @@ class ModelArgs:
         head_dim = int(m("attention.key_length", dim // n_head))
         if int(m("attention.value_length", head_dim)) != head_dim:
             raise ModelLoadError(f"{w.path}: key and value head sizes differ, which is not supported")
-        scaling = str(m("rope.scaling.type", "none"))
-        if scaling not in ("none", "linear"):
-            raise ModelLoadError(f"{w.path}: RoPE scaling {scaling!r} is not supported")
-        factor = float(m("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        rope_model = ModelRope.from_meta(lambda k: w.meta(k, None), arch)
+        try:
+            n_ctx_rope = served(EngineConfig(n_ctx=0), rope_model)
+        except ValueError as e:
+            raise ModelLoadError(f"{w.path}: {e}") from None
         n_expert = int(m("expert_count", 0))
         ff = int(m("feed_forward_length", 0))
         return cls(
             arch=arch, spec=ARCHS[arch], n_layer=int(m("block_count")), dim=dim, n_head=n_head,
             n_head_kv=int(n_head_kv), head_dim=head_dim, ff=ff,
             eps=float(m("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_base=float(m("rope.freq_base", 10000.0)),
-            rope_dim=int(m("rope.dimension_count", head_dim)), rope_scale=1.0 / (factor or 1.0),
+            rope_dim=int(m("rope.dimension_count", head_dim)), rope=n_ctx_rope[1], rope_model=rope_model,
             n_ctx_train=int(m("context_length", 2048)), n_vocab=int(w.blocks("token_embd.weight").shape[0]),
             n_expert=n_expert, n_expert_used=int(m("expert_used_count", 0)),
             expert_ff=int(m("expert_feed_forward_length", ff)) if n_expert else 0)

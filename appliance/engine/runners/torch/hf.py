@@ -219,7 +219,7 @@ class HFWeights:
     def _rope_scaling(self) -> tuple[str, dict]:
         s = self.config.get("rope_scaling") or {}
         kind = str(s.get("rope_type") or s.get("type") or "none")
-        if kind not in ("none", "default", "linear", "llama3"):
+        if kind not in ("none", "default", "linear", "llama3", "yarn"):
             raise ModelLoadError(f"{self.path}: RoPE scaling {kind!r} is not supported")
         return ("none" if kind == "default" else kind), s
 
@@ -256,8 +256,10 @@ class HFWeights:
              f"{a}.attention.layer_norm_rms_epsilon": float(c.get("rms_norm_eps", 1e-6)),
              f"{a}.rope.freq_base": float(c.get("rope_theta", 10000.0)),
              f"{a}.rope.dimension_count": self._rope_dim()}
-        if kind == "linear":
-            m[f"{a}.rope.scaling.type"], m[f"{a}.rope.scaling.factor"] = "linear", float(scaling["factor"])
+        if kind in ("linear", "yarn"):   # as llama.cpp's converter writes them
+            m[f"{a}.rope.scaling.type"], m[f"{a}.rope.scaling.factor"] = kind, float(scaling["factor"])
+        if kind == "yarn" and "original_max_position_embeddings" in scaling:
+            m[f"{a}.rope.scaling.original_context_length"] = int(scaling["original_max_position_embeddings"])
         if self.n_expert:
             m[f"{a}.expert_count"] = self.n_expert
             m[f"{a}.expert_used_count"] = int(c["num_experts_per_tok"])

@@ -55,18 +55,20 @@ class Linear:
 
 class Rope:
     def __init__(self, args: ModelArgs, freq_factors: torch.Tensor | None, device) -> None:
-        self.kind, self.dim = args.spec.rope, args.rope_dim
+        self.kind, self.dim, r = args.spec.rope, args.rope_dim, args.rope
         i = torch.arange(0, self.dim, 2, dtype=torch.float64, device=device)
-        inv = args.rope_scale * args.rope_base ** (-i / self.dim)          # [E/2]
+        inv = r.freq_base ** (-i / self.dim)                             # [E/2]
         if freq_factors is not None:                                     # Llama 3's rope_freqs
             inv = inv / freq_factors.to(torch.float64)
-        self.inv_freq = inv
+        # linear: every pair squeezed by freq_scale; YaRN: blended with 1 by pair (appliance/rope.py)
+        self.inv_freq = inv * torch.tensor(r.pair_scale(self.dim), dtype=torch.float64, device=device)
+        self.magnitude = r.magnitude()    # YaRN's attention temperature, carried by cos and sin
         self.cpu = None   # cpu_kernels.CpuKernels: the rotation in place, in one call
 
     def tables(self, positions: torch.Tensor) -> torch.Tensor:
         """The rotation for each position: [N, 1, E/2] complex (cos + i sin of each angle)."""
         angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]   # [N, E/2]
-        return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)[:, None, :]
+        return torch.polar(torch.full_like(angles, self.magnitude), angles).to(torch.complex64)[:, None, :]
 
     def __call__(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         # x: [N, heads, E] float32; rot: [N, 1, E/2] complex64. A pair (a, b) rotated by angle t

@@ -138,7 +138,7 @@ class TorchRunner(TextMethods):
         self.gemm = TunedGemm(cfg, self.device) if self.kernels else None
         self.int4 = (cfg.torch_int4 and self.device.type == "cpu" and self.dtype == torch.bfloat16
                      and qlinear.available() and not self.kernels)
-        n_ctx = cfg.n_ctx or args.n_ctx_train
+        n_ctx, args = args.served(cfg, model_path)
         self.expert_plan = plan_offload(cfg, weights, args, self.dtype, self.device, n_ctx)
         offload = (experts.OffloadSpec(self.expert_plan.slots, self.expert_plan.compute, n_seq=cfg.n_slots)
                    if self.expert_plan.slots is not None else None)
@@ -170,7 +170,8 @@ class TorchRunner(TextMethods):
                       "kernels": "triton" if self.kernels else "off", "kv_type": _name(self.kv_dtype),
                       **self._attention_settings(), **self._expert_settings(),
                       # a str, not torch's TorchVersion: that would import torch where unpickled
-                      "torch": str(torch.__version__),
+                      "torch": str(torch.__version__), "rope": args.rope.as_dict(),
+                      "context": args.rope.describe(n_ctx, args.n_ctx_train),
                       **(self.graphs.settings() if self.graphs is not None else {"graphs": "off"})},
             fingerprint=file_fingerprint(model_path))
 
@@ -250,7 +251,7 @@ class TorchRunner(TextMethods):
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
                  *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "cpu_kernels", "attention",
-                                           "int4_matmul", "n_batch", "n_threads"))]
+                                           "int4_matmul", "n_batch", "n_threads")), self.args.rope.identity()]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":
             parts.append("experts=host-computed")   # CPU kernels for some rows: other bits
