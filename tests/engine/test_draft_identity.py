@@ -4,8 +4,8 @@ on the shipped bench prompt sets and on generated prompts, alone and with severa
 with the prompt cache on and off. Two pairs, one per exact runner:
 - torch serving, drafted by the same model on llama.cpp (their argmaxes agree on ~95% of
   positions, so long drafts are accepted: the accept path);
-- llama.cpp with flash attention on one thread, drafted by a tiny random model that shares
-  the tokenizer (nearly every draft is wrong at its first token: the cut path).
+- llama.cpp with a q8_0 KV (flash attention's 8-bit kernel), drafted by a tiny random model
+  that shares the tokenizer (nearly every draft is wrong at its first token: the cut path).
 Both draft on every step, as if drafting and verifying were free, so that identity is tested
 whatever the adaptive rule would decide.
 
@@ -27,9 +27,9 @@ from .test_speculate_identity import N_CTX, chat, equals_serial_on_shipped_sets,
 
 # Every shipped set but long-document is covered by one pair or the other, within CI time:
 # torch, the first prompt of each set but tool-calls (llama.cpp drafting for it prefills at a
-# third of torch's rate); llama.cpp on one thread, whose tiny draft model prefills fast,
-# tool-calls and three short ones. long-document (~5,000 tokens: ~40 s of CI at one thread)
-# adds depth only: past 256 keys llama.cpp's flash attention takes one path at any depth, and
+# third of torch's rate); llama.cpp with a q8_0 KV, whose tiny draft model prefills fast,
+# tool-calls and three short ones. long-document (~5,000 tokens: ~30 s of CI) adds depth
+# only: past 256 keys llama.cpp's flash attention takes one path at any depth, and
 # tool-calls (~900 tokens, two prefill chunks) crosses it; lookup speculation runs over it on
 # torch (test_speculate_identity.py). Torch ran every prompt of prose, code, repetitive and
 # multilingual too (25 prompts, ~5 min on a 2-core AVX2 CPU, where it computes in float32):
@@ -40,19 +40,21 @@ PAIRS = {
     "torch+llamacpp-draft": ({"engine": "torch", "draft_model": "embedded", "draft_engine": "llamacpp"},
                              {"prose": 1, "code": 1, "editing-code": 1, "tool-calls": 0,
                               "repetitive": 1, "multilingual": 1, "long-document": 0}, 3),
-    "llamacpp-fa-1thread+tiny-draft": ({"engine": "llamacpp", "flash_attn": True, "n_threads": 1,
-                                        "draft_engine": "llamacpp"},
-                                       {"prose": 1, "code": 1, "editing-code": 0, "tool-calls": 1,
-                                        "repetitive": 0, "multilingual": 1, "long-document": 0}, 2),
+    "llamacpp-q8kv+tiny-draft": ({"engine": "llamacpp", "kv_type": "q8_0", "draft_engine": "llamacpp"},
+                                 {"prose": 1, "code": 1, "editing-code": 0, "tool-calls": 1,
+                                  "repetitive": 0, "multilingual": 1, "long-document": 0}, 2),
 }
 
 
 @pytest.fixture(scope="module", params=[pytest.param("torch+llamacpp-draft", marks=needs_torch),
-                                        "llamacpp-fa-1thread+tiny-draft"])
+                                        "llamacpp-q8kv+tiny-draft"])
 def pair(request, tmp_path_factory):
     cfg, per_set, streams = PAIRS[request.param]
     if "draft_model" not in cfg:
-        cfg = {**cfg, "draft_model": str(write_tiny(tmp_path_factory.mktemp("draft") / "tiny.gguf", "llama"))}
+        # heads of 32: the draft's KV is q8_0 too, whose blocks of 32 must divide a head; trained
+        # at the served context, which the draft model is served at
+        tiny = write_tiny(tmp_path_factory.mktemp("draft") / "tiny.gguf", "llama", n_head=2, n_head_kv=1, n_ctx=N_CTX)
+        cfg = {**cfg, "draft_model": str(tiny)}
     # its start-up probes remembered across modules, as engine() in test_speculate_identity.py
     loop = EngineLoop(EngineConfig(n_ctx=N_CTX, n_slots=4, plan="off", cache_disk_bytes=0,
                                    probe_cache=os.environ.get("APPLIANCE_PROBE_CACHE"), **cfg))

@@ -2,8 +2,8 @@
 prompt cache): on every runner that proves itself exact, prompt lookup gives serial greedy
 decoding's tokens exactly, on every shipped bench prompt set and on generated prompts, alone
 and with several streams, with the prompt cache on and off. The exact runners here: torch, and
-llama.cpp with flash attention on one thread. llama.cpp's defaults are found inexact, and
-speculation is refused with the reason.
+llama.cpp with a q8_0 KV (flash attention's 8-bit kernel) on its default threads. llama.cpp's
+defaults are found inexact, and speculation is refused with the reason.
 
 Never loosen these comparisons: an inexact verify changes the output, which is the bug."""
 from __future__ import annotations
@@ -42,15 +42,14 @@ PER_SET = {name: 1 for name in prompt_sets.DEFAULT_SETS}
 # verify batch; four took a minute of CI more on torch and proved the same batching)
 EXACT = {
     "torch": ({"engine": "torch"}, PER_SET, 2),
-    # flash attention's CPU kernel splits the keys of a one-row step over the threads past 256
-    # positions, and the default attention path computes a batch unlike a step at any depth:
-    # with flash attention on one thread, a k-row verify is k steps bit for bit. It prefills
-    # at a third of torch's rate here.
-    # It skips long-document (about a minute of CI at one thread): past 256 keys its kernel
-    # takes one path at any depth, which editing-code and tool-calls (~900-1,000 tokens, two
-    # prefill chunks) already cross; torch runs lookup over long-document's ~5,000 tokens.
-    "llamacpp-fa-1thread": ({"engine": "llamacpp", "flash_attn": True, "n_threads": 1},
-                            {**PER_SET, "long-document": 0}, 2),
+    # llama.cpp's default attention computes a batch unlike a step at any depth, and its f16
+    # flash attention splits a one-row step's keys over the threads past 256 positions (exact
+    # there on one thread only, at half the prefill rate); with a q8_0 KV its flash-attention
+    # kernel computes a k-row verify as k steps bit for bit on both threads.
+    # It skips long-document (~5,000 tokens, about half a minute of CI): past 256 keys the
+    # kernel takes one path at any depth, which editing-code and tool-calls (~900-1,000
+    # tokens, two prefill chunks) already cross; torch runs lookup over long-document.
+    "llamacpp-q8kv": ({"engine": "llamacpp", "kv_type": "q8_0"}, {**PER_SET, "long-document": 0}, 2),
 }
 
 
@@ -123,7 +122,7 @@ def generated(n: int = 4, seed: int = 0) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module", params=[pytest.param("torch", marks=needs_torch), "llamacpp-fa-1thread"])
+@pytest.fixture(scope="module", params=[pytest.param("torch", marks=needs_torch), "llamacpp-q8kv"])
 def exact(request):
     cfg, per_set, streams = EXACT[request.param]
     cfg = dict(cfg)
@@ -177,12 +176,15 @@ def test_lookup_equals_serial_on_generated_prompts(exact):
 
 
 def test_several_drafting_streams_equal_each_alone(exact):
-    """Tool-call turns decoded together (the model quotes file paths and arguments from its
-    prompt, so drafts are accepted), against each decoded alone without drafts."""
+    """A tool-call turn and code edits decoded together (the model quotes file paths,
+    arguments and code from its prompt, so drafts are accepted), against each decoded alone
+    without drafts."""
     loop, _, streams = exact
-    ps = prompt_sets.load("tool-calls")
-    cases = [(p.messages, p.tools) for p in ps.prompts[:streams]]
-    alone = [serial(loop, m, t)[0] for m, t in cases]   # the first: the shipped-set test's reference
+    # each set's first prompt is the shipped-set test's reference already; editing-code's
+    # second is its shortest (~750 tokens; tool-calls' others are 1,500-2,100: CI time)
+    ps = [prompt_sets.load("tool-calls").prompts[0], *prompt_sets.load("editing-code").prompts[1:]]
+    cases = [(p.messages, p.tools) for p in ps[:streams]]
+    alone = [serial(loop, m, t)[0] for m, t in cases]
     together = run(loop, [chat(m, t, "lookup", cache=False) for m, t in cases])
     assert [t for t, _ in together] == alone
     assert sum(d.timings.draft_n_accepted for _, d in together) > 0
