@@ -5,7 +5,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+from ..rope import DEFAULT_N_CTX, KINDS, check_flags, served
 from . import overrides
 from .devices import Device, from_snapshot
 from .model import ModelFacts, from_gguf
@@ -27,7 +29,13 @@ def add_parser(sub) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", metavar="PATH", help="a GGUF file (default: the embedded model)")
     what.add_argument("--shape", choices=sorted(SHAPES), help="a well-known model by its published shape")
-    p.add_argument("--n-ctx", type=int, default=8192, help="positions per slot (default 8192)")
+    p.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help="positions per slot, 0 = the trained context "
+                   f"(default {DEFAULT_N_CTX}, at most the trained context without --rope-scaling)")
+    p.add_argument("--rope-scaling", choices=KINDS, help="RoPE scaling, as serve's (default: the GGUF's): "
+                   "a --n-ctx past the trained context needs linear or yarn")
+    p.add_argument("--rope-scale", type=float, metavar="N", help="RoPE context factor, as serve's (default: the "
+                   "GGUF's, else --n-ctx / the original context)")
+    p.add_argument("--yarn-orig-ctx", type=int, metavar="N", help="YaRN's original context, as serve's")
     p.add_argument("--n-slots", type=int, default=4, help="sequences decoded together (default 4)")
     p.add_argument("--kv-type", choices=KV_TYPES, default="f16", help="K and V cache type (default f16)")
     p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp micro-batch (default 512)")
@@ -71,6 +79,22 @@ def _request(args: argparse.Namespace, m: ModelFacts, devices: list[Device]) -> 
                       flash_attn=args.flash_attn or args.kv_type != "f16",
                       n_gpu_layers=ngl, n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
                       overrides=parse_overrides(args.override_tensor, devices))
+
+
+def context(args: argparse.Namespace, m: ModelFacts) -> tuple[int, str]:
+    """(positions per slot, how) `m` is served at with --n-ctx and the RoPE flags: serve's rules
+    (`appliance/rope.py`: 0 the trained context, the default at most the trained context)."""
+    flags = SimpleNamespace(n_ctx=args.n_ctx, rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
+                            yarn_orig_ctx=args.yarn_orig_ctx, rope_freq_scale=None, rope_freq_base=None,
+                            yarn_ext_factor=None, yarn_attn_factor=None, yarn_beta_fast=None, yarn_beta_slow=None)
+    try:
+        if args.n_ctx < 0:
+            raise ValueError("--n-ctx must be 0 (the trained context) or positive")
+        check_flags(flags)
+        n_ctx, r = served(flags, m.positions)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    return n_ctx, r.describe(n_ctx, m.n_ctx_train)
 
 
 def parse_overrides(items: list[str], devices: list[Device]) -> tuple[tuple[str, str], ...]:
@@ -129,13 +153,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         m = _model(args)
         devices = _host(args.host)
+        args.n_ctx, how = context(args, m)
         req = _request(args, m, devices)
     except BadInput as e:
         print(f"appliance fit: {e}", file=sys.stderr)
         return 2
     p = plan(m, req, devices)
     if args.json:
-        print(json.dumps({"model": m.name, "weight_bytes": m.weight_bytes, **p.to_dict()}, indent=2))
+        print(json.dumps({"model": m.name, "weight_bytes": m.weight_bytes, "context": how, **p.to_dict()},
+                         indent=2))
     else:
-        print(render(m, p), end="")
+        print(render(m, p) + f"context: {how}\n", end="")
     return 0 if p.fits else 1

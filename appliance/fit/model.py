@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..rope import ModelRope
 from .gguf_header import StringArray, TensorInfo, read_header
 
 ROLES = ("embed", "output", "attn", "ffn", "expert")
@@ -70,6 +71,11 @@ class ModelFacts:
     n_expert_used: int = 0
     sliding_window: int = 0
     swa_layers: frozenset[int] = frozenset()
+    rope: ModelRope | None = None      # the positions: trained context, RoPE scaling (None: n_ctx_train alone)
+
+    @property
+    def positions(self) -> ModelRope:
+        return self.rope or ModelRope(n_ctx_train=self.n_ctx_train)
 
     @property
     def weight_bytes(self) -> int:
@@ -144,7 +150,7 @@ def from_header(name: str, meta: dict[str, object], infos: list[TensorInfo]) -> 
         key_length=k_len, value_length=v_len, tensors=tuple(tensors),
         n_expert=int(get(f"{arch}.expert_count", 0) or 0),
         n_expert_used=int(get(f"{arch}.expert_used_count", 0) or 0),
-        sliding_window=window, swa_layers=_swa_layers(arch, n_layer, window))
+        sliding_window=window, swa_layers=_swa_layers(arch, n_layer, window), rope=ModelRope.from_meta(get, arch))
 
 
 def _n_ff(get, arch: str) -> int:

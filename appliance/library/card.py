@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gguf.constants import LlamaFileType
 
 from ..fit.gguf_header import TensorInfo
+from ..rope import ModelRope
 
 
 @dataclass(frozen=True)
@@ -18,10 +19,15 @@ class Card:
     n_ctx_train: int
     chat_template: bool
     n_params: int
+    rope_scaling: str = ""     # the GGUF's own RoPE scaling, which serve applies without flags ("" none)
 
     def to_dict(self) -> dict:
         return {"quant": self.quant, "arch": self.arch, "n_ctx_train": self.n_ctx_train,
-                "chat_template": self.chat_template, "n_params": self.n_params}
+                "chat_template": self.chat_template, "n_params": self.n_params, "rope_scaling": self.rope_scaling}
+
+    def context(self) -> str:
+        """The trained context, and how far the GGUF's own scaling takes it: "32,768 (yarn x4: 131,072)"."""
+        return f"{self.n_ctx_train:,}" + (f" ({self.rope_scaling})" if self.rope_scaling else "")
 
 
 def quant_of(meta: dict[str, object], infos: list[TensorInfo]) -> str:
@@ -45,10 +51,13 @@ def card_of(meta: dict[str, object], infos: list[TensorInfo]) -> Card:
     arch = arch if isinstance(arch, str) else "unknown"
     n_ctx = meta.get(f"{arch}.context_length", 0)
     template = meta.get("tokenizer.chat_template")
+    rope = ModelRope.from_meta(meta.get, arch)
     return Card(quant=quant_of(meta, infos), arch=arch,
                 n_ctx_train=n_ctx if isinstance(n_ctx, int) else 0,
                 chat_template=isinstance(template, str) and bool(template.strip()),
-                n_params=sum(math.prod(t.shape) for t in infos))
+                n_params=sum(math.prod(t.shape) for t in infos),
+                rope_scaling=(f"{rope.kind} x{rope.factor:g}: {int((rope.orig_ctx or rope.n_ctx_train) * rope.factor):,}"
+                              if rope.scaled else ""))
 
 
 def human_params(n: int) -> str:

@@ -148,7 +148,7 @@ def pull_cmd(args: argparse.Namespace) -> int:
         _say(e.message)
         return e.code
     _say(f"pulled {entry.name}: {human_bytes(entry.size)}, {entry.card.quant}, {entry.card.arch}, "
-         f"context {entry.card.n_ctx_train:,}" + ("" if entry.card.chat_template else ", no chat template"))
+         f"context {entry.card.context()}" + ("" if entry.card.chat_template else ", no chat template"))
     print(entry.path)
     return EXIT_OK
 
@@ -254,7 +254,7 @@ def models_cmd(args: argparse.Namespace) -> int:
     for m in models:
         c = m.card
         rows.append((m.name, human_bytes(m.size), c.quant if c else "-", c.arch if c else "-",
-                     human_params(c.n_params) if c else "-", f"{c.n_ctx_train:,}" if c else "-",
+                     human_params(c.n_params) if c else "-", c.context() if c else "-",
                      ("yes" if c.chat_template else "no") if c else "-",
                      m.source + (f"  ({m.error})" if m.error else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

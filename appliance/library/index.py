@@ -97,7 +97,8 @@ class Library:
         for name, rec in sorted(self._read()["models"].items()):
             files = tuple(self.root / f for f in rec["files"])
             missing = [str(f) for f in files if not f.is_file()]
-            card = Card(**{k: rec[k] for k in ("quant", "arch", "n_ctx_train", "chat_template", "n_params")})
+            card = Card(**{k: rec[k] for k in ("quant", "arch", "n_ctx_train", "chat_template", "n_params")},
+                        rope_scaling=rec.get("rope_scaling", ""))
             out.append(Entry(name, files[0], files, rec["size"], card, rec["source"], True, rec.get("origin", {}),
                              f"file missing: {', '.join(missing)}" if missing else None))
         return out

@@ -85,6 +85,21 @@ def test_serve_refuses_before_loading(capsys):
     assert "past the model's trained context (8192 positions)" in err and "--rope-scaling yarn" in err
 
 
+def test_fit_and_the_library_card_say_the_context(tmp_path, capsys):
+    from appliance.fit.gguf_header import read_header
+    from appliance.library.card import card_of
+
+    path = write_tiny(tmp_path / "m.gguf", "llama", n_ctx=TRAINED, rope_scaling=("yarn", 8.0))
+    card = card_of(*read_header(path))
+    assert card.context() == "64 (yarn x8: 512)" and card.to_dict()["rope_scaling"] == "yarn x8: 512"
+    assert card_of(*read_header(write_tiny(tmp_path / "plain.gguf", "llama", n_ctx=TRAINED))).context() == "64"
+    base = ["fit", "--model", str(path)]
+    assert cli.main([*base, "--n-ctx", "512", "--json"]) == 0     # the GGUF's YaRN, no flags
+    assert "YaRN x8 of 64 (reaches 512; from the GGUF)" in capsys.readouterr().out
+    assert cli.main([*base, "--n-ctx", "1024"]) == 2
+    assert "give --rope-scale 16" in capsys.readouterr().err
+
+
 # -- agreement with llama.cpp past the trained context -----------------------------------------
 
 def agree(path: Path, cfg: EngineConfig) -> tuple[float, float, dict]:
