@@ -23,7 +23,7 @@ what the scaling reaches (the original context times the factor). Pure: no llama
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 KINDS = ("none", "linear", "yarn")
@@ -112,6 +112,11 @@ class RopeScaling:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "factor": self.factor, "magnitude": self.magnitude()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RopeScaling:
+        """From `as_dict`'s output (/health's settings.rope): its derived keys ignored."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def identity(self) -> str:
         """For a KV fingerprint: a saved state holds rotated keys."""

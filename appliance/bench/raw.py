@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from ..compute_settings import LlamaCppSettings, thread_env
 from ..engine.grid import Grid
+from ..rope import RopeScaling
 from .client import BenchError
 
 
@@ -33,6 +34,7 @@ class RawSettings:
     llamacpp: LlamaCppSettings
     grid: Grid                      # where prompts are cut into llama_decode calls
     thread_wait: str = "spin"       # how its threads wait (compute_settings.thread_env), as the engine's
+    rope: RopeScaling | None = None # the engine's RoPE scaling (None: the model's, from a server before it)
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
@@ -43,7 +45,8 @@ class RawSettings:
                    llamacpp=LlamaCppSettings.from_mapping(s),
                    grid=Grid(int(s.get("prefill_chunk") or prefill_chunk), int(reuse.get("min_chunk") or 0)),
                    # a server from before the setting spun, as libgomp does by default
-                   thread_wait=str(s.get("thread_wait", "spin")))
+                   thread_wait=str(s.get("thread_wait", "spin")),
+                   rope=RopeScaling.from_dict(s["rope"]) if isinstance(s.get("rope"), dict) else None)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ class _Llama:  # pragma: no cover - runs in the child
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if ls.flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cp.no_perf = True
+        if st.rope is not None:   # a context past the trained one computes as the engine's
+            from ..engine.runners.llamacpp import set_rope
+
+            set_rope(cp, st.rope)
         return cp
 
     def decode(self, entries) -> None:

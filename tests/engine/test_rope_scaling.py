@@ -79,6 +79,17 @@ def test_yarn_ramp_is_ggml_s():
     assert scale[15] == pytest.approx(0.25 * 0.5 + 0.5)
 
 
+def test_bench_raw_reference_scales_as_the_server_it_is_compared_with():
+    from appliance.bench.raw import RawSettings
+
+    _, r = served(EngineConfig(n_ctx=32768, rope_scaling="yarn"), SMOL)
+    health = {"n_ctx": 32768, "n_slots": 1, "settings": {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512,
+                                                         "n_ubatch": 512, "flash_attn": False, "rope": r.as_dict()}}
+    assert RawSettings.from_health(health, 512).rope == r
+    del health["settings"]["rope"]                      # a server from before: the model's own
+    assert RawSettings.from_health(health, 512).rope is None
+
+
 def test_serve_refuses_before_loading(capsys):
     assert cli.main(["serve", "--n-ctx", "32768"]) == 2
     err = capsys.readouterr().err
