@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -43,9 +44,12 @@ def _check_context(cfg: config.EngineConfig, path) -> None:
     flag to give); a checkpoint directory is checked by the torch runner as it loads."""
     if path.is_dir():
         return
+    from .fit.auto import for_file as auto_n_ctx
     from .fit.gguf_header import read_header
-    from .rope import ModelRope, served
+    from .rope import AUTO_N_CTX, ModelRope, served
 
+    if cfg.n_ctx == AUTO_N_CTX:    # the catalog resolves it the same way (cached) and logs it
+        cfg = dataclasses.replace(cfg, n_ctx=auto_n_ctx(cfg, path)[0])
     meta, _ = read_header(path)
     served(cfg, ModelRope.from_meta(meta.get, str(meta.get("general.architecture", ""))))
 

@@ -17,7 +17,7 @@ from typing import Any, Collection, Mapping
 from .chat_templates import BUILTIN, REASONING, default_kwargs, load_template
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .flags import ENV_PREFIX, flag, opt, values_of
-from .rope import DEFAULT_N_CTX, check_flags
+from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
 
 @dataclass(frozen=True)
@@ -54,22 +54,19 @@ class EngineConfig:
                               "computed, auto (the measured cost model: a few rows on the CPU, a long "
                               "prefill chunk copied in) | cpu | device (always copied in: keeps the "
                               "runner exact on a GPU)")
-    n_ctx: int = opt(DEFAULT_N_CTX, "context positions per slot (prompt + output); 0 = the model's trained context "
-                     "(the default is at most the trained context; past it needs --rope-scaling)")
+    n_ctx: int = opt(DEFAULT_N_CTX, "context positions per slot (prompt + output); 0 = the model's trained context; "
+                     "auto = the longest that fits this host's memory with --n-slots and --kv-type, up to the "
+                     "trained context or what --rope-scaling reaches (the default is at most the trained context; "
+                     "past it needs --rope-scaling)", words={"auto": AUTO_N_CTX})
     n_slots: int = opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
-    rope_scaling: str | None = opt(None, "RoPE scaling, none | linear | yarn (llama-server's --rope-scaling; default: "
-                                   "the GGUF's rope.scaling.type, else none): a --n-ctx past the trained context "
-                                   "needs linear or yarn")
-    rope_scale: float | None = opt(None, "RoPE context scaling factor N: the context reaches N x the original one "
-                                   "(default: the GGUF's rope.scaling.factor, else with scaling on --n-ctx / "
-                                   "the original context)")
+    rope_scaling: str | None = opt(None, "RoPE scaling, none | linear | yarn (default: the GGUF's, else none); "
+                                   "a --n-ctx past the trained context needs one")
+    rope_scale: float | None = opt(None, "RoPE context factor N (default: the GGUF's, else --n-ctx / the original context)")
     rope_freq_base: float | None = opt(None, "RoPE base frequency (default: the GGUF's rope.freq_base)")
     rope_freq_scale: float | None = opt(None, "RoPE frequency scaling factor, 1 / --rope-scale (give one of them)")
-    yarn_orig_ctx: int | None = opt(None, "YaRN: the context the model was trained at (default: the GGUF's "
-                                    "rope.scaling.original_context_length, else its context_length)")
-    yarn_ext_factor: float | None = opt(None, "YaRN: extrapolation mix factor, 0..1 (default: 1 with yarn, 0 otherwise)")
-    yarn_attn_factor: float | None = opt(None, "YaRN: attention magnitude, only with --yarn-ext-factor 0 (with "
-                                         "the mix on llama.cpp sets it from the factor: 1 + 0.1 ln N)")
+    yarn_orig_ctx: int | None = opt(None, "YaRN: the original context (default: the GGUF's, else its trained context)")
+    yarn_ext_factor: float | None = opt(None, "YaRN: extrapolation mix factor, 0..1 (default: 1 with yarn, else 0)")
+    yarn_attn_factor: float | None = opt(None, "YaRN: attention magnitude, only with --yarn-ext-factor 0 (default 1)")
     yarn_beta_fast: float | None = opt(None, "YaRN: low correction dimension (default: 32)")
     yarn_beta_slow: float | None = opt(None, "YaRN: high correction dimension (default: 1)")
     n_threads: int = opt(0, "threads for decode (0 = physical cores)")
@@ -165,7 +162,7 @@ class EngineConfig:
         _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")
         _require(self.n_slots >= 1, "n_slots must be at least 1")
         _require(self.max_choices >= 1, "max_choices must be at least 1")
-        _require(self.n_ctx >= 0, "n_ctx must be 0 (the model's) or positive")
+        _require(self.n_ctx >= 0 or self.n_ctx == AUTO_N_CTX, "n_ctx must be 0 (the model's), auto or positive")
         check_flags(self)
         _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")
         _require(1 <= self.prefill_chunk <= self.n_batch,

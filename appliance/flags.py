@@ -26,8 +26,10 @@ SWITCH_WORDS = {"1": "on", "true": "on", "yes": "on", "on": "on", "0": "off", "f
                 "off": "off"}
 
 
-def _parse_value(kind: Any, raw: str, name: str, switch: bool = False) -> Any:
+def _parse_value(kind: Any, raw: str, name: str, switch: bool = False, words: Mapping[str, Any] | None = None) -> Any:
     kind = str(kind)
+    if words and raw.strip().lower() in words:   # a number that also takes a word: --n-ctx auto
+        return words[raw.strip().lower()]
     if switch:  # a mode that is also a switch: --prompt-cache fast, --no-prompt-cache, APPLIANCE_PROMPT_CACHE=0
         return SWITCH_WORDS.get(raw.strip().lower(), raw.strip().lower())
     if "bool" in kind:
@@ -73,9 +75,9 @@ def values_of(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> di
     values = {}
     for f in dataclasses.fields(cls):
         given = flags.get(f.name)
-        switch = bool(f.metadata.get("switch"))
+        switch, words = bool(f.metadata.get("switch")), f.metadata.get("words")
         if given is not None:
-            values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name, switch)
+            values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name, switch, words)
         elif ENV_PREFIX + f.name.upper() in env:
-            values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name, switch)
+            values[f.name] = _parse_value(f.type, env[ENV_PREFIX + f.name.upper()], f.name, switch, words)
     return values

@@ -29,6 +29,7 @@ from typing import Any, Callable
 KINDS = ("none", "linear", "yarn")
 BETA_FAST, BETA_SLOW = 32.0, 1.0     # llama.cpp's hparams defaults
 DEFAULT_N_CTX = 8192                 # --n-ctx's default
+AUTO_N_CTX = -1                      # --n-ctx auto, until fit.auto resolves it for a model and a host
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,8 @@ def positions(cfg: Any, n_ctx_train: int, reach: int = 0) -> int:
     """Positions per slot `cfg` asks for: --n-ctx, 0 for the trained context; the default
     (DEFAULT_N_CTX, not a choice the user made) is at most the trained context, or what the
     model's own scaling reaches, unless scaling is asked for."""
+    if cfg.n_ctx == AUTO_N_CTX:
+        raise ValueError("--n-ctx auto is resolved for a model before it is served (fit.auto)")
     n_ctx = cfg.n_ctx or n_ctx_train
     asked = cfg.rope_scaling not in (None, "none") or cfg.rope_scale or cfg.rope_freq_scale
     if cfg.n_ctx == DEFAULT_N_CTX and n_ctx_train and not asked:

@@ -111,7 +111,7 @@ def parse_overrides(items: list[str], devices: list[Device]) -> tuple[tuple[str,
     return pairs
 
 
-def _host(path: str | None) -> list[Device]:
+def host_devices(path: str | None) -> list[Device]:
     if path is None:
         from hostcheck import collect, to_jsonable
 
@@ -152,7 +152,7 @@ def _model(args: argparse.Namespace) -> ModelFacts:
 def run(args: argparse.Namespace) -> int:
     try:
         m = _model(args)
-        devices = _host(args.host)
+        devices = host_devices(args.host)
         args.n_ctx, how = context(args, m)
         req = _request(args, m, devices)
     except BadInput as e:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, EngineConfig, fit_engine
+from ..fit.auto import for_file as auto_n_ctx
+from ..rope import AUTO_N_CTX
 from .index import Library
 
 log = logging.getLogger("appliance.library")
@@ -56,6 +58,9 @@ class ModelSpec:
         cfg = dataclasses.replace(cfg, model=str(self.path), model_alias=self.name)
         if self.kind == "embedding":   # one batch of inputs is its whole context: what the planner sizes
             cfg = dataclasses.replace(cfg, n_slots=1, n_ctx=cfg.n_batch)
+        elif cfg.n_ctx == AUTO_N_CTX:  # the longest that fits this host, said in the log
+            n_ctx, note = auto_n_ctx(cfg, self.path)
+            cfg, notes = dataclasses.replace(cfg, n_ctx=n_ctx), (*notes, note)
         if not default:
             safe = re.sub(r"[^\w.-]", "_", self.name)
             template = {k: dict(self.settings).get(k) for k in _DEFAULT_MODEL_ONLY}
@@ -143,6 +148,7 @@ def _chat_models(config: Config) -> tuple[list[ModelSpec], str]:
             notes = spec.fit(config, spec.name == default)[1]
         except ValueError as e:
             raise ValueError(f"{lib.root / SETTINGS}: [{spec.name}]: {e}") from None
-        for note in notes:
-            log.info("%s [%s]: %s", lib.root / SETTINGS, spec.name, note)
+        for note in notes:   # what followed settings.toml, and --n-ctx auto's choice
+            where = spec.name if note.startswith("--n-ctx auto") else f"{lib.root / SETTINGS} [{spec.name}]"
+            log.info("%s: %s", where, note)
     return list(specs.values()), default

@@ -73,14 +73,14 @@ def _say(msg: str) -> None:
 
 def _fit_check(args: argparse.Namespace, name: str, meta: dict, infos: list) -> bool:
     """Print whether the model fits the host (the fit planner on its header); True if it does."""
-    from ..fit.command import BadInput, _host
+    from ..fit.command import BadInput, host_devices
     from ..fit.model import from_header
     from ..fit.planner import FitRequest, plan, suggest
     from ..fit.render import render
 
     m = from_header(name, meta, infos)
     try:
-        devices = _host(args.host)
+        devices = host_devices(args.host)
     except BadInput as e:
         _say(f"appliance pull: {e}")
         return True
