@@ -184,3 +184,29 @@ def test_linear_and_yarn_differ_past_the_trained_context(tmp_path):
     finally:
         for r in runners:
             r.close()
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed (the torch extra)")
+def test_a_yarn_checkpoint_is_read_as_llama_cpp_s_converter_writes_it(tmp_path):
+    """A Hugging Face config.json's rope_scaling {rope_type: yarn} (refused before issue 50)
+    becomes the GGUF keys that llama.cpp's converter writes, and the torch runner's ModelArgs."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from appliance.engine.runners.torch.args import ModelArgs
+    from appliance.engine.runners.torch.hf import HFWeights
+
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "max_position_embeddings": TRAINED, "tie_word_embeddings": True,
+              "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": TRAINED}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": torch.zeros(8, 64)}, str(tmp_path / "model.safetensors"))
+    w = HFWeights(tmp_path)
+    assert {k: v for k, v in w.meta_values().items() if ".scaling." in k} == {
+        "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 8.0,
+        "llama.rope.scaling.original_context_length": TRAINED}
+    n_ctx, args = ModelArgs.from_gguf(w).served(EngineConfig(n_ctx=SERVED), tmp_path)
+    assert n_ctx == SERVED and (args.rope.kind, args.rope.factor, args.rope.orig_ctx) == ("yarn", 8.0, TRAINED)
