@@ -218,8 +218,13 @@ def positions(cfg: Any, n_ctx_train: int, reach: int = 0) -> int:
     return n_ctx
 
 
+def positions_of(cfg: Any, model: ModelRope) -> int:
+    """The positions per slot `served` gives, unchecked (the planner's estimate before a load)."""
+    reach = int((model.orig_ctx or model.n_ctx_train) * model.factor) if model.scaled else 0
+    return positions(cfg, model.n_ctx_train, reach)
+
+
 def served(cfg: Any, model: ModelRope) -> tuple[int, RopeScaling]:
     """(positions per slot, the rotation) that `cfg` serves `model` at, checked (ValueError)."""
-    reach = int((model.orig_ctx or model.n_ctx_train) * model.factor) if model.scaled else 0
-    n_ctx = positions(cfg, model.n_ctx_train, reach)
+    n_ctx = positions_of(cfg, model)
     return n_ctx, resolve(cfg, model, n_ctx)

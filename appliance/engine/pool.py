@@ -361,7 +361,7 @@ def _plan_bytes(cfg: "EngineConfig", path) -> tuple[int, int, int]:
     from ..fit.devices import Device
     from ..fit.model import from_gguf
     from ..fit.planner import FitRequest, place
-    from ..rope import positions
+    from ..rope import positions_of
 
     try:
         m = from_gguf(path)
@@ -370,7 +370,7 @@ def _plan_bytes(cfg: "EngineConfig", path) -> tuple[int, int, int]:
             return path.stat().st_size, 0, 0
         except OSError:
             return 0, 0, 0
-    n_ctx = positions(cfg, m.n_ctx_train) or 4096
+    n_ctx = positions_of(cfg, m.positions) or 4096
     req = FitRequest(n_ctx=n_ctx, n_slots=cfg.n_slots, kv_type=cfg.kv_type, n_ubatch=cfg.n_ubatch,
                      flash_attn=cfg.flash_attn or cfg.kv_type != "f16")
     use = place(m, req, [Device("CPU", "cpu", 1 << 62)], 0, 0, 0).use["CPU"]

@@ -23,7 +23,7 @@ from ...fit.devices import from_measured
 from ...fit.model import ModelFacts, from_gguf
 from ...fit.planner import FitRequest, Placement, plan
 from ...fit.render import render
-from ...rope import positions
+from ...rope import positions_of
 from . import ggml_devices
 
 log = logging.getLogger("appliance.placement")
@@ -116,7 +116,7 @@ def _request(cfg: EngineConfig, facts: ModelFacts, devs: list[ggml_devices.GgmlD
     if ngl is None and cfg.n_gpu_layers != "auto":
         ngl = int(cfg.n_gpu_layers)
     n_cpu_moe = facts.n_layer if cfg.cpu_moe else cfg.n_cpu_moe
-    return FitRequest(n_ctx=positions(cfg, facts.n_ctx_train), n_slots=cfg.n_slots, kv_type=cfg.kv_type,
+    return FitRequest(n_ctx=positions_of(cfg, facts.positions), n_slots=cfg.n_slots, kv_type=cfg.kv_type,
                       n_ubatch=min(cfg.n_ubatch, cfg.n_batch), flash_attn=flash_attn, n_gpu_layers=ngl,
                       n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, facts.n_layer),
                       overrides=tuple(overrides))
