@@ -2,7 +2,9 @@
 
 A reader's `read(now)` returns the metrics it could read this tick ({"power_w": 84.2}), or {}
 when it could not; it never raises. Metrics: `power_w` (summed over readers: CPU package plus
-a discrete GPU's board), `cpu_mhz` and `gpu_mhz` (median over readers).
+a discrete GPU's board), `cpu_mhz` and `gpu_mhz` (median over readers), and from a counter
+(RAPL) `energy_j` with `energy_from`: the joules since its previous read and when that was
+(energy.py integrates a phase from them).
 """
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from typing import Protocol
 
 from . import gpu_nvidia
 from .cpu import read_cpu_mhz
+from .energy import ENERGY, ENERGY_FROM, POWER
 from .facts import Fs, Runner, Unavailable, run_command
 from .gpu_amd import read_amd_sclk_mhz
-from .power import energy_delta_uj, hwmon_power_file, rapl_zones
+from .power import energy_delta_uj, hwmon_power_file, probe_power, rapl_zones
 
-POWER, CPU_MHZ, GPU_MHZ = "power_w", "cpu_mhz", "gpu_mhz"
+CPU_MHZ, GPU_MHZ = "cpu_mhz", "gpu_mhz"
+__all__ = ["CPU_MHZ", "ENERGY", "ENERGY_FROM", "GPU_MHZ", "POWER"]
 
 
 class Reader(Protocol):
@@ -27,6 +31,8 @@ class Reader(Protocol):
 
 class RaplReader:
     """Package power from RAPL energy counters: the first read only sets the baseline."""
+
+    gives_power = True   # the sampler integrates its energy in every phase, read or not
 
     def __init__(self, root: str | Path = "/", zones: list[str] | None = None):
         self.fs = Fs(root)
@@ -53,11 +59,13 @@ class RaplReader:
             if d is None:
                 return {}
             total += d
-        return {POWER: total / 1e6 / (now - last[0])}
+        return {POWER: total / 1e6 / (now - last[0]), ENERGY: total / 1e6, ENERGY_FROM: last[0]}
 
 
 class HwmonPowerReader:
     """A hwmon power sensor (uW): amdgpu's SoC power on an APU, its board power on a card."""
+
+    gives_power = True
 
     def __init__(self, root: str | Path, hwmon_dir: str):
         self.fs, self.file = Fs(root), hwmon_power_file(Fs(root), hwmon_dir)
@@ -92,7 +100,7 @@ class NvidiaReader:
     """Board power (summed) and SM clock (median) of every NVIDIA GPU: NVML if importable,
     else one `nvidia-smi` query per tick (tens of milliseconds; keep interval_s >= 0.1)."""
 
-    name = "nvidia"
+    name, gives_power = "nvidia", True
 
     def __init__(self, run: Runner = run_command, use_nvml: bool = True):
         self.run, self._nvml, self._handles = run, None, []
@@ -163,3 +171,14 @@ def default_readers(root: str | Path = "/", run: Runner = run_command) -> list[R
     if not soc_measured and rapl.readable():
         readers.append(rapl)
     return readers
+
+
+def energy_unavailable(readers: list[Reader], root: str | Path = "/", run: Runner = run_command) -> str:
+    """Why no energy can be measured on this host: each power source's reason ("" when a
+    reader of power is among `readers`)."""
+    if any(getattr(r, "gives_power", False) for r in readers):
+        return ""
+    info = probe_power(root, run, interval_s=0.0, sleep=lambda s: None)
+    reasons = list(info.not_found) + [f"{d.label}: {d.power_w.reason}" for d in info.domains
+                                      if isinstance(d.power_w, Unavailable)]
+    return "no power reader: " + ("; ".join(reasons) or "none of this host's power sensors is readable")

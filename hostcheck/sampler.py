@@ -7,12 +7,17 @@
         with sampler.phase("decode"):
             run_decode()
     sampler.summary()   # {"prefill": PhaseStats(median_power_w=84.1, ...), "decode": ...}
+    sampler.energy()    # {"prefill": PhaseEnergy(seconds=.., joules=..), ...} (energy.py)
+
+`with sampler.phase(name) as span` gives the span; `sampler.span_energy(span)` is its joules
+once it has ended, which is how bench gives each cell its own prefill and decode energy.
 
 A thread ticks every `interval_s`; each tick asks every reader for its metrics and files them
 under the phase in force (ticks outside a phase are dropped). Entering and leaving a phase
 also tick, in the caller's thread: an energy counter's difference then starts at the phase's
 first instant and ends at its last, and a phase shorter than one interval still gets a
-reading. Without start() only those boundary ticks happen, which for RAPL is the phase's mean
+reading. The entry tick is kept as the span's starting point (its power, its counter read) but
+counts in no median. Without start() only those boundary ticks happen, which for RAPL is the phase's mean
 power. Phases do not nest; a phase entered twice accumulates. A boundary tick costs what the
 readers cost (microseconds for sysfs, tens of milliseconds when nvidia-smi is run), so start
 the clock of the measured work inside the `with`.
@@ -27,8 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .energy import ENERGY, PhaseEnergy, Reading, add, span_energy
 from .facts import Runner, run_command
-from .readers import CPU_MHZ, GPU_MHZ, POWER, Reader, default_readers
+from .readers import CPU_MHZ, GPU_MHZ, POWER, Reader, default_readers, energy_unavailable
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,24 @@ class Sample:
     t: float
     phase: str
     values: dict[str, dict[str, float]]   # reader name -> {metric: value} this tick
+    span: int = 0                         # index of the phase span it was filed under
+    baseline: bool = False                # the span's entry tick: a starting point only
+
+
+@dataclass
+class Span:
+    """One entry into a phase: [t0, t1] on the sampler's clock (t1 is None while it runs)."""
+
+    name: str
+    index: int
+    t0: float
+    t1: float | None = None
 
 
 class Sampler:
     def __init__(self, *readers: Reader, interval_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 no_energy: str = "no power or energy reader"):
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.readers = readers
@@ -56,7 +75,11 @@ class Sampler:
         self.interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._phase: str | None = None
+        self._phase: Span | None = None
+        self._spans: list[Span] = []
+        # readers integrated in every span: those that say they give power, and any that has
+        self._powered = {n for n, r in zip(self._names, readers) if getattr(r, "gives_power", False)}
+        self.no_energy = no_energy or "no power reader gave a reading"
         self._samples: list[Sample] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -64,7 +87,8 @@ class Sampler:
     @classmethod
     def for_host(cls, root: str | Path = "/", run: Runner = run_command,
                  interval_s: float = 0.1) -> Sampler:
-        return cls(*default_readers(root, run), interval_s=interval_s)
+        readers = default_readers(root, run)
+        return cls(*readers, interval_s=interval_s, no_energy=energy_unavailable(readers, root, run))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -100,17 +124,20 @@ class Sampler:
     # -- sampling ----------------------------------------------------------------------------
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[Sampler]:
+    def phase(self, name: str) -> Iterator[Span]:
         with self._lock:
             if self._phase is not None:
-                raise RuntimeError(f"phase {name!r} entered inside phase {self._phase!r}")
-            self._tick_locked()     # a baseline: energy differences start here
-            self._phase = name
+                raise RuntimeError(f"phase {name!r} entered inside phase {self._phase.name!r}")
+            span = Span(name, len(self._spans), self._clock())
+            self._spans.append(span)
+            self._phase = span
+            self._tick_locked(span.t0, baseline=True)   # energy differences start here
         try:
-            yield self
+            yield span
         finally:
             with self._lock:
-                self._tick_locked()  # the phase's last reading, up to this instant
+                span.t1 = self._clock()
+                self._tick_locked(span.t1)  # the phase's last reading, up to this instant
                 self._phase = None
 
     def tick(self) -> None:
@@ -118,8 +145,8 @@ class Sampler:
         with self._lock:
             self._tick_locked()
 
-    def _tick_locked(self) -> None:
-        now = self._clock()
+    def _tick_locked(self, now: float | None = None, baseline: bool = False) -> None:
+        now = self._clock() if now is None else now
         readings: dict[str, dict[str, float]] = {}
         for name, reader in zip(self._names, self.readers):
             try:
@@ -128,8 +155,10 @@ class Sampler:
                 continue
             if values:
                 readings[name] = dict(values)
+                if POWER in values or ENERGY in values:
+                    self._powered.add(name)
         if self._phase is not None:
-            self._samples.append(Sample(now, self._phase, readings))
+            self._samples.append(Sample(now, self._phase.name, readings, self._phase.index, baseline))
 
     # -- results -----------------------------------------------------------------------------
 
@@ -143,7 +172,27 @@ class Sampler:
         by_phase: dict[str, list[Sample]] = {}
         for s in self.samples:
             by_phase.setdefault(s.phase, []).append(s)
-        return {name: _reduce(ss) for name, ss in by_phase.items()}
+        return {name: _reduce([s for s in ss if not s.baseline]) for name, ss in by_phase.items()}
+
+    def span_energy(self, span: Span) -> PhaseEnergy:
+        """The joules of one ended span (energy.py says how each reader's are integrated)."""
+        if span.t1 is None:
+            raise RuntimeError(f"phase {span.name!r} has not ended")
+        with self._lock:
+            samples = [s for s in self._samples if s.span == span.index]
+            powered = [n for n in self._names if n in self._powered]
+        per_reader: dict[str, list[Reading]] = {}
+        for s in samples:
+            for name, values in s.values.items():
+                per_reader.setdefault(name, []).append(Reading(s.t, s.baseline, values))
+        return span_energy(per_reader, powered, span.t0, span.t1, self.no_energy)
+
+    def energy(self) -> dict[str, PhaseEnergy]:
+        """Per phase, in order of first entry: its ended spans' joules added up."""
+        by_phase: dict[str, list[PhaseEnergy]] = {}
+        for span in [s for s in self._spans if s.t1 is not None]:
+            by_phase.setdefault(span.name, []).append(self.span_energy(span))
+        return {name: add(parts) for name, parts in by_phase.items()}
 
 
 def _reduce(samples: list[Sample]) -> PhaseStats:
