@@ -9,7 +9,7 @@ Schema, built by named migrations that are applied once each and recorded in `_m
                     that writes it (`run_owner.Owner`: host, boot, pid namespace, pid, start time)
     host_snapshots  one per run (run_id is the key): the host snapshot and the sampler's
                     per-phase figures (median power and clocks for prefill and decode), as JSON
-    results         one measured cell per row (the fields of `ResultCell`), run_id -> runs.id
+    results         one measured cell per row (`ResultCell`'s fields, joules and cap included)
 
 Durability and concurrency: WAL journal, a busy timeout on every connection, and every write in
 one `BEGIN IMMEDIATE` transaction (a whole batch of cells at once). A bench killed at any moment
@@ -106,6 +106,26 @@ class ResultCell:
     variant: str = ""                 # the A/B label ("A", "B") of an A/B run, else ""
     engine_prefill_tps: float | None = None   # the engine's own prompt rate (timings.prompt_per_second)
     extra: Mapping[str, Any] = field(default_factory=dict)  # kind-specific figures, JSON
+    # Joules, gross, over each span (prefill: send to first token; decode: to the end; request:
+    # both, or a raw/concurrent cell's share of its batch); None with energy_note saying why.
+    prefill_j: float | None = None
+    prefill_s: float | None = None
+    decode_j: float | None = None
+    decode_s: float | None = None
+    request_j: float | None = None
+    request_s: float | None = None
+    energy_note: str = ""
+    power_cap_w: float | None = None  # the cap a `bench --power-cap` cell ran under, else None
+
+    @property
+    def prefill_tpj(self) -> float | None:   # prompt tokens per joule: rate / the span's mean power
+        ok = self.prefill_tps is not None and self.prefill_s and self.prefill_j and self.prefill_j > 0
+        return self.prefill_tps * self.prefill_s / self.prefill_j if ok else None  # type: ignore[operator]
+
+    @property
+    def decode_tpj(self) -> float | None:    # generated tokens per joule, likewise
+        ok = self.client_decode_tps is not None and self.decode_s and self.decode_j and self.decode_j > 0
+        return self.client_decode_tps * self.decode_s / self.decode_j if ok else None  # type: ignore[operator]
 
     def __post_init__(self) -> None:
         if not self.mode or not self.prompt_set or not self.kind or not self.target:
@@ -178,6 +198,14 @@ def _run_owner(db: sqlite_utils.Database) -> None:
     # Runs written before this migration have no owner: they are never judged gone.
     for name, kind in _OWNER_COLUMNS.items():
         db.table("runs").add_column(name, kind)
+
+
+@MIGRATIONS(name="0004_cell_energy_power_cap")
+def _cell_energy(db: sqlite_utils.Database) -> None:   # older cells measured no energy: the note says so
+    for name in ("prefill_j", "prefill_s", "decode_j", "decode_s", "request_j", "request_s", "power_cap_w"):
+        db.table("results").add_column(name, float)
+    db.table("results").add_column("energy_note", str, not_null_default="")
+    db.execute("UPDATE results SET energy_note = 'stored before energy was measured'")
 
 
 class Store:

@@ -11,7 +11,8 @@ from .gpu_types import GpuInfo
 
 GPU_FIELDS = ("index", "name", "pci.bus_id", "driver_version", "memory.total", "compute_cap",
               "clocks.sm", "clocks.max.sm")
-POWER_FIELDS = ("index", "power.draw", "power.limit", "power.default_limit", "power.max_limit")
+POWER_FIELDS = ("index", "power.draw", "power.limit", "power.default_limit", "power.max_limit",
+                "power.min_limit")
 SAMPLE_FIELDS = ("index", "power.draw", "clocks.sm")
 
 # compute capability major.minor -> architecture (sm_121 is GB10, DGX Spark: unified memory)

@@ -2,8 +2,10 @@
 
 RAPL exposes a cumulative energy counter (`energy_uj`) that wraps at `max_energy_range_uj`;
 power is its difference over time. hwmon and nvidia-smi report watts directly (hwmon in uW).
-Caps: hwmon `power1_cap` against `power1_cap_default`, NVIDIA `power.limit` against
-`power.default_limit`, RAPL's long-term `constraint_0_power_limit_uw` (RAPL has no default).
+Caps: hwmon `power1_cap` against `power1_cap_default` within `power1_cap_min`..`power1_cap_max`,
+NVIDIA `power.limit` against `power.default_limit` within `power.min_limit`..`power.max_limit`,
+RAPL's long-term `constraint_0_power_limit_uw` up to `constraint_0_max_power_uw` (RAPL has no
+default and no minimum). `bench --power-cap` sets them (appliance/bench/envelope.py).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class PowerDomain:
     cap_w: float | Unavailable           # the limit in force
     default_cap_w: float | Unavailable   # the part's default limit
     max_cap_w: float | Unavailable
+    min_cap_w: float | Unavailable = Unavailable("not probed")   # with max_cap_w: the allowed range
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ def _rapl(fs: Fs, interval_s: float, sleep, clock, not_found: list[str]) -> list
             label=name if isinstance(name, str) else z.rsplit("/", 1)[-1], kind="rapl", path=z,
             power_w=power, cap_w=_watts(fs, f"{z}/constraint_0_power_limit_uw"),
             default_cap_w=Unavailable("RAPL reports no default limit"),
-            max_cap_w=_watts(fs, f"{z}/constraint_0_max_power_uw")))
+            max_cap_w=_watts(fs, f"{z}/constraint_0_max_power_uw"),
+            min_cap_w=Unavailable("RAPL reports no minimum limit")))
     return out
 
 
@@ -116,7 +120,8 @@ def _hwmon(fs: Fs, not_found: list[str]) -> list[PowerDomain]:
             label=name if isinstance(name, str) else hw.rsplit("/", 1)[-1], kind="hwmon", path=hw,
             power_w=_watts(fs, power_file), cap_w=_watts(fs, f"{hw}/power1_cap"),
             default_cap_w=_watts(fs, f"{hw}/power1_cap_default"),
-            max_cap_w=_watts(fs, f"{hw}/power1_cap_max")))
+            max_cap_w=_watts(fs, f"{hw}/power1_cap_max"),
+            min_cap_w=_watts(fs, f"{hw}/power1_cap_min")))
     if not out:
         not_found.append(f"hwmon: no power sensors under {HWMON}" if fs.exists(HWMON)
                          else f"hwmon: no {HWMON}")
@@ -132,7 +137,8 @@ def _nvidia(run: Runner, not_found: list[str]) -> list[PowerDomain]:
         label=f"NVIDIA GPU {row.get('index')}", kind="nvidia", path="nvidia-smi",
         power_w=gpu_nvidia.number(row, "power.draw"), cap_w=gpu_nvidia.number(row, "power.limit"),
         default_cap_w=gpu_nvidia.number(row, "power.default_limit"),
-        max_cap_w=gpu_nvidia.number(row, "power.max_limit")) for row in rows]
+        max_cap_w=gpu_nvidia.number(row, "power.max_limit"),
+        min_cap_w=gpu_nvidia.number(row, "power.min_limit")) for row in rows]
 
 
 def _watts(fs: Fs, path: str) -> float | Unavailable:

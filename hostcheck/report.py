@@ -6,8 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .advice import Advice, LlamaBuild
-from .facts import Unavailable, to_jsonable
+from .facts import Unavailable, known, to_jsonable
 from .gpu_types import GpuInfo, GttLimits
+from .power import PowerDomain
 from .snapshot import HostSnapshot
 from .vulkan import VulkanDevice
 
@@ -159,12 +160,19 @@ def _gtt(t: GttLimits) -> str:
     return f"GTT limits: ttm.pages_limit {ttm}; amdgpu.gttsize {gtt}; on the command line: {booted}"
 
 
+def _allowed(d: PowerDomain) -> str:
+    """The range a cap may be set in: min..max where both are known, else what is."""
+    if known(d.min_cap_w) and known(d.max_cap_w):
+        return f"{_watts(d.min_cap_w)}..{_watts(d.max_cap_w)}"
+    return f"min {fmt(d.min_cap_w, _watts)}, max {fmt(d.max_cap_w, _watts)}"
+
+
 def _power(s: HostSnapshot) -> list[str]:
     rows = []
     for d in s.power.domains:
         rows.append(f"{d.label} ({d.kind}, {d.path}): {fmt(d.power_w, _watts)} now; "
                     f"cap {fmt(d.cap_w, _watts)}, default {fmt(d.default_cap_w, _watts)}, "
-                    f"max {fmt(d.max_cap_w, _watts)}")
+                    f"allowed {_allowed(d)}")
     if not rows:
         rows.append("none readable: " + "; ".join(s.power.not_found))
     return rows

@@ -27,7 +27,8 @@ from appliance.store import HostRecord, ModelFingerprint, ResultCell, RunStatus,
 
 ROOT = Path(appliance.__file__).resolve().parent.parent
 FP = ModelFingerprint(name="m.gguf", sha256="ab" * 32, quant="Q4_1", size_bytes=1234)
-MIGRATION_NAMES = ["0001_runs_host_snapshots_results", "0002_cell_kind_target_variant_extra", "0003_run_owner"]
+MIGRATION_NAMES = ["0001_runs_host_snapshots_results", "0002_cell_kind_target_variant_extra", "0003_run_owner",
+                   "0004_cell_energy_power_cap"]
 
 
 def cell(prompt_set: str = "prose", repeat_index: int = 0, **kw) -> ResultCell:

@@ -7,7 +7,7 @@ report's JSON for a run's rows), so the page and the CLI agree to the digit.
 
     GET  /api/bench/runs             {"runs": [summary, ...]} newest first
     GET  /api/bench/runs/<id>        {"run", "conditions", "kinds" (titles), "rows", "ab",
-                                      "served_against_raw", "series", "cells"}
+                                      "served_against_raw", "series", "cells", "energy"}
     GET  /api/bench/compare?a=&b=    {"a", "b", "rows": [ratios B/A], "series": {"a", "b"}}
     POST /api/bench/estimate         {"prompt_tokens", "output_tokens", "run_id"?} -> the estimate
 """
@@ -25,6 +25,8 @@ import sqlite_utils
 from flask import Blueprint, current_app, jsonify, request
 
 from appliance.bench import report, results
+from appliance.bench.energy import idle_watts
+from appliance.bench.energy_report import envelope_verdict, envelopes
 from appliance.errors import ApplianceError, InvalidRequest, NotFound
 from appliance.store import BUSY_TIMEOUT_MS, MIGRATIONS, HostRecord, ResultCell, RunInfo, Store, UnknownRun
 
@@ -166,6 +168,16 @@ def _series(cells: Sequence[ResultCell]) -> dict[str, Any]:
             for name, found in lines.items()}
 
 
+def _energy(host: HostRecord | None, cells: Sequence[ResultCell]) -> dict[str, Any]:
+    """The idle power, why no cell has joules (None when some have), and the power envelopes
+    with the report's verdict (energy_report.py)."""
+    measured = any(c.request_j is not None for c in cells)
+    why = None if measured else next((c.energy_note for c in cells if c.energy_note), "no reason stored")
+    found = envelopes(cells)
+    return {"idle_w": idle_watts(host.phases if host else {}), "unavailable": why,
+            "envelopes": _asdicts(found), "verdict": envelope_verdict(found)}
+
+
 # -- endpoints ---------------------------------------------------------------------------------
 
 @bp.get("/api/bench/runs")
@@ -189,7 +201,7 @@ def show_run(run_id: int):
                   "phases": host.phases if host else {}, "snapshot": host.snapshot if host else None}
     return jsonify({"run": _summary(info, host, len(cells)), "conditions": conditions, "kinds": kinds,
                     "rows": doc["rows"], "ab": doc["compare"], "served_against_raw": _asdicts(results.served_against_raw(cells)),
-                    "series": _series(cells), "cells": _asdicts(cells)})
+                    "series": _series(cells), "cells": _asdicts(cells), "energy": _energy(host, cells)})
 
 
 @bp.get("/api/bench/compare")

@@ -28,6 +28,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _watts(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated watts, got {text!r}") from None
+    if not values or any(not v > 0 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct positive watts, got {text!r}")
+    return values
+
+
 def _minutes(text: str) -> float:
     try:
         value = float(text)
@@ -57,6 +67,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-raw", action="store_true",
                    help="skip the raw llama.cpp reference rows")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--idle-seconds", type=float, default=1.0, metavar="S",
+                   help="seconds of idle power measured before the first cell, so energy is reported "
+                        "gross and above idle (default 1; 0 skips)")
+    p.add_argument("--power-cap", type=_watts, default=(), metavar="W1,W2,...",
+                   help="power envelopes in watts, each cell measured under each, alternated: the GPU's cap "
+                        "(NVIDIA power limit, amdgpu power1_cap), else RAPL's long-term package limit; needs "
+                        "root, and the original cap is restored however the run ends")
     add_arguments(p, config.EngineConfig, config.StoreConfig)
 
 
@@ -209,6 +226,8 @@ def run_soak(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         return fail("bench", "--soak-clients must be at least 1")
     if args.ab or args.against:
         return fail("bench", "--soak measures one server; it cannot be used with --ab or --against")
+    if args.power_cap:
+        return fail("bench", "--soak runs under the host's own power cap; --power-cap is for the measured cells")
     try:
         cfg = config.load(vars(args))
         claimed, _, file_fp = claim("bench", args, cfg)

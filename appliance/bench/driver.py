@@ -48,6 +48,7 @@ def drive(command: str, args: argparse.Namespace, argv: Sequence[str],
     from ..errors import ApplianceError
     from .client import BenchError
     from .context import Context
+    from .envelope import enveloped
     from .session import Prompts, waiting_idle
 
     refusal = _refusal(args)
@@ -64,6 +65,7 @@ def drive(command: str, args: argparse.Namespace, argv: Sequence[str],
     db_path = cfg.store.resolved_db_path()
     try:
         with contextlib.ExitStack() as stack:
+            caps = _power_caps(stack, args, db_path)
             variants = _open_servers(stack, command, args, specs, claimed, file_fp)
             if claimed is None:
                 claimed = served_model(variants[0])
@@ -71,8 +73,11 @@ def drive(command: str, args: argparse.Namespace, argv: Sequence[str],
             sampler = stack.enter_context(Sampler.for_host(interval_s=0.25))
             ctx = Context(variants, raw, sampler, Prompts(variants[0].target))
             steps = waiting_idle(plan(ctx), variants)
+            if caps is not None:
+                steps = enveloped(steps, caps, args.power_cap)
             store = stack.enter_context(Store.open(db_path))
-            run_id, outcome = _execute(store, command, argv, variants, claimed, steps, sampler, not args.quiet)
+            run_id, outcome = _execute(store, command, argv, variants, claimed, steps, sampler, not args.quiet,
+                                       args.idle_seconds)
     except BenchError as e:
         return fail(command, str(e))
     print(f"stored as run {run_id} in {db_path}" + (f" ({outcome.status.value})" if outcome.missing else ""))
@@ -90,7 +95,21 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--ab starts its own two servers; it cannot be used with --url"
     if args.ab and args.against:
         return "--ab and --against each name a second server; give one of them"
+    if getattr(args, "power_cap", ()) and (args.ab or args.against):
+        return "--power-cap is an A/B setting of its own; it cannot be combined with --ab or --against"
     return None
+
+
+def _power_caps(stack: contextlib.ExitStack, args: argparse.Namespace, db_path: Any) -> Any:
+    """With --power-cap: the host's caps checked (refused at start without permission) and
+    restored when the stack closes, however the run ends; else None."""
+    if not getattr(args, "power_cap", ()):
+        return None
+    from pathlib import Path
+
+    from .envelope import PowerCaps
+
+    return stack.enter_context(PowerCaps.for_host(args.power_cap, journal=Path(db_path).parent / "power-caps.json"))
 
 
 def _open_servers(stack: contextlib.ExitStack, command: str, args: argparse.Namespace, specs: list[Any],
@@ -124,10 +143,11 @@ def _raw_reference(stack: contextlib.ExitStack, command: str, args: argparse.Nam
 
 
 def _execute(store: Store, command: str, argv: Sequence[str], variants: list[Variant], claimed: ModelFingerprint,
-             steps: list[Step], sampler: Any, progress: bool) -> tuple[int, Outcome]:
+             steps: list[Step], sampler: Any, progress: bool, idle_s: float = 0.0) -> tuple[int, Outcome]:
     """Store a run with the host it ran on, measure its steps into it, and print its report:
     (the run's id, how it ended)."""
     from . import report
+    from .energy import measure_idle
     from .session import execute, host_snapshot, peak_rss, phase_summary
 
     settings = (variants[0].settings() if len(variants) == 1
@@ -136,6 +156,7 @@ def _execute(store: Store, command: str, argv: Sequence[str], variants: list[Var
     run_id = store.start_run(["appliance", command, *argv], settings, claimed, kind=command)
     store.record_host(run_id, snapshot, {})
     print(f"appliance {command}: run {run_id}, {len(steps)} cells", file=sys.stderr)
+    measure_idle(sampler, idle_s)
     outcome = execute(store, run_id, steps, progress=progress)
     sampler.stop()
     rss = {k: n for v in variants for k, n in peak_rss(v).items()}

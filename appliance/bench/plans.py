@@ -8,6 +8,7 @@ given to raw and served (and to A and B) within a repeat; every repeat draws a f
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -22,6 +23,7 @@ from ..store import ResultCell
 from . import prompt_sets
 from .agent import agent_steps
 from .client import BenchError, CellFailed
+from .energy import shared_energy
 from .context import CHAT, COMPLETIONS, BenchOptions, Context, once
 from .session import Step, Variant, nonce, raw_cells, served_cell, to_cell
 from .timing import aggregate_rate, measure
@@ -244,17 +246,12 @@ def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callabl
                 errors.append(e)
 
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
-        phase = ctx.sampler.phase("concurrent") if ctx.sampler is not None else None
-        if phase is not None:
-            phase.__enter__()
-        try:
+        with ctx.sampler.phase("concurrent") if ctx.sampler is not None else contextlib.nullcontext() as span:
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        finally:
-            if phase is not None:
-                phase.__exit__(None, None, None)
+        energy = shared_energy(ctx.sampler, span, len(prompts))
         if errors:
             raise errors[0]
         for t in traces:
@@ -266,7 +263,7 @@ def _concurrent_step(ctx: Context, v: Variant, label: str, r: int, seqs: Callabl
             m = measure(t, v.target.count_tokens, len(seqs()[i]))
             cells.append(to_cell(m, variant=v.label, prompt_set="sweep", kind="concurrency",
                                  concurrency=len(prompts), repeat_index=r,
-                                 extra={"cell": label, "stream": i, "aggregate_tps": agg}))
+                                 extra={"cell": label, "stream": i, "aggregate_tps": agg}, **energy))
         texts = [t.text for t in traces]
         return [_with_identity(c, pair, "served", texts) for c in cells]
     return Step(label, r, v.label, "served", run)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..store import HostRecord, ResultCell, RunInfo, RunStatus, Store
 from . import soakreport
+from .energy_report import energy_lines
 from .results import (COMPARED, GIB, KIND_TITLES, CompareRow, Ratio, agent_against_cold, compare, modes_against_serial,
                       of_variant, served_against_raw, variants)
 from .rows import GAP_FLAG, Row, Stat, rows
@@ -94,13 +95,17 @@ RATE_COLUMNS = (("ttft ms", "ttft_ms", "{:,.0f}"),
                 ("prefill tok/s", "prefill_tps", "{:,.1f}"),
                 ("engine prefill tok/s", "engine_prefill_tps", "{:,.1f}"),
                 ("client decode tok/s", "client_decode_tps", "{:,.1f}"),
-                ("engine decode tok/s", "engine_decode_tps", "{:,.1f}"))
+                ("engine decode tok/s", "engine_decode_tps", "{:,.1f}"),
+                ("prefill tok/J", "prefill_tpj", "{:,.2f}"),
+                ("decode tok/J", "decode_tpj", "{:,.3f}"))
+ENERGY_COLUMNS = ("prefill_tpj", "decode_tpj")
 
 
 def render_compare(found: Sequence[CompareRow], label_a: str = "A", label_b: str = "B",
                    title: str | None = None) -> str:
     """The seed-003 style A/B table: A / B medians with the median pairwise change."""
-    columns = [c for c in RATE_COLUMNS if c[1] in COMPARED]
+    columns = [c for c in RATE_COLUMNS if c[1] in COMPARED
+               and (c[1] not in ENERGY_COLUMNS or any(getattr(r, c[1]).pairs for r in found))]
     body = [[_escape(r.cell), r.target, r.mode,
              str(max(getattr(r, attr).pairs for _, attr, _ in columns)),
              *(_ratio_cell(getattr(r, attr), f) for _, attr, f in columns)] for r in found]
@@ -137,6 +142,8 @@ def _markdown(info: RunInfo, host: HostRecord | None, cells: Sequence[ResultCell
     for summary in (_concurrency_table, _agent_table, _needle_table):
         lines += summary(all_rows, with_variant)
     lines += _agent_against_cold(cells)
+    if all_rows:
+        lines += energy_lines(host.phases if host else {}, cells, _table)
     return _lines(lines)
 
 
@@ -263,10 +270,17 @@ def _phases(host: HostRecord | None) -> list[str]:
     def num(p: Mapping[str, Any], key: str, f: str) -> str:
         return "unavailable" if p.get(key) is None else f.format(p[key])
     body = [[name, num(p, "median_power_w", "{:,.1f}"), num(p, "median_cpu_mhz", "{:,.0f}"),
-             num(p, "median_gpu_mhz", "{:,.0f}"), str(p.get("n_samples", 0))]
-            for name, p in host.phases.items()]
-    header = ["phase", "median power W", "median CPU MHz", "median GPU MHz", "samples"]
+             num(p, "median_gpu_mhz", "{:,.0f}"), str(p.get("n_samples", 0)), _joules(p),
+             num(p, "seconds", "{:,.1f}")] for name, p in host.phases.items()]
+    header = ["phase", "median power W", "median CPU MHz", "median GPU MHz", "samples", "energy J", "seconds"]
     return ["Power and clocks per phase:", "", *_table(header, body), ""]
+
+
+def _joules(p: Mapping[str, Any]) -> str:
+    """A phase's joules; a run stored before energy was measured has neither joules nor a note."""
+    if p.get("joules") is not None:
+        return f"{p['joules']:,.1f}"
+    return f"unavailable ({p['energy_note']})" if p.get("energy_note") else "unavailable (not measured)"
 
 
 def _identity_banner(all_rows: list[Row]) -> list[str]:
@@ -283,8 +297,8 @@ def _where(r: Row) -> str:
 
 
 def _rate_table(kind: str, kind_rows: list[Row], with_variant: bool) -> list[str]:
-    rates = [c for c in RATE_COLUMNS
-             if c[1] != "engine_prefill_tps" or any(r.engine_prefill_tps.n for r in kind_rows)]
+    rates = [c for c in RATE_COLUMNS if c[1] not in ("engine_prefill_tps", *ENERGY_COLUMNS)
+             or any(getattr(r, c[1]).n for r in kind_rows)]
     header = ["cell", "target", *(["variant"] * with_variant), "mode", "prompt set", "cache",
               "streams", "prompt tokens", "depth", "generated", "runs",
               *(h for h, _, _ in rates), "gap"]

@@ -31,7 +31,7 @@ KIND_TITLES = {
     "needle": "Context-length verification",
 }
 CURVE_KINDS = ("sweep", "prompt", "depth")
-COMPARED = ("ttft_ms", "prefill_tps", "client_decode_tps", "engine_decode_tps")
+COMPARED = ("ttft_ms", "prefill_tps", "client_decode_tps", "engine_decode_tps", "prefill_tpj", "decode_tpj")
 
 
 # -- compare ---------------------------------------------------------------------------------
@@ -54,6 +54,8 @@ class CompareRow:
     prefill_tps: Ratio
     client_decode_tps: Ratio
     engine_decode_tps: Ratio
+    prefill_tpj: Ratio       # tokens per joule (gross)
+    decode_tpj: Ratio
 
 
 def compare(cells_a: Sequence[ResultCell], cells_b: Sequence[ResultCell],
@@ -121,23 +123,39 @@ class Estimate:
     source_run: int
     prefill_range: tuple[int, int] = (0, 0)   # prompt tokens the prefill curve spans
     decode_range: tuple[int, int] = (0, 0)    # depths the decode curve spans
+    prefill_j: float | None = None            # gross joules from the tokens-per-joule curves
+    decode_j: float | None = None
+    energy_note: str = ""                     # why they are None
 
 
 Curve = list[tuple[int, float]]
 
 
-def curves(cells: Sequence[ResultCell], target: str = "served") -> tuple[Curve, Curve]:
+def curves(cells: Sequence[ResultCell], target: str = "served",
+           metrics: tuple[str, str] = ("prefill_tps", "client_decode_tps")) -> tuple[Curve, Curve]:
     """(prompt tokens, median prefill tok/s) and (depth, median client decode tok/s), sorted, one
     point per row, from the target's serial, cache-off, one-stream sweep/prompt/depth rows of
-    variant "" or "A" (the baseline of an A/B run)."""
+    variant "" or "A" (the baseline of an A/B run). `metrics` ("prefill_tpj", "decode_tpj")
+    gives the tokens-per-joule curves instead."""
     usable = [r for r in rows(cells)
               if r.target == target and r.variant in ("", "A") and r.kind in CURVE_KINDS
               and r.mode == "serial" and not r.cache_on and r.concurrency == 1]
-    prefill = [(r.prompt_tokens, r.prefill_tps.median) for r in usable
-               if r.prefill_tps.median and r.prefill_tps.median > 0]
-    decode = [(r.depth, r.client_decode_tps.median) for r in usable
-              if r.client_decode_tps.median and r.client_decode_tps.median > 0]
+    prefill = [(r.prompt_tokens, m) for r in usable if (m := getattr(r, metrics[0]).median) and m > 0]
+    decode = [(r.depth, m) for r in usable if (m := getattr(r, metrics[1]).median) and m > 0]
     return sorted(prefill), sorted(decode)
+
+
+def _energy(cells: Sequence[ResultCell], prompt_tokens: int, positions: np.ndarray,
+            output_tokens: int) -> dict[str, Any]:
+    """Joules for the job from the tokens-per-joule curves, as time is from the rate curves."""
+    prefill, decode = curves(cells, metrics=("prefill_tpj", "decode_tpj"))
+    if not prefill or not decode:
+        why = next((c.energy_note for c in cells if c.energy_note), "") or "no tokens-per-joule curves"
+        return {"energy_note": why}
+    px, py = _merged(prefill)
+    dx, dy = _merged(decode)
+    decode_j = float(np.sum(1.0 / np.interp(positions, dx, dy))) if output_tokens else 0.0
+    return {"prefill_j": prompt_tokens / float(np.interp(prompt_tokens, px, py)), "decode_j": decode_j}
 
 
 def estimate(cells: Sequence[ResultCell], prompt_tokens: int, output_tokens: int,
@@ -162,7 +180,8 @@ def estimate(cells: Sequence[ResultCell], prompt_tokens: int, output_tokens: int
                or (output_tokens > 0 and (positions[0] < dx[0] or positions[-1] > dx[-1])))
     return Estimate(prompt_tokens, output_tokens, prefill_s, decode_s, prefill_s + decode_s,
                     prefill_rate, float(decode_rates[0]), float(decode_rates[-1]), bool(outside),
-                    run_id, (int(px[0]), int(px[-1])), (int(dx[0]), int(dx[-1])))
+                    run_id, (int(px[0]), int(px[-1])), (int(dx[0]), int(dx[-1])),
+                    **_energy(cells, prompt_tokens, positions, output_tokens))
 
 
 def _merged(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
@@ -191,6 +210,11 @@ def render_estimate(e: Estimate) -> str:
             f"{_secs(e.prefill_s)}; decode {e.output_tokens:,} tokens at "
             f"{e.decode_tps_start:,.0f}..{e.decode_tps_end:,.0f} tok/s: {_secs(e.decode_s)}; "
             f"total {_secs(e.total_s)} (curves of run {e.source_run})")
+    if e.prefill_j is not None and e.decode_j is not None:
+        text += (f"\nenergy: prefill {e.prefill_j:,.1f} J, decode {e.decode_j:,.1f} J, total "
+                 f"{e.prefill_j + e.decode_j:,.1f} J (gross, from the same run's tokens per joule)")
+    else:
+        text += f"\nenergy: unavailable ({e.energy_note})"
     if e.extrapolated:
         text += (f"\nwarning: outside the measured curves (prefill {e.prefill_range[0]:,}.."
                  f"{e.prefill_range[1]:,} tokens, decode at depth {e.decode_range[0]:,}.."

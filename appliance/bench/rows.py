@@ -53,6 +53,10 @@ class Row:
     client_decode_tps: Stat
     engine_decode_tps: Stat
     extra: dict              # decode_gap, flag_gap, identity_failures + the kind's summary
+    prefill_tpj: Stat = Stat(None, None, None, 0)   # tokens per joule, gross (store.ResultCell)
+    decode_tpj: Stat = Stat(None, None, None, 0)
+    request_j: Stat = Stat(None, None, None, 0)     # joules per request, gross
+    energy_note: str = ""    # why a row has no joules (the first cell's reason)
 
 
 def stat(values: Iterable[float | None]) -> Stat:
@@ -103,7 +107,10 @@ def _row(cells: list[ResultCell]) -> Row:
         engine_prefill_tps=stat(c.engine_prefill_tps for c in cells),
         client_decode_tps=stat(c.client_decode_tps for c in cells),
         engine_decode_tps=stat(c.engine_decode_tps for c in cells),
-        extra=_extra(cells))
+        extra=_extra(cells),
+        prefill_tpj=stat(c.prefill_tpj for c in cells), decode_tpj=stat(c.decode_tpj for c in cells),
+        request_j=stat(c.request_j for c in cells),
+        energy_note=next((c.energy_note for c in cells if c.request_j is None and c.energy_note), ""))
 
 
 def _extra(cells: list[ResultCell]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 from ..store import ModelFingerprint, ResultCell, RunStatus, Store
 from . import prompt_sets
 from .client import BenchError, CellFailed, Target
+from .energy import served_energy, shared_energy
 from .raw import RawReference, RawResult
 from .timing import Measured, NoContent, StreamTrace, measure
 
@@ -103,24 +104,30 @@ class Prompts:
 # -- measuring -----------------------------------------------------------------------------
 
 class Phases:
-    """Files the host sampler's ticks under prefill until the first token, then decode."""
+    """Files the host sampler's ticks under prefill until the first token, then decode; the
+    two spans give the cell its energy."""
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
         self._stack = contextlib.ExitStack()
+        self.prefill: Any = None
+        self.decode: Any = None
 
     def __enter__(self) -> Phases:
         if self.sampler is not None:
-            self._stack.enter_context(self.sampler.phase("prefill"))
+            self.prefill = self._stack.enter_context(self.sampler.phase("prefill"))
         return self
 
     def first_token(self) -> None:
         if self.sampler is not None:
             self._stack.close()
-            self._stack.enter_context(self.sampler.phase("decode"))
+            self.decode = self._stack.enter_context(self.sampler.phase("decode"))
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    def energy(self) -> dict[str, Any]:
+        return served_energy(self.sampler, self.prefill, self.decode)
 
 
 def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any,
@@ -144,7 +151,7 @@ def served_cell(variant: Variant, route: str, body: dict[str, Any], sampler: Any
               if trace.timings and isinstance(trace.timings.get(k), (int, float))}
     if engine:  # what of the TTFT the engine spent waiting and prefilling: the rest is outside it
         cell["extra"] = {**cell.get("extra", {}), **engine}
-    return to_cell(m, variant=variant.label, **cell), trace, m
+    return to_cell(m, variant=variant.label, **phases.energy(), **cell), trace, m
 
 
 def _prompt_size(target: Target, body: dict[str, Any]) -> int | None:
@@ -176,8 +183,9 @@ def raw_cells(raw: RawReference, seqs: Sequence[Sequence[int]], n_gen: int, samp
               prompt_set: str, extra: dict[str, Any], **cell: Any) -> tuple[list[ResultCell], RawResult]:
     """The raw reference for these token sequences (decoded together): one cell per sequence."""
     phase = sampler.phase("raw") if sampler is not None else contextlib.nullcontext()
-    with phase:
+    with phase as span:
         r = raw.run(seqs, n_gen)
+    energy = shared_energy(sampler, span, len(seqs))
     cells = []
     for i, (seq, ttft) in enumerate(zip(seqs, r.ttft_ms)):
         e = dict(extra)
@@ -187,7 +195,7 @@ def raw_cells(raw: RawReference, seqs: Sequence[Sequence[int]], n_gen: int, samp
                                 prompt_tokens=len(seq), generated_tokens=n_gen, ttft_ms=ttft,
                                 prefill_tps=1000.0 * len(seq) / ttft if ttft > 0 else None,
                                 client_decode_tps=r.decode_tps, engine_decode_tps=None,
-                                tokens_per_step=1.0, target="raw", extra=e, **cell))
+                                tokens_per_step=1.0, target="raw", extra=e, **energy, **cell))
     return cells, r
 
 
@@ -311,7 +319,17 @@ def peak_rss(variant: Variant) -> dict[str, int]:
 
 
 def phase_summary(sampler: Any) -> dict[str, Any]:
-    return {name: asdict(stats) for name, stats in sampler.summary().items()}
+    """Per phase: the median power and clocks, and beside them the joules over its spans (None
+    with `energy_note` saying why where the host gave none)."""
+    energy = sampler.energy()
+    out = {}
+    for name, stats in sampler.summary().items():
+        e = energy.get(name)
+        known = e is not None and isinstance(e.joules, float | int)
+        out[name] = {**asdict(stats), "seconds": e.seconds if e else None,
+                     "joules": float(e.joules) if known else None,
+                     "energy_note": "" if known or e is None else e.joules.reason}
+    return out
 
 
 @contextlib.contextmanager

@@ -349,7 +349,7 @@ def test_estimate_on_a_constant_curve():
     assert estimate(cells, 2048, 0).decode_s == 0.0
     assert results.render_estimate(e) == (
         "prefill 2,048 tokens at 1,000 tok/s: 2.0 s; decode 100 tokens at 50..50 tok/s: 2.0 s; "
-        "total 4.0 s (curves of run 4)")
+        "total 4.0 s (curves of run 4)\nenergy: unavailable (no tokens-per-joule curves)")
 
 
 def test_estimate_on_a_two_point_curve_by_hand():

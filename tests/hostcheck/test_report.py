@@ -59,7 +59,7 @@ def test_the_desktop_is_clean_until_the_model_outgrows_vram_or_the_cap_drops(des
     snap = snap_of(desktop, nvidia_runner())
     assert check(snap, model_bytes=20 * GIB) == []
     assert [a.setting for a in check(snap, model_bytes=30 * GIB)] == ["model larger than VRAM"]
-    capped = snap_of(desktop, nvidia_runner(power_row="0, 250.00, 300.00, 450.00, 600.00\n"))
+    capped = snap_of(desktop, nvidia_runner(power_row="0, 250.00, 300.00, 450.00, 600.00, 150.00\n"))
     (advice,) = check(capped)
     assert advice.setting == "power cap (NVIDIA GPU 0)"
     assert advice.fix == "sudo nvidia-smi -i 0 -pl 450"

@@ -173,11 +173,13 @@
                      `THP ${h.thp ?? "unknown"}` : "–"],
       ["kernel command line", h ? h.cmdline ?? "unavailable" : "–"], ["peak RSS", rss || "not recorded"],
     ];
-    const phases = Object.entries(c.phases).map(([name, p]) => [name, num(p.median_power_w, 1), num(p.median_cpu_mhz, 0),
-                                                               num(p.median_gpu_mhz, 0), fmt.int(p.n_samples)]);
+    const joules = (p) => (!none(p.joules) ? num(p.joules, 1) : p.energy_note ? `unavailable (${p.energy_note})` : "–");
+    const phases = Object.entries(c.phases).map(([name, p]) => [name, num(p.median_power_w, 1), joules(p),
+                                                               num(p.median_cpu_mhz, 0), num(p.median_gpu_mhz, 0),
+                                                               fmt.int(p.n_samples)]);
     return el("div", { class: "card" }, el("h3", { text: "Conditions" }),
       el("dl", {}, facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
-      phases.length ? table(["phase", "median power (W)", "median CPU (MHz)", "median GPU (MHz)", "samples"], phases)
+      phases.length ? table(["phase", "median power (W)", "energy (J)", "median CPU (MHz)", "median GPU (MHz)", "samples"], phases)
         : el("p", { class: "sub", text: "Power and clocks per phase: not sampled." }),
       el("details", {}, el("summary", { text: "all engine settings and the host snapshot (JSON)" }),
         el("pre", { text: JSON.stringify({ engine: c.engine, host: c.snapshot }, null, 2) })));
@@ -185,7 +187,25 @@
 
   const RATES = [["ttft (ms)", "ttft_ms", 0], ["prefill (tok/s)", "prefill_tps", 1],
                  ["engine prefill (tok/s)", "engine_prefill_tps", 1], ["client decode (tok/s)", "client_decode_tps", 1],
-                 ["engine decode (tok/s)", "engine_decode_tps", 1]];
+                 ["engine decode (tok/s)", "engine_decode_tps", 1], ["prefill (tok/J)", "prefill_tpj", 2],
+                 ["decode (tok/J)", "decode_tpj", 3]];
+
+  // tokens per joule beside tokens per second: why there is none, or the idle power and the
+  // power envelopes with the report's verdict
+  function energy(e) {
+    if (e.unavailable) return el("p", { class: "sub", text: `Energy (tok/J): unavailable (${e.unavailable}).` });
+    const idle = none(e.idle_w) ? "unavailable" : `${num(e.idle_w, 1)} W`;
+    const parts = [el("p", { class: "sub", text: `Tokens per joule (tok/J) are gross: the rate over the phase's mean ` +
+                                                 `power. Idle power measured before the run: ${idle}.` })];
+    if (e.envelopes.length) {
+      parts.push(el("h3", { text: "Power envelopes" }),
+        table(["cap (W)", "prefill (tok/s)", "prefill (tok/J)", "decode (tok/s)", "decode (tok/J)"],
+              e.envelopes.map((v) => [num(v.cap_w, 0), num(v.prefill_tps, 1), num(v.prefill_tpj, 2), num(v.decode_tps, 1),
+                                      num(v.decode_tpj, 3)])),
+        el("ul", {}, ...e.verdict.map((t) => el("li", { text: t.replace(/^- /, "") }))));
+    }
+    return el("div", {}, ...parts);
+  }
 
   // client over engine decode, marked ! past the report's 10%
   const gap = (e) => (none(e.decode_gap) ? "–" : pct(e.decode_gap) + (e.flag_gap ? " !" : ""));
@@ -246,6 +266,7 @@
       box.append(el("h3", { text: title }), rowsTable(doc.rows.filter((x) => x.kind === kind)));
     }
     if (!doc.rows.length) box.append(el("p", { class: "muted", text: "No cells stored." }));
+    else box.append(energy(doc.energy));
     box.append(el("p", { class: "sub", text: `Each rate is the median (min–max) over a row's runs; ` +
                                                  `conditions: ${settings(r.engine)}.` }));
     if (doc.served_against_raw.length) {
@@ -320,6 +341,8 @@
         ` (${fmt.secs(r.decode_s)})`),
       el("p", { class: "sub", text: `From the curves of run ${r.source_run}${where}: prefill measured at ` +
                                     `${fmt.int(p0)}…${fmt.int(p1)} tokens, decode at depth ${fmt.int(d0)}…${fmt.int(d1)}.` }),
+      el("p", { text: none(r.prefill_j) ? `energy: unavailable (${r.energy_note})`
+        : `energy ${num(r.prefill_j + r.decode_j, 1)} J = prefill ${num(r.prefill_j, 1)} J + decode ${num(r.decode_j, 1)} J (gross)` }),
       r.extrapolated ? el("p", { class: "card warn", text: "Outside the measured curves: the nearest measured rate " +
                                                            "was held, so this is a guess." }) : "");
   }
