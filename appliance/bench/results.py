@@ -31,6 +31,7 @@ KIND_TITLES = {
     "needle": "Context-length verification",
 }
 CURVE_KINDS = ("sweep", "prompt", "depth")
+TPJ = ("prefill_tpj", "decode_tpj")   # the tokens-per-joule curves' metrics
 COMPARED = ("ttft_ms", "prefill_tps", "client_decode_tps", "engine_decode_tps", "prefill_tpj", "decode_tpj")
 
 
@@ -148,7 +149,7 @@ def curves(cells: Sequence[ResultCell], target: str = "served",
 def _energy(cells: Sequence[ResultCell], prompt_tokens: int, positions: np.ndarray,
             output_tokens: int) -> dict[str, Any]:
     """Joules for the job from the tokens-per-joule curves, as time is from the rate curves."""
-    prefill, decode = curves(cells, metrics=("prefill_tpj", "decode_tpj"))
+    prefill, decode = curves(cells, metrics=TPJ)
     if not prefill or not decode:
         why = next((c.energy_note for c in cells if c.energy_note), "") or "no tokens-per-joule curves"
         return {"energy_note": why}
@@ -228,32 +229,38 @@ def _secs(s: float) -> str:
 
 # -- plot ------------------------------------------------------------------------------------
 
-def plot(runs: Sequence[tuple[RunInfo, Sequence[ResultCell]]], path: Any) -> None:
+def plot(runs: Sequence[tuple[RunInfo, Sequence[ResultCell]]], path: Any) -> list[str]:
     """Decode tok/s against depth and prefill tok/s against prompt tokens, one line per run and
-    target (raw dashed), written as a PNG."""
+    target (raw dashed), written as a PNG; where any run measured energy, decode and prefill
+    tokens per joule below them (gross). Returns the panels' titles."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError("plotting needs matplotlib: pip install 'appliance[plot]'") from e
-    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    panels = [(("prefill_tps", "client_decode_tps"), "Decode at depth", "client decode tok/s",
+               "Prefill", "prefill tok/s")]
+    if any(any(curves(cells, t, TPJ)) for _, cells in runs for t in ("served", "raw")):
+        panels.append((TPJ, "Decode energy at depth", "decode tok/J", "Prefill energy", "prefill tok/J"))
+    fig = Figure(figsize=(12, 4.5 * len(panels)), layout="constrained")
     FigureCanvasAgg(fig)    # Agg, without pyplot's global state
-    decode_ax, prefill_ax = fig.subplots(1, 2)
-    for i, (info, cells) in enumerate(runs):
-        for target, style in (("served", "-"), ("raw", "--")):
-            prefill, decode = curves(cells, target)
-            label = f"run {info.id} {info.model.name}" + (" (raw)" if target == "raw" else "")
-            for ax, points in ((decode_ax, decode), (prefill_ax, prefill)):
-                if points:
-                    ax.plot(*zip(*points), style, marker="o", color=f"C{i % 10}", label=label)
-    decode_ax.set(title="Decode at depth", xlabel="context depth (tokens)",
-                  ylabel="client decode tok/s")
-    prefill_ax.set(title="Prefill", xlabel="prompt tokens", ylabel="prefill tok/s")
-    for ax in (decode_ax, prefill_ax):
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize="small")
+    axes = fig.subplots(len(panels), 2, squeeze=False)
+    for (metrics, d_title, d_unit, p_title, p_unit), (decode_ax, prefill_ax) in zip(panels, axes):
+        for i, (info, cells) in enumerate(runs):
+            for target, style in (("served", "-"), ("raw", "--")):
+                prefill, decode = curves(cells, target, metrics)
+                label = f"run {info.id} {info.model.name}" + (" (raw)" if target == "raw" else "")
+                for ax, points in ((decode_ax, decode), (prefill_ax, prefill)):
+                    if points:
+                        ax.plot(*zip(*points), style, marker="o", color=f"C{i % 10}", label=label)
+        decode_ax.set(title=d_title, xlabel="context depth (tokens)", ylabel=d_unit)
+        prefill_ax.set(title=p_title, xlabel="prompt tokens", ylabel=p_unit)
+        for ax in (decode_ax, prefill_ax):
+            ax.grid(alpha=0.3)
+            if ax.has_data():
+                ax.legend(fontsize="small")
     fig.savefig(path, format="png", dpi=100)
+    return [ax.get_title() for row in axes for ax in row]
 
 
 # -- derived tables ---------------------------------------------------------------------------

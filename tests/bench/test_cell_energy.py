@@ -149,3 +149,15 @@ def test_an_old_file_is_migrated_and_its_cells_say_they_predate_energy(tmp_path)
         md = report(again, run_id)
     assert c.request_j is None and c.energy_note == "stored before energy was measured"
     assert "Energy per cell: unavailable (stored before energy was measured)." in md
+
+
+def test_the_plot_adds_tokens_per_joule_panels_where_energy_was_measured(tmp_path):
+    pytest.importorskip("matplotlib")
+    from .test_results import _info
+
+    plain = curve_cells({512: 900.0, 2048: 850.0}, {512: 60.0, 8192: 50.0})
+    assert results.plot([(_info(1), plain)], tmp_path / "a.png") == ["Decode at depth", "Prefill"]
+    measured = [energetic(f"p={p}", 100.0, prompt_tokens=p, depth=p) for p in (512, 2048)]
+    titles = results.plot([(_info(1), plain), (_info(2), measured)], tmp_path / "b.png")
+    assert titles == ["Decode at depth", "Prefill", "Decode energy at depth", "Prefill energy"]
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
