@@ -82,9 +82,15 @@ def span_energy(per_reader: dict[str, list[Reading]], power_readers: Sequence[st
 
 
 def add(parts: Sequence[PhaseEnergy]) -> PhaseEnergy:
-    """Several spans of one phase as one: joules add, and any unavailable span makes the sum so."""
+    """Several spans of one phase as one: joules add, per reader too, and any unavailable span
+    makes the sum (or that reader's) unavailable."""
     seconds = sum(p.seconds for p in parts)
+    by: dict[str, float | Unavailable] = {}
+    for name in dict.fromkeys(n for p in parts for n in p.by_reader):
+        js = [p.by_reader.get(name, Unavailable(f"{name} was not read in every span")) for p in parts]
+        gone = [j for j in js if isinstance(j, Unavailable)]
+        by[name] = gone[0] if gone else sum(js)  # type: ignore[arg-type]
     missing = [p.joules for p in parts if isinstance(p.joules, Unavailable)]
     if missing:
-        return PhaseEnergy(seconds, missing[0])
-    return PhaseEnergy(seconds, sum(p.joules for p in parts))  # type: ignore[misc]
+        return PhaseEnergy(seconds, missing[0], by)
+    return PhaseEnergy(seconds, sum(p.joules for p in parts), by)  # type: ignore[misc]

@@ -247,8 +247,9 @@ def _host(host: HostRecord | None) -> list[str]:
 
 def _power(power: Mapping[str, Any]) -> list[str]:
     lines = [f"- power {d.get('label', '?')} ({d.get('kind', '?')}): limit "
-             f"{_fact(d, 'cap_w', _watts)}, default {_fact(d, 'default_cap_w', _watts)}, max "
-             f"{_fact(d, 'max_cap_w', _watts)}" for d in power.get("domains", [])]
+             f"{_fact(d, 'cap_w', _watts)}, default {_fact(d, 'default_cap_w', _watts)}, min "
+             f"{_fact(d, 'min_cap_w', _watts)}, max {_fact(d, 'max_cap_w', _watts)}"
+             for d in power.get("domains", [])]
     why = "; ".join(power.get("not_found", [])) or "not in the snapshot"
     return lines or [f"- power limits: unavailable ({why})"]
 
@@ -279,7 +280,9 @@ def _phases(host: HostRecord | None) -> list[str]:
 def _joules(p: Mapping[str, Any]) -> str:
     """A phase's joules; a run stored before energy was measured has neither joules nor a note."""
     if p.get("joules") is not None:
-        return f"{p['joules']:,.1f}"
+        by = p.get("joules_by_reader") or {}
+        parts = ", ".join(f"{r} {j:,.1f}" for r, j in by.items() if j is not None)
+        return f"{p['joules']:,.1f}" + (f" ({parts})" if len(by) > 1 else "")
     return f"unavailable ({p['energy_note']})" if p.get("energy_note") else "unavailable (not measured)"
 
 

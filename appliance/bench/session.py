@@ -328,7 +328,9 @@ def phase_summary(sampler: Any) -> dict[str, Any]:
         known = e is not None and isinstance(e.joules, float | int)
         out[name] = {**asdict(stats), "seconds": e.seconds if e else None,
                      "joules": float(e.joules) if known else None,
-                     "energy_note": "" if known or e is None else e.joules.reason}
+                     "energy_note": "" if known or e is None else e.joules.reason,
+                     "joules_by_reader": {r: j if isinstance(j, float | int) else None
+                                          for r, j in (e.by_reader if e else {}).items()}}
     return out
 
 

@@ -64,8 +64,9 @@ def test_idle_is_measured_first_and_stored_beside_the_medians():
     with Phases(s) as phases:
         phases.first_token()
     summary = phase_summary(s)
-    assert summary["idle"] | {} == {"median_power_w": 8.0, "median_cpu_mhz": None, "median_gpu_mhz": None,
-                                    "n_samples": 1, "seconds": 0.5, "joules": 4.0, "energy_note": ""}
+    assert summary["idle"] == {"median_power_w": 8.0, "median_cpu_mhz": None, "median_gpu_mhz": None,
+                                    "n_samples": 1, "seconds": 0.5, "joules": 4.0, "energy_note": "",
+                                    "joules_by_reader": {"board": 4.0}}
     assert idle_watts(summary) == 8.0
     assert summary["decode"]["joules"] == 4.0
     measure_idle(s, 0.0)            # --idle-seconds 0: no idle phase
@@ -161,3 +162,21 @@ def test_the_plot_adds_tokens_per_joule_panels_where_energy_was_measured(tmp_pat
     titles = results.plot([(_info(1), plain), (_info(2), measured)], tmp_path / "b.png")
     assert titles == ["Decode at depth", "Prefill", "Decode energy at depth", "Prefill energy"]
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_phase_keeps_its_joules_per_reader(tmp_path):
+    class Package(Watts):
+        name = "rapl"
+
+    s = Sampler(Package(20.0), Watts(80.0), clock=Clock(step=1.0))
+    for _ in range(2):
+        with Phases(s) as phases:
+            phases.first_token()
+    summary = phase_summary(s)
+    assert summary["decode"]["joules"] == 200.0
+    assert summary["decode"]["joules_by_reader"] == {"rapl": 40.0, "board": 160.0}
+    store, run_id = stored(tmp_path, [energetic("p", 100.0)])
+    with store:
+        store.record_host(run_id, {}, summary)
+        md = report(store, run_id)
+    assert "| decode | 100.0 | unavailable | unavailable | 2 | 200.0 (board 160.0, rapl 40.0) | 2.0 |" in md  # stored sorted

@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from appliance.bench.client import ServerGone
 from appliance.bench.envelope import CapError, CapRefused, Control, PowerCaps, controls, enveloped
 from appliance.bench.session import Step, execute
 from appliance.store import RunStatus, Store
@@ -59,10 +60,12 @@ def test_two_envelopes_alternate_and_the_original_comes_back(apu):
     assert cap_w(apu) == 70.0 and not (apu / "caps.json").exists()
 
 
-def test_an_interrupted_run_restores_the_cap(apu, tmp_path):
+@pytest.mark.parametrize("exc, status", [(KeyboardInterrupt(), RunStatus.INTERRUPTED),
+                                         (ServerGone("the server exited with code -9"), RunStatus.FAILED)])
+def test_an_interrupted_run_or_a_killed_server_restores_the_cap(apu, tmp_path, exc, status):
     def interrupted():
         assert cap_w(apu) == 90.0
-        raise KeyboardInterrupt
+        raise exc
 
     with Store.open(tmp_path / "r.db") as store, open_caps(apu) as caps:
         run_id = store.start_run(["test"], {}, FP)
@@ -70,7 +73,7 @@ def test_an_interrupted_run_restores_the_cap(apu, tmp_path):
                            Step("b", 0, "", "served", lambda: [cell("b")])], caps, (60.0, 90.0))
         steps[3] = Step("b", 0, "90 W", "served", lambda: (caps.set(90.0), interrupted()))
         outcome = execute(store, run_id, steps, progress=False)
-        assert outcome.status is RunStatus.INTERRUPTED and len(store.results(run_id)) == 3
+        assert outcome.status is status and len(store.results(run_id)) == 3
         assert cap_w(apu) == 90.0          # still changed until the run's stack closes
     assert cap_w(apu) == 70.0
 
