@@ -146,3 +146,19 @@ def test_nvidia_needs_root(tmp_path):
     root = trees.build(tmp_path / "desk", trees.nvidia_desktop())
     with pytest.raises(CapRefused, match=r"needs root: run `sudo "):
         PowerCaps.for_host([250.0], root, trees.FakeRunner({"nvidia-smi": FakeSmi()}), is_root=lambda: False)
+
+
+@pytest.mark.parametrize("host, why", [("vm", "exposes no settable power cap"),
+                                       ("apu", "power1_cap is not writable by this user: run `sudo ")])
+def test_sweep_refuses_before_any_server_starts(tmp_path, monkeypatch, capsys, host, why):
+    from appliance.bench import client
+    from appliance.cli import main
+
+    root = trees.build(tmp_path / host, trees.bare_vm() if host == "vm" else trees.strix_halo())
+    real = PowerCaps.for_host.__func__
+    monkeypatch.setattr(PowerCaps, "for_host", classmethod(
+        lambda cls, watts, **kw: real(cls, watts, root, trees.FakeRunner(), can_write=lambda p: False, **kw)))
+    monkeypatch.setattr(client, "serving", lambda *a, **k: pytest.fail("a server was started"))
+    code = main(["sweep", "-p", "64", "--power-cap", "60,90", "--db-path", str(tmp_path / "r.db")])
+    assert code == 2 and why in capsys.readouterr().err
+    assert not (tmp_path / "r.db").exists()
