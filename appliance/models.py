@@ -97,17 +97,16 @@ def model_fingerprint(path: str | os.PathLike[str]) -> ModelFingerprint:
 def gguf_quant_name(path: str | os.PathLike[str]) -> str:
     """The GGUF's general.file_type as llama.cpp names it (MOSTLY_Q4_1 -> Q4_1, ALL_F32 -> F32);
     'unknown' for a file without one, a type this gguf package does not know, or a non-GGUF."""
-    import gguf  # numpy and the GGUF parser: only when a fingerprint is taken
+    import gguf  # the GGUF constants: only when a fingerprint is taken
+
+    from .fit.gguf_header import read_header
 
     try:
-        reader = gguf.GGUFReader(path)
+        meta, _ = read_header(path)
     except (ValueError, OSError):
         return UNKNOWN_QUANT
-    field = reader.fields.get("general.file_type")
-    if field is None:
-        return UNKNOWN_QUANT
     try:
-        ftype = gguf.LlamaFileType(int(field.contents()) & ~_FTYPE_GUESSED)
-    except (ValueError, TypeError):
+        ftype = gguf.LlamaFileType(int(meta["general.file_type"]) & ~_FTYPE_GUESSED)  # type: ignore[arg-type]
+    except (KeyError, ValueError, TypeError):
         return UNKNOWN_QUANT
     return ftype.name.removeprefix("MOSTLY_").removeprefix("ALL_")

@@ -3,8 +3,9 @@
 `gguf.GGUFReader` builds a numpy view per array element, which takes 5 s for the 98,000 strings
 of the embedded model's tokenizer on this CPU; the planner needs none of them. This reader walks
 the same format (GGUF v2/v3: magic, version, tensor count, metadata count, the key/value pairs,
-then one info per tensor) and keeps scalars, numeric arrays, and for a string array only its
-length. The tests compare what it reads with GGUFReader's.
+then one info per tensor) and keeps scalars and arrays, but for an array longer than
+MAX_KEPT_ARRAY (a tokenizer's) only its length. The tests compare what it reads with
+GGUFReader's.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-MAX_KEPT_ARRAY = 4096          # longer numeric arrays are kept as their length only
+MAX_KEPT_ARRAY = 4096          # longer arrays are kept as their length only
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TensorInfo:
     ggml_type: str
     shape: tuple[int, ...]       # ggml order, innermost first
     nbytes: int
+    offset: int = 0              # where its data starts in the file (the data section aligned)
 
 
 class PastEnd(ValueError):
@@ -67,6 +69,8 @@ class _Cursor:
             raise ValueError(f"unknown GGUF value type {vtype}")
         itype, count = self.take("<I"), self.take("<Q")
         if itype == _STRING:
+            if count <= MAX_KEPT_ARRAY:
+                return [self.string() for _ in range(count)]
             for _ in range(count):
                 n = self.take("<Q")     # (not `pos += take()`: that reads pos before take moves it)
                 self.pos += n
@@ -144,11 +148,15 @@ def _parse(buf) -> tuple[dict[str, object], list[TensorInfo]]:
     for _ in range(n_kv):
         key = c.string()
         meta[key] = c.value(c.take("<I"))
-    tensors = []
+    infos = []
     for _ in range(n_tensors):
         name = c.string()
         shape = tuple(c.take("<Q") for _ in range(c.take("<I")))
         kind = GGMLQuantizationType(c.take("<I")).name
-        c.take("<Q")  # offset in the data section
-        tensors.append(TensorInfo(name, kind, shape, nbytes(kind, math.prod(shape))))
-    return meta, tensors
+        infos.append((name, kind, shape, c.take("<Q")))  # the offset within the data section
+    align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise ValueError(f"general.alignment {align!r} is not a power of two")
+    start = -(-c.pos // align) * align
+    return meta, [TensorInfo(name, kind, shape, nbytes(kind, math.prod(shape)), start + off)
+                  for name, kind, shape, off in infos]

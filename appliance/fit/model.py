@@ -132,7 +132,7 @@ def from_header(name: str, meta: dict[str, object], infos: list[TensorInfo]) -> 
     k_len = int(get(f"{arch}.attention.key_length", n_embd // max(n_head0, 1)))
     v_len = int(get(f"{arch}.attention.value_length", k_len))
     tokens = meta.get("tokenizer.ggml.tokens")
-    n_vocab = int(get(f"{arch}.vocab_size", tokens.length if isinstance(tokens, StringArray) else 0))
+    n_vocab = int(get(f"{arch}.vocab_size", tokens.length if isinstance(tokens, StringArray) else len(tokens or ())))
     window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
     tensors = []
     for t in infos:
