@@ -89,6 +89,11 @@ def test_the_swept_run_shows_its_conditions_tables_and_curves(server, db):
             assert rate(row.prefill_tps.median) in table and rate(row.client_decode_tps.median) in table
         assert "client decode (tok/s)" in table and "prompt (tokens)" in table
         assert page.locator("#run table.ratios").count() == 1          # served against raw
+        # without a power reader (the development VM) the page says why instead of a tokens-per-joule figure
+        measured = any(c.request_j is not None for c in cells)
+        assert ("Tokens per joule (tok/J) are gross" if measured
+                else f"Energy (tok/J): unavailable ({cells[0].energy_note}).") in page.inner_text("#run")
+        assert "energy (J)" in conditions and "decode (tok/J)" in table
         assert errors(page) == []
 
 
