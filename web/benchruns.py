@@ -26,7 +26,7 @@ from flask import Blueprint, current_app, jsonify, request
 
 from appliance.bench import report, results
 from appliance.bench.energy import idle_watts
-from appliance.bench.energy_report import envelope_verdict, envelopes
+from appliance.bench.energy_report import envelope_verdict, envelopes, why_none
 from appliance.errors import ApplianceError, InvalidRequest, NotFound
 from appliance.store import BUSY_TIMEOUT_MS, MIGRATIONS, HostRecord, ResultCell, RunInfo, Store, UnknownRun
 
@@ -172,7 +172,7 @@ def _energy(host: HostRecord | None, cells: Sequence[ResultCell]) -> dict[str, A
     """The idle power, why no cell has joules (None when some have), and the power envelopes
     with the report's verdict (energy_report.py)."""
     measured = any(c.request_j is not None for c in cells)
-    why = None if measured else next((c.energy_note for c in cells if c.energy_note), "no reason stored")
+    why = None if measured else (why_none(cells) or "no reason stored")
     found = envelopes(cells)
     return {"idle_w": idle_watts(host.phases if host else {}), "unavailable": why,
             "envelopes": _asdicts(found), "verdict": envelope_verdict(found)}

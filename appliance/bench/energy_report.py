@@ -9,6 +9,7 @@ seconds, which is what the work itself cost. Where nothing was measured every fi
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,7 @@ def energy_lines(phases: Mapping[str, Any], cells: Sequence[ResultCell],
         return []
     idle_w = idle_watts(phases)
     if not any(c.request_j is not None for c in cells):
-        why = next((c.energy_note for c in cells if c.energy_note), "") or _phase_note(phases)
-        return [f"Energy per cell: unavailable ({why or 'no reason stored'}).", ""]
+        return [f"Energy per cell: unavailable ({why_none(cells) or _phase_note(phases) or 'no reason stored'}).", ""]
     body = [_row(group, idle_w) for group in groups(cells) if any(c.request_j is not None for c in group)]
     header = ["cell", "target", "variant", "J / request", "J / request above idle", "prefill tok/J",
               "prefill tok/J above idle", "decode tok/J", "decode tok/J above idle"]
@@ -42,6 +42,12 @@ def energy_lines(phases: Mapping[str, Any], cells: Sequence[ResultCell],
             "Joules integrated over each request's prefill and decode spans; tokens per joule is the "
             "rate over the span's mean power. Medians over the row's cells.", "",
             *table(header, body), "", *envelope_lines(cells, table)]
+
+
+def why_none(cells: Sequence[ResultCell]) -> str:
+    """The reason most cells give for having no joules ("" when none gives one)."""
+    found = Counter(c.energy_note for c in cells if c.request_j is None and c.energy_note)
+    return found.most_common(1)[0][0] if found else ""
 
 
 def _phase_note(phases: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ from .agent import agent_steps
 from .client import BenchError, CellFailed
 from .energy import shared_energy
 from .context import CHAT, COMPLETIONS, BenchOptions, Context, once
-from .session import Step, Variant, nonce, raw_cells, served_cell, to_cell
+from .session import Phases, Step, Variant, nonce, raw_cells, served_cell, to_cell
 from .timing import aggregate_rate, measure
 
 
@@ -290,14 +290,16 @@ def _needle_step(ctx: Context, v: Variant, length: int) -> Step:
         needle = f"\n\nNote for the reader: the access code for the archive room is {code}.\n\n"
         content = f"[{nonce()}] " + text[:cut] + needle + text[cut:] + "\n\n" + NEEDLE_QUESTION
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": 16, "temperature": 0}
-        trace = v.target.stream(CHAT, {"model": v.model_id, **body})
+        with Phases(ctx.sampler) as phases:
+            trace = v.target.stream(CHAT, {"model": v.model_id, **body}, on_first=phases.first_token)
         extra = {"cell": label, "status": trace.status, "expected_status": expected_status,
                  "found": code in trace.text, "code": code, "reply": trace.text[:80]}
         if trace.status != 200 or not trace.chunks:
             return [ResultCell(mode="serial", prompt_set="needle", depth=0, prompt_tokens=0,
                                generated_tokens=0, ttft_ms=0.0, prefill_tps=None, client_decode_tps=None,
                                engine_decode_tps=None, tokens_per_step=None, kind="needle",
-                               variant=v.label, extra={**extra, "error": trace.error})]
+                               variant=v.label, extra={**extra, "error": trace.error},
+                               energy_note=f"no reply to measure (HTTP {trace.status})")]
         m = measure(trace, v.target.count_tokens)
-        return [to_cell(m, variant=v.label, prompt_set="needle", kind="needle", extra=extra)]
+        return [to_cell(m, variant=v.label, prompt_set="needle", kind="needle", extra=extra, **phases.energy())]
     return Step(label, 0, v.label, "served", run)

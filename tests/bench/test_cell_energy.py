@@ -180,3 +180,11 @@ def test_each_phase_keeps_its_joules_per_reader(tmp_path):
         store.record_host(run_id, {}, summary)
         md = report(store, run_id)
     assert "| decode | 100.0 | unavailable | unavailable | 2 | 200.0 (board 160.0, rapl 40.0) | 2.0 |" in md  # stored sorted
+
+
+def test_the_reason_given_is_the_one_most_cells_give():
+    from appliance.bench.energy_report import why_none
+
+    cells = [cell(energy_note="no reply to measure (HTTP 400)")] + [cell(energy_note=NO_READER)] * 2
+    assert why_none(cells) == NO_READER
+    assert why_none([cell()]) == ""
