@@ -97,13 +97,15 @@ class AmdGpuClockReader:
 
 
 class NvidiaReader:
-    """Board power (summed) and SM clock (median) of every NVIDIA GPU: NVML if importable,
-    else one `nvidia-smi` query per tick (tens of milliseconds; keep interval_s >= 0.1)."""
+    """Board power (summed) and SM clock (median) of every NVIDIA GPU: NVML if importable (with
+    its energy counters where the GPU has them), else one `nvidia-smi` query per tick (tens of
+    milliseconds; keep interval_s >= 0.1), whose watts the sampler integrates."""
 
     name, gives_power = "nvidia", True
 
     def __init__(self, run: Runner = run_command, use_nvml: bool = True):
         self.run, self._nvml, self._handles = run, None, []
+        self._last_energy: tuple[float, list[int]] | None = None
         if use_nvml:
             try:
                 import pynvml  # optional: the nvidia-ml-py package
@@ -117,7 +119,7 @@ class NvidiaReader:
 
     def read(self, now: float) -> dict[str, float]:
         if self._nvml is not None:
-            return self._read_nvml()
+            return self._read_nvml(now)
         rows = gpu_nvidia.query(self.run, gpu_nvidia.SAMPLE_FIELDS)
         if isinstance(rows, Unavailable):
             return {}
@@ -126,14 +128,28 @@ class NvidiaReader:
         return _combine([w for w in watts if isinstance(w, float)],
                         [c for c in clocks if isinstance(c, float)])
 
-    def _read_nvml(self) -> dict[str, float]:
+    def _read_nvml(self, now: float) -> dict[str, float]:
         nv = self._nvml
         try:
             watts = [nv.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self._handles]  # mW
             clocks = [float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)) for h in self._handles]
         except Exception:  # a GPU fell off the bus mid-run: skip this tick
             return {}
-        return _combine(watts, clocks)
+        return {**_combine(watts, clocks), **self._energy(now)}
+
+    def _energy(self, now: float) -> dict[str, float]:
+        """Joules since the previous read from NVML's energy counters (mJ since the driver
+        loaded; Volta and later), summed over the GPUs: exact where the power samples are not.
+        {} where a GPU has no counter, and on the first read (the baseline)."""
+        try:
+            mj = [int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in self._handles]
+        except Exception:  # not supported on this GPU: the sampler integrates power instead
+            self._last_energy = None
+            return {}
+        last, self._last_energy = self._last_energy, (now, mj)
+        if last is None or now <= last[0] or any(b < a for a, b in zip(last[1], mj)):
+            return {}
+        return {ENERGY: sum(b - a for a, b in zip(last[1], mj)) / 1000.0, ENERGY_FROM: last[0]}
 
 
 def _combine(watts: list[float], clocks: list[float]) -> dict[str, float]:

@@ -164,3 +164,22 @@ def test_reader_joules_needs_the_span_covered():
     c = [Reading(2.0, False, {ENERGY: 5.0, ENERGY_FROM: 1.0})]
     assert reader_joules("x", c, 1.0, 2.0) == 5.0
     assert PhaseEnergy(0.0, 1.0).watts == Unavailable("an empty span")
+
+
+def test_nvml_energy_counters_are_summed_over_the_gpus(monkeypatch):
+    import sys
+    import types
+
+    counters = {0: iter([1_000_000, 1_300_000, 1_600_000]), 1: iter([5_000, 105_000, 205_000])}   # mJ
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetPowerUsage=lambda h: 1_000_000,          # 1 kW each: not what is integrated
+        nvmlDeviceGetClockInfo=lambda h, kind: 2500,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: next(counters[h]))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    s = Sampler(NvidiaReader(), clock=Clock(step=1.0))
+    with s.phase("decode") as span:
+        s.tick()
+    # (300 + 100) J then (300 + 100) J, from the counters
+    assert s.span_energy(span).joules == 800.0
