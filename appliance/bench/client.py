@@ -8,6 +8,7 @@ when present, so the same bench can measure llama-server or llama_cpp.server sid
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -282,6 +284,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stop_with_parent() -> None:
+    """In the server's process before exec: SIGTERM when the bench dies (Linux's
+    PR_SET_PDEATHSIG), so a bench killed outright (kill -9, a caller's timeout) leaves no server
+    behind spinning on the cores; SIGTERM stops it as it stops any time."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):   # not Linux: the bench's own exit paths stop it
+        pass
+
+
 class LocalServer:
     """`appliance serve` in a subprocess on a free loopback port, with its own prompt-cache
     directory (unless the flags name one), its log kept for the error message if it dies."""
@@ -302,7 +314,9 @@ class LocalServer:
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "appliance", "serve", "--port", str(self.port), *self.serve_args],
-                stdout=log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True,
+                # the death signal follows the thread that started it: the main thread's only
+                preexec_fn=_stop_with_parent if threading.current_thread() is threading.main_thread() else None)
         self._wait_healthy(self._start_timeout)
 
     def restart(self) -> None:

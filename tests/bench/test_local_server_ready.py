@@ -63,3 +63,36 @@ def test_a_server_without_a_build_is_ready_at_once(monkeypatch, body):
     asked = waiting_server(monkeypatch, [Answer(200, body)])
     server()._wait_healthy(60)
     assert len(asked) == 1
+
+
+def test_a_server_the_bench_started_stops_when_the_bench_is_killed(tmp_path):
+    """kill -9 of the bench (or a caller's timeout) leaves no server spinning on the cores: the
+    server's process gets SIGTERM when its parent dies, as LocalServer starts it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    bench = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from appliance.bench.client import _stop_with_parent\n"
+        "p = subprocess.Popen(['sleep', '60'], start_new_session=True, preexec_fn=_stop_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    server = int(bench.stdout.readline())
+    os.kill(bench.pid, signal.SIGKILL)
+    bench.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            break          # gone (reaped by init once it stopped)
+        with open(f"/proc/{server}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break      # stopped, not yet reaped
+        time.sleep(0.05)
+    else:
+        os.kill(server, signal.SIGKILL)
+        raise AssertionError("the server outlived the bench that started it")
