@@ -28,11 +28,19 @@ class _Override(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    """libggml (the registry) and libggml-base (devices, buffer types), as llama-cpp-python
-    loaded them (RTLD_GLOBAL: the same handles)."""
-    reg = ctypes.CDLL(str(_LIB_DIR / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
-    base = ctypes.CDLL(str(_LIB_DIR / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+def _soname(name: str) -> Path:
+    """lib/NAME.so.0 where the build has it (what libllama links), else lib/NAME.so."""
+    versioned = _LIB_DIR / f"{name}.so.0"
+    return versioned if versioned.exists() else _LIB_DIR / f"{name}.so"
+
+
+def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """libggml (the registry) and libggml-base (devices, buffer types), the very copies libllama
+    loaded: by the soname it needs (libggml.so.0), for a wheel holds each library as separate
+    files, not links, and loading libggml.so would load a second registry of its own (a device
+    registered there, or a buffer type taken from it, is not llama.cpp's)."""
+    reg = ctypes.CDLL(str(_soname("libggml")), mode=ctypes.RTLD_GLOBAL)
+    base = ctypes.CDLL(str(_soname("libggml-base")), mode=ctypes.RTLD_GLOBAL)
     reg.ggml_backend_dev_count.restype = ctypes.c_size_t
     reg.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
     reg.ggml_backend_dev_get.restype = ctypes.c_void_p
@@ -64,6 +72,11 @@ class GgmlDevice:
     host_memory: bool = False   # a GPU whose memory is the host's: integrated, or software on the CPU
 
     @property
+    def remote(self) -> bool:
+        """A worker's device, through llama.cpp's RPC backend (`appliance serve --rpc`)."""
+        return self.name.startswith("RPC")
+
+    @property
     def memory(self) -> str:
         """Whose memory, as the fit planner counts it: own (VRAM), gtt (an integrated GPU), host
         (software on the CPU)."""
@@ -72,21 +85,21 @@ class GgmlDevice:
 
 def devices() -> list[GgmlDevice]:
     """Every device the loaded llama.cpp build offers, the CPU first."""
-    reg, base = _libs()
-    out, n_gpu = [], 0
+    reg, base = libs()
+    out = []
     for i in range(reg.ggml_backend_dev_count()):
         dev = reg.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        kind = KINDS.get(base.ggml_backend_dev_type(dev), "other")
-        if kind in ("gpu", "igpu"):
-            planner, n_gpu = f"GPU{n_gpu}", n_gpu + 1
-        else:
-            planner = "CPU" if kind == "cpu" else base.ggml_backend_dev_name(dev).decode()
-        out.append(GgmlDevice(i, base.ggml_backend_dev_name(dev).decode(),
-                              (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
-                              kind, free.value, total.value, base.ggml_backend_dev_buffer_type(dev), planner))
-    return sorted(_mark_host_memory(out), key=lambda d: d.kind != "cpu")
+        kind, name = KINDS.get(base.ggml_backend_dev_type(dev), "other"), base.ggml_backend_dev_name(dev).decode()
+        out.append(GgmlDevice(i, name, (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                              kind, free.value, total.value, base.ggml_backend_dev_buffer_type(dev),
+                              "CPU" if kind == "cpu" else name))
+    # llama.cpp lists a model's GPUs with the RPC workers' first (`main_gpu` counts them so)
+    out.sort(key=lambda d: (d.kind != "cpu", not d.remote))
+    gpus = [d for d in out if d.kind in ("gpu", "igpu")]
+    out = [replace(d, planner_name=f"GPU{gpus.index(d)}") if d in gpus else d for d in out]
+    return _mark_host_memory(out)
 
 
 def _mark_host_memory(devs: list[GgmlDevice]) -> list[GgmlDevice]:
