@@ -117,12 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .library.command import add_parsers as add_library
     from .quantize import add_parser as add_quantize
     from .tune import add_parser as add_tune
+    from .worker import add_parser as add_worker
 
     add_parsers(sub)
     add_tune(sub)
     add_fit(sub)
     add_library(sub)
     add_quantize(sub)
+    add_worker(sub)
     return parser
 
 

@@ -16,6 +16,7 @@ from typing import Any, Collection, Mapping
 
 from .chat_templates import BUILTIN, REASONING, default_kwargs, load_template
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
+from .endpoints import parse_endpoints
 from .flags import ENV_PREFIX, flag, opt, values_of
 from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
@@ -90,6 +91,7 @@ class EngineConfig:
     kv_type: str = opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
                        "flash attention, which llama.cpp needs for them)")
     main_gpu: int = opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
+    rpc: str | None = opt(None, "llama.cpp: HOST:PORT of an `appliance worker` to hold layers (several-machines.md)")
     prompt_cache: str = opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse its longest "
                             "common prefix. on: exactly (to the token where the runner proves at start that any "
                             "chunk computes as the grid's, else in whole --prefill-chunk blocks), so a hit gives the "
@@ -173,6 +175,7 @@ class EngineConfig:
         _require(not (self.cpu_moe and self.n_cpu_moe is not None), "give --cpu-moe or --n-cpu-moe, not both")
         _require(self.n_cpu_moe is None or self.n_cpu_moe >= 0, "n_cpu_moe must not be negative")
         _require(self.main_gpu >= 0, "main_gpu must not be negative")
+        _require(not self.rpc or len(parse_endpoints(self.rpc)) == 1, "--rpc takes one worker for now (no multi-device split yet)")
         _require(self.n_gpu_layers in ("auto", "all") or self.n_gpu_layers.isdigit(),
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
         self.tensor_overrides()  # raises for a malformed --override-tensor

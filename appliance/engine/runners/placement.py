@@ -18,6 +18,7 @@ import llama_cpp as L
 import psutil
 
 from ...config import EngineConfig
+from ...endpoints import parse_endpoints
 from ...errors import ModelLoadError
 from ...fit.devices import from_measured
 from ...fit.model import ModelFacts, from_gguf
@@ -86,7 +87,7 @@ class RunnerPlacement:
         CPU_Mapped, CPU_REPACK, ...) and kind (model, KV, compute), beside the planned bytes in
         /health. Its wording, not an API (llama.cpp has none for this): unmatched, it is empty."""
         for buf, kind, mib in BUFFER_LINE.findall("\n".join(lines)):
-            got = self.allocated.setdefault(buf, {})
+            got = self.allocated.setdefault(buf.partition("[")[0], {})   # RPC0[host:port]: the device's name
             got[kind] = got.get(kind, 0) + round(float(mib) * 2**20)
 
 
@@ -132,6 +133,15 @@ def _main_gpu(cfg: EngineConfig, devs: list[ggml_devices.GgmlDevice]) -> ggml_de
     return gpus[cfg.main_gpu]
 
 
+def _add_workers(cfg: EngineConfig) -> None:
+    from . import ggml_rpc
+
+    try:
+        ggml_rpc.add_servers(parse_endpoints(cfg.rpc))
+    except (ggml_rpc.RpcUnavailable, ggml_rpc.WorkerUnreachable) as e:
+        raise ModelLoadError(f"--rpc {cfg.rpc}: {e}") from None
+
+
 def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> RunnerPlacement:
     """Plan the placement for this build's devices; raises ModelLoadError for an impossible one."""
     try:
@@ -140,6 +150,8 @@ def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> Runner
         # the words load_model uses for a file llama.cpp refuses: the header is read first now
         raise ModelLoadError(f"{model_path}: llama.cpp could not load this file as a GGUF model "
                              f"(its header: {e})") from None
+    if cfg.rpc:   # the workers' devices join the registry before anything is planned or loaded
+        _add_workers(cfg)
     devs = ggml_devices.devices()
     gpu = _main_gpu(cfg, devs)
     if gpu is None and cfg.n_gpu_layers not in ("auto", "0"):
@@ -154,6 +166,10 @@ def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> Runner
     if not placement.fits and (gpu or req.overrides or req.n_cpu_moe is not None):
         raise ModelLoadError("the model does not fit as asked:\n" + text)
     (log.info if placement.fits else log.warning)("placement:\n%s", text.rstrip())
+    for d in (d for d in devs if d.remote):
+        held = f"{placement.n_gpu_layers} layers" if d == gpu and placement.gpu else "nothing"
+        log.info("%s: RPC worker %s, %d MiB free of %d, holds %s", d.name, d.description, d.free // 2**20,
+                 d.total // 2**20, held)
     cpu = next(d for d in devs if d.kind == "cpu")
     pairs = [(pattern, (cpu if name == "CPU" else gpu).buft) for pattern, name in placement.overrides]
     return RunnerPlacement(placement, facts, devs, ggml_devices.OverrideArray(pairs) if pairs else None,

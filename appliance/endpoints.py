@@ -1,0 +1,38 @@
+"""HOST:PORT addresses of RPC workers (`appliance serve --rpc`, `appliance worker`), parsed without
+loading llama.cpp, so that config can check them (issue 52)."""
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
+    """`HOST:PORT,HOST:PORT` (an IPv6 host in brackets) into endpoints; ValueError with the bad one."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--rpc: {item!r} is not HOST:PORT")
+        out.append(Endpoint(host.strip("[]"), int(port)))
+    if len(set(out)) != len(out):
+        raise ValueError("--rpc: a worker is named twice")
+    return tuple(out)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` resolves to is a loopback one (an unresolvable name is not)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)

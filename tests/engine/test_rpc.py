@@ -1,0 +1,182 @@
+"""Several machines through llama.cpp's RPC backend (issue 52): `appliance worker` and
+`--rpc`. The unmarked tests run anywhere in well under a second (addresses, refusals). The tests
+marked rpc need llama-cpp-python built with -DGGML_RPC=on (scripts/rpc_check.sh, in .venv-rpc)
+and skip elsewhere, saying why: they start workers on loopback (CPU devices) and load the
+embedded model with its layers on them, each head in its own process, because a worker that
+goes away aborts the process that talks to it (llama.cpp's GGML_ABORT) and a registered worker
+stays registered for the life of a process.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from appliance.cli import main
+from appliance.config import EngineConfig
+from appliance.endpoints import Endpoint, is_loopback, parse_endpoints
+from appliance.engine.runners import ggml_rpc
+
+
+def test_endpoints_are_parsed_and_bad_ones_named():
+    assert parse_endpoints("127.0.0.1:50052, box2:7000") == (Endpoint("127.0.0.1", 50052), Endpoint("box2", 7000))
+    assert str(parse_endpoints("[::1]:9")[0]) == "[::1]:9"
+    for bad in ("box", "box:", ":1", "box:0", "box:99999", "a:1,a:1"):
+        with pytest.raises(ValueError, match="--rpc"):
+            parse_endpoints(bad)
+
+
+def test_loopback_is_told_apart():
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("no.such.host.invalid")
+
+
+def test_serve_takes_one_worker_for_now():
+    assert EngineConfig(rpc="127.0.0.1:50052").rpc == "127.0.0.1:50052"
+    with pytest.raises(ValueError, match="one worker"):
+        EngineConfig(rpc="a:1,b:2")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        EngineConfig(rpc="nope")
+
+
+def test_the_worker_refuses_a_public_address_without_the_flag(capsys):
+    assert main(["worker", "--host", "0.0.0.0"]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_the_worker_help_says_the_protocol_has_no_authentication(capsys):
+    with pytest.raises(SystemExit):
+        main(["worker", "--help"])
+    assert "NO authentication" in capsys.readouterr().out
+
+
+WHY = ggml_rpc.available()
+
+
+@pytest.mark.skipif(WHY is None, reason="this build has the RPC backend")
+def test_a_build_without_rpc_refuses_the_worker_with_how_to_build_it(capsys):
+    assert main(["worker"]) == 2
+    assert "-DGGML_RPC=on" in capsys.readouterr().err
+
+
+needs_rpc = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def worker():
+    """Start `appliance worker` on a free loopback port; yields (endpoint, process)."""
+    procs = []
+
+    def start(*extra: str):
+        port = free_port()
+        p = subprocess.Popen([sys.executable, "-m", "appliance", "worker", "--port", str(port), "--threads", "1",
+                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(p)
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return f"127.0.0.1:{port}", p
+            except OSError:
+                assert p.poll() is None, p.stdout.read()
+                time.sleep(0.1)
+        raise AssertionError("the worker did not listen")
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+HEAD = textwrap.dedent("""
+    import json, sys
+    from appliance.config import EngineConfig
+    from appliance.engine.runners.llamacpp import LlamaCppRunner
+    from appliance.models import embedded_model_path
+    from tests.engine.test_placement import greedy
+    out = {}
+    for name, kw in json.loads(sys.argv[1]):
+        r = LlamaCppRunner(EngineConfig(plan="off", n_slots=1, n_ctx=256, **kw), embedded_model_path(), "m")
+        summary = r.placed.summary()
+        out[name] = {"tokens": greedy(r)[0], "placement": summary}
+    print(json.dumps(out))
+""")
+
+
+def head(runs: list) -> dict:
+    """Run each (name, EngineConfig kwargs) in one fresh process, in order; greedy tokens and placement."""
+    done = subprocess.run([sys.executable, "-c", HEAD, json.dumps(runs)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.rpc
+@needs_rpc
+@pytest.mark.parametrize("layers", ["all", "15"])
+def test_layers_on_a_worker_give_the_local_greedy_tokens_as_planned(worker, layers):
+    ep, proc = worker()
+    got = head([["local", {"n_gpu_layers": "0"}], ["split", {"rpc": ep, "n_gpu_layers": layers}]])
+    assert got["split"]["tokens"] == got["local"]["tokens"]
+    p = got["split"]["placement"]
+    remote = [d for d in p["llama_devices"] if d["name"].startswith("RPC")]
+    assert [d["description"] for d in remote] == [ep]
+    allocated = next(v for k, v in p["allocated"].items() if k.startswith("RPC0"))
+    planned = sum(p["devices"]["GPU0"]["weights"].values())
+    assert abs(allocated["model"] - planned) <= max(planned // 20, 2**20), (allocated, planned)
+
+
+@pytest.mark.rpc
+@needs_rpc
+def test_a_worker_that_does_not_answer_is_refused_with_its_address():
+    from appliance.engine.runners.llamacpp import LlamaCppRunner
+    from appliance.errors import ModelLoadError
+    from appliance.models import embedded_model_path
+
+    ep = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ModelLoadError, match=ep.replace(".", r"\.")):
+        LlamaCppRunner(EngineConfig(plan="off", n_slots=1, n_ctx=256, rpc=ep), embedded_model_path(), "m")
+
+
+@pytest.mark.rpc
+@needs_rpc
+def test_the_worker_says_what_it_offers(worker):
+    ep, proc = worker()
+    proc.terminate()
+    text = proc.communicate(timeout=10)[0]
+    assert f"serving at {ep}" in text and "offers CPU" in text and "MiB free" in text
+
+
+@pytest.mark.rpc
+@needs_rpc
+def test_the_server_names_the_worker_and_survives_losing_it(worker, tmp_path):
+    import requests
+
+    from tests.web.conftest import running_server, wait_until
+
+    ep, proc = worker()
+    with running_server(tmp_path, "--rpc", ep, "--n-ctx", "512", "--n-slots", "1") as srv:
+        h = srv.health()
+        remote = [d for d in h["placement"]["llama_devices"] if d["name"] == "RPC0"]
+        assert remote and remote[0]["description"] == ep, h["placement"]
+        assert f"RPC0[{ep}]" in srv.log() or ep in srv.log()
+        body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
+                "stream": True}
+        with requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            proc.kill()
+            rest = b"\n".join(ln for ln in lines if ln)
+        assert b"error" in rest and b"engine" in rest, rest[-500:]
+        # the server itself stays up and says why it cannot serve
+        assert wait_until(lambda: requests.get(srv.url + "/health", timeout=5).status_code in (200, 503), timeout=10)
+        assert srv.proc.poll() is None
