@@ -82,7 +82,7 @@ class RopeScaling:
 
     def reach(self) -> int:
         """The longest context this rotation serves: the original context times the factor."""
-        return int(round(self.orig_ctx * self.factor))
+        return round(self.orig_ctx * self.factor)
 
     def corr_dims(self, n_dims: int) -> tuple[float, float]:
         """ggml_rope_yarn_corr_dims: the pairs between which YaRN's ramp falls from 1 to 0."""
