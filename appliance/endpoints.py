@@ -13,20 +13,32 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
-    """`HOST:PORT,HOST:PORT` (an IPv6 host in brackets) into endpoints; ValueError with the bad one."""
+    """`HOST:PORT,HOST:PORT` into endpoints; ValueError with the bad one. IPv4 addresses and names
+    only: llama.cpp's RPC client splits at the first colon and resolves with gethostbyname."""
     out = []
     for item in (s.strip() for s in text.split(",")):
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"--rpc: {item!r} is not HOST:PORT")
-        out.append(Endpoint(host.strip("[]"), int(port)))
+        if ":" in host or "[" in host:
+            raise ValueError(f"--rpc: {item!r}: llama.cpp's RPC backend speaks IPv4 only")
+        out.append(Endpoint(host, int(port)))
     if len(set(out)) != len(out):
         raise ValueError("--rpc: a worker is named twice")
     return tuple(out)
+
+
+def is_ipv4(host: str) -> bool:
+    """A dotted IPv4 address: all llama.cpp's RPC server binds (inet_addr; no names)."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(host: str) -> bool:

@@ -38,11 +38,13 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .endpoints import Endpoint, is_loopback
+    from .endpoints import Endpoint, is_ipv4, is_loopback
     from .engine.runners import ggml_devices, ggml_rpc
 
     if not 0 < args.port < 65536:
         return _refuse(f"--port {args.port} is not a port")
+    if not is_ipv4(args.host):
+        return _refuse(f"--host {args.host}: llama.cpp's RPC server binds a dotted IPv4 address only")
     if not args.allow_remote and not is_loopback(args.host):
         return _refuse(f"--host {args.host} is not a loopback address: the RPC protocol has no "
                        "authentication; pass --allow-remote to bind it on a private link")

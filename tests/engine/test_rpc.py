@@ -25,7 +25,8 @@ from appliance.engine.runners import ggml_rpc
 
 def test_endpoints_are_parsed_and_bad_ones_named():
     assert parse_endpoints("127.0.0.1:50052, box2:7000") == (Endpoint("127.0.0.1", 50052), Endpoint("box2", 7000))
-    assert str(parse_endpoints("[::1]:9")[0]) == "[::1]:9"
+    with pytest.raises(ValueError, match="IPv4 only"):
+        parse_endpoints("[::1]:9")
     for bad in ("box", "box:", ":1", "box:0", "box:99999", "a:1,a:1"):
         with pytest.raises(ValueError, match="--rpc"):
             parse_endpoints(bad)
@@ -47,6 +48,8 @@ def test_serve_takes_one_worker_for_now():
 def test_the_worker_refuses_a_public_address_without_the_flag(capsys):
     assert main(["worker", "--host", "0.0.0.0"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
+    assert main(["worker", "--host", "localhost"]) == 2     # llama.cpp's server binds IPv4 addresses only
+    assert "IPv4" in capsys.readouterr().err
 
 
 def test_the_worker_help_says_the_protocol_has_no_authentication(capsys):
