@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
                         "the first match wins (llama-server's -ot)")
     p.add_argument("--host", metavar="SNAPSHOT.json",
                    help="plan for the host of this `appliance hostcheck --json` (default: this host)")
+    p.add_argument("--rpc", metavar="HOST:PORT",
+                   help="plan with this `appliance worker`'s device as GPU0, its memory asked over llama.cpp's "
+                        "RPC protocol, as `serve --rpc` places layers (needs the RPC build; one worker)")
     p.add_argument("--json", action="store_true", help="print the placement as JSON")
     p.set_defaults(func=run)
 
@@ -126,6 +129,23 @@ def host_devices(path: str | None) -> list[Device]:
         raise BadInput(f"--host {path}: not a hostcheck snapshot it can read: {e}") from None
 
 
+def _add_worker(args: argparse.Namespace) -> None:
+    """Register the worker's device in llama.cpp's registry, as serve does before it places."""
+    from ..endpoints import parse_endpoints
+
+    if args.host is not None:
+        raise BadInput("--rpc plans for this host: give it without --host")
+    try:
+        from ..engine.runners import ggml_rpc
+
+        endpoints = parse_endpoints(args.rpc)
+        if len(endpoints) != 1:
+            raise BadInput("--rpc takes one worker for now (no multi-device split yet)")
+        ggml_rpc.add_servers(endpoints)
+    except (ValueError, RuntimeError) as e:     # a bad address, no RPC build, no answer
+        raise BadInput(str(e)) from None
+
+
 def _local_llama():
     """The installed llama.cpp's devices (hostcheck.advice.LlamaBuild), or None without one."""
     try:
@@ -152,7 +172,11 @@ def _model(args: argparse.Namespace) -> ModelFacts:
 def run(args: argparse.Namespace) -> int:
     try:
         m = _model(args)
+        if args.rpc:
+            _add_worker(args)
         devices = host_devices(args.host)
+        if args.rpc and not any("RPC0" in d.how for d in devices):
+            raise BadInput("--rpc beside a local GPU: the split over several devices is not planned yet")
         args.n_ctx, how = context(args, m)
         req = _request(args, m, devices)
     except BadInput as e:

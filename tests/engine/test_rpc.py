@@ -184,3 +184,23 @@ def test_the_server_names_the_worker_and_survives_losing_it(worker, tmp_path):
         said = wait_until(lambda: ep in requests.get(srv.url + "/health", timeout=5).json().get("reason", ""),
                           timeout=30)
         assert said and srv.proc.poll() is None
+
+
+def test_fit_rpc_refuses_what_it_cannot_plan(capsys):
+    assert main(["fit", "--rpc", "127.0.0.1:1", "--host", "snap.json"]) == 2
+    assert "without --host" in capsys.readouterr().err
+    assert main(["fit", "--rpc", "a:1,b:2"]) == 2
+    assert "one worker" in capsys.readouterr().err
+    assert main(["fit", "--rpc", "127.0.0.1:1"]) == 2    # no RPC build, or no worker there: said which
+    assert ("-DGGML_RPC=on" if WHY else "127.0.0.1:1 does not answer") in capsys.readouterr().err
+
+
+@pytest.mark.rpc
+@needs_rpc
+def test_fit_rpc_plans_the_workers_device_as_serve_places_it(worker):
+    ep, proc = worker()
+    done = subprocess.run([sys.executable, "-m", "appliance", "fit", "--rpc", ep, "--n-gpu-layers", "15", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads(done.stdout)
+    assert plan["n_gpu_layers"] == 15 and sum(plan["devices"]["GPU0"]["weights"].values()) > 0

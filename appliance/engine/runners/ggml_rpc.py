@@ -87,9 +87,9 @@ def check_reachable(endpoint: Endpoint, timeout_s: float = 3.0) -> None:
 def add_servers(endpoints: tuple[Endpoint, ...]) -> None:
     """Register each worker's devices in ggml's registry (before a model loads: llama.cpp places
     layers on every registered device). Each worker is checked reachable first."""
+    add = _proc("ggml_backend_rpc_add_server", _ADD_SERVER)
     for ep in endpoints:
         check_reachable(ep)
-    add = _proc("ggml_backend_rpc_add_server", _ADD_SERVER)
     reg, _ = libs()
     reg.ggml_backend_register.argtypes = [ctypes.c_void_p]
     reg.ggml_backend_register.restype = None
