@@ -17,14 +17,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from .. import __version__
 from ..config import EngineConfig
 from ..errors import ModelLoadError
+from ..fit.gguf_header import read_header
 from ..models import resolve
+from ..rope import ModelRope
 from . import plan as plan_mod
 from .cache.disk import WRITE_QUEUE_BYTES, DiskTier
 from .cache.invariance import CANDIDATES, ChunkInvariance, check_chunk_invariance, probe_prompt
@@ -249,13 +253,35 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     return Speculator(policy, drafter)
 
 
+ROPE_FIELDS = ("rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx",
+               "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow")
+
+
+def draft_rope(path: Path, n_ctx: int) -> dict[str, object]:
+    """The draft model's rotation: its own GGUF's (the RoPE flags are the served model's), and
+    YaRN to the served context where that is past what it was trained for and it declares no
+    scaling of its own; its drafts are verified, so a draft past its training costs only
+    acceptance, never output."""
+    flags: dict[str, object] = dict.fromkeys(ROPE_FIELDS)
+    if path.is_dir():      # a checkpoint: its config's rope_scaling, read by the torch runner
+        return flags
+    meta, _ = read_header(path)
+    model = ModelRope.from_meta(meta.get, str(meta.get("general.architecture", "")))
+    if model.n_ctx_train and n_ctx > model.n_ctx_train and not model.scaled:
+        flags.update(rope_scaling="yarn", rope_scale=math.ceil(n_ctx / model.n_ctx_train))
+        log.info("draft model %s: trained for %d positions, drafting at %d with YaRN x%d",
+                 path.name, model.n_ctx_train, n_ctx, flags["rope_scale"])
+    return flags
+
+
 def load_draft(cfg: EngineConfig, target: ModelRunner, cost: CostModel, prompt: Sequence[int]) -> DraftModel:
     """Load --draft-model with the target's slots and context, check that it shares the
     vocabulary, and measure what its forwards cost against the target's and how often its
     argmax agrees with the target's (the acceptance prior)."""
     ref = resolve(None if cfg.draft_model == "embedded" else cfg.draft_model)
     dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=target.info.n_ctx,
-                               expert_cache="auto", expert_compute="auto")   # the served model's
+                               expert_cache="auto", expert_compute="auto",   # the served model's
+                               **draft_rope(ref.path, target.info.n_ctx))
     runner = make_runner(dcfg, ref.path, ref.alias)
     try:
         check_vocab(runner, target, str(ref.path))

@@ -210,3 +210,15 @@ def test_a_yarn_checkpoint_is_read_as_llama_cpp_s_converter_writes_it(tmp_path):
         "llama.rope.scaling.original_context_length": TRAINED}
     n_ctx, args = ModelArgs.from_gguf(w).served(EngineConfig(n_ctx=SERVED), tmp_path)
     assert n_ctx == SERVED and (args.rope.kind, args.rope.factor, args.rope.orig_ctx) == ("yarn", 8.0, TRAINED)
+
+
+def test_a_draft_model_takes_its_own_rotation_and_yarn_past_its_training(tmp_path):
+    """The RoPE flags are the served model's; a draft model trained for fewer positions than
+    the served context drafts there with YaRN (its drafts are verified) instead of refusing."""
+    from appliance.engine.startup import ROPE_FIELDS, draft_rope
+
+    short = write_tiny(tmp_path / "short.gguf", "llama", n_ctx=512)
+    assert draft_rope(short, 512) == dict.fromkeys(ROPE_FIELDS)
+    assert draft_rope(short, 2048) == {**dict.fromkeys(ROPE_FIELDS), "rope_scaling": "yarn", "rope_scale": 4}
+    own = write_tiny(tmp_path / "own.gguf", "llama", n_ctx=512, rope_scaling=("yarn", 8.0))
+    assert draft_rope(own, 2048) == dict.fromkeys(ROPE_FIELDS)   # its GGUF's own scaling reaches it
