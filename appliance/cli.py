@@ -48,9 +48,14 @@ def _check_context(cfg: config.EngineConfig, path) -> None:
     from .fit.gguf_header import read_header
     from .rope import AUTO_N_CTX, ModelRope, served
 
+    try:
+        meta, _ = read_header(path)
+    except (ValueError, OSError) as e:   # not a GGUF it can read: the load refuses it, naming
+        if cfg.n_ctx == AUTO_N_CTX:      # the file with llama.cpp's own reason
+            raise ValueError(f"--n-ctx auto cannot size a file that is not a readable GGUF ({e})") from None
+        return
     if cfg.n_ctx == AUTO_N_CTX:    # the catalog resolves it the same way (cached) and logs it
         cfg = dataclasses.replace(cfg, n_ctx=auto_n_ctx(cfg, path)[0])
-    meta, _ = read_header(path)
     served(cfg, ModelRope.from_meta(meta.get, str(meta.get("general.architecture", ""))))
 
 

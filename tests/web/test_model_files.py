@@ -111,3 +111,13 @@ def test_non_gguf_suffix_makes_serve_exit(tmp_path, tiny):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert str(path) in out and "only GGUF files" in out, out
+
+
+def test_n_ctx_auto_on_an_unreadable_file_is_refused_with_the_reason(tmp_path):
+    path = tmp_path / "random.gguf"
+    write_garbage(path, "random")
+    proc = subprocess.run([sys.executable, "-m", "appliance", "serve", "--model", str(path), "--n-ctx", "auto",
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=FAIL_TIMEOUT_S,
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--n-ctx auto cannot size a file that is not a readable GGUF (no GGUF magic" in proc.stderr
