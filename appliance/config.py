@@ -111,6 +111,8 @@ class EngineConfig:
                          "and refuse to start if it cannot), off; a request's \"speculate\" wins")
     draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens greedily for "
                                   "the served model to verify ('embedded': the embedded model)")
+    mmproj: str | None = opt(None, "vision projector GGUF (mmproj) loaded beside the model by llama.cpp's mtmd")
+    mmproj_offload: bool = opt(True, "the projector on the GPU when there is one (--no-mmproj-offload: on the CPU)")
     draft_engine: str | None = opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
     embedding_model: str | None = opt(None, "an embedding GGUF served beside the chat models for /v1/embeddings "
                                       "and Ollama's /api/embed, named by its file name (a request naming no "
@@ -259,8 +261,7 @@ class ServerConfig:
                              "waits for its first token (queued, prefilling, or its model loading); 0 = off")
     library: str | None = opt(None, "the model library's directory, where `appliance pull` puts models "
                               "(default: $XDG_DATA_HOME/appliance/models)")
-    models_dir: str = opt("", "comma-separated directories whose GGUF models are served too (without "
-                          "--model)")
+    models_dir: str = opt("", "comma-separated directories whose GGUF models are served too (without --model)")
     default_model: str | None = opt(None, "the model a request without 'model' gets, loaded at start "
                                     "(default: the embedded model)")
     default_model_fallback: bool = opt(False, "with several models served, a request for a name no model "
@@ -319,8 +320,7 @@ class ServerConfig:
 class StoreConfig:
     """Where bench and sweep keep their results."""
 
-    db_path: str | None = opt(None, "SQLite file for benchmark results "
-                              "(default: $XDG_DATA_HOME/appliance/results.db)")
+    db_path: str | None = opt(None, "SQLite file for benchmark results (default: $XDG_DATA_HOME/appliance/results.db)")
 
     def resolved_db_path(self, env: Mapping[str, str] | None = None) -> Path:
         """The configured file, or results.db in the appliance's XDG data directory."""

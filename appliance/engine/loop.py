@@ -17,6 +17,7 @@ An embedding model's engine has no scheduler: it embeds, tokenizes and refuses t
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from multiprocessing.connection import Connection
@@ -63,6 +64,8 @@ class EngineLoop:
             if self.scheduler is None:
                 raise InvalidRequest(f"the model {self.info.model_name} is an embedding model: it answers "
                                      "embeddings, not chat or completions", param="model")
+            if req.images:   # placeholder ids are no tokens to look up or draft from
+                req = dataclasses.replace(req, speculate="off")
             got = self.prompts.prepare(req)
             self.scheduler.submit(req, got.ids, got.matcher, got.parser, got.more)
         except Exception as e:

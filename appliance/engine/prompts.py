@@ -67,6 +67,8 @@ class PromptBuilder:
     def prompt_ids(self, req: Request) -> tuple[list[int], str]:
         """The prompt's tokens, and its text (empty when the client sent token ids)."""
         if req.prompt_ids is not None:
+            if req.images:
+                raise InvalidRequest("images go with a prompt's text, not with token ids", param="prompt")
             self.check_ids(req.prompt_ids, "prompt")
             return list(req.prompt_ids), ""
         if req.messages is not None:
@@ -81,11 +83,24 @@ class PromptBuilder:
                 text = continued(text, messages[-1].content or "", self.template, messages, kwargs)
         else:
             text = req.prompt or ""
-        ids = self.runner.tokenize(text, add_special=True, parse_special=True)
+        if req.images:
+            ids = self._with_images(text, req)
+        else:
+            ids = self.runner.tokenize(text, add_special=True, parse_special=True)
         bos = self.info.bos_id
         if len(ids) > 1 and bos is not None and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]  # the template wrote a BOS and the tokenizer added one
         return ids, text
+
+    def _with_images(self, text: str, req: Request) -> list[int]:
+        """Text tokens and each image's rows (runners/vision.py), or the refusal of a model
+        that takes no images."""
+        projector = getattr(self.runner, "projector", None)
+        if projector is None:
+            raise InvalidRequest(f"the model {self.info.model_name} does not take images: it is served without "
+                                 "a vision projector (serve it with --mmproj FILE)",
+                                 param="messages" if req.messages is not None else "prompt")
+        return projector.tokenize(text, req.images)
 
     def check_ids(self, ids: Sequence[int], param: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.info.n_vocab]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
+IMAGE_MARKER = "<__media__>"    # where an image goes in a prompt's text (llama-server's marker)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,21 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """A picture for a model with a projector, decoded by the server (web/images.py): RGB
+    bytes, row-major, `width` x `height` x 3. `digest` (sha256 of size and pixels) is its
+    content's name: the prompt cache knows a picture by it."""
+
+    digest: str
+    width: int
+    height: int
+    rgb: bytes
+
+
+@dataclass(frozen=True)
 class Request:
     """Exactly one of `messages` (chat), `prompt` (text) or `prompt_ids` (tokens) is set.
+    `images`, in order, go where the rendered prompt's text has IMAGE_MARKER, one each.
 
     The engine renders the chat template and tokenizes: the server never does.
     """
@@ -108,6 +122,7 @@ class Request:
     cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
     speculate: str | None = None    # "off" | "lookup" | "draft"; None: the engine's default
     n: int = 1                      # choices: parallel sequences sharing the prompt's one prefill
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True)

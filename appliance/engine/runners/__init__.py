@@ -12,6 +12,8 @@ def make_runner(cfg: EngineConfig, model_path: Path, alias: str, defer_kernels: 
     """The runner `--engine` names; each imports its backend only when chosen. defer_kernels:
     the torch runner may start on torch ops while its CPU kernels first build (TorchRunner.upgrade)."""
     if cfg.engine == "torch":
+        if cfg.mmproj is not None:
+            raise ModelLoadError("--mmproj: images are served by the llama.cpp runner only (--engine llamacpp)")
         try:
             from .torch.runner import TorchRunner
         except ImportError as e:

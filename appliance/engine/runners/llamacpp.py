@@ -30,6 +30,7 @@ from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from ...rope import ModelRope, RopeScaling, served
 from .base import RunnerInfo, Span
+from .vision import Projector
 from .placement import GGML_KV_TYPES, place_model
 from .vocab import TextMethods, Vocab, captured_log, init_backend, load_model, meta
 
@@ -101,6 +102,7 @@ class LlamaCppRunner(TextMethods):
         self.mem = L.llama_get_memory(self.ctx)
         self.n_batch = s.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
+        self.projector = self._projector(cfg, s)
         n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
         self.info = RunnerInfo(
             backend="llama.cpp", model_path=str(model_path), model_name=model_name,
@@ -113,6 +115,19 @@ class LlamaCppRunner(TextMethods):
             fingerprint=file_fingerprint(model_path),
             placement=self.placed.summary(),
         )
+        if self.projector is not None:
+            self.info.settings["mmproj"] = self.projector.describe()
+
+    def _projector(self, cfg: EngineConfig, s: LlamaCppSettings) -> Projector | None:
+        """--mmproj's projector beside the model (vision.py): images in a prompt."""
+        if cfg.mmproj is None:
+            return None
+        try:
+            return Projector(Path(cfg.mmproj), self.model, n_threads=s.n_threads, use_gpu=cfg.mmproj_offload,
+                             flash_attn=s.flash_attn, n_batch=self.n_batch)
+        except ModelLoadError:
+            self.close()
+            raise
 
     def _context(self, cfg: EngineConfig, model_path: Path, s: LlamaCppSettings) -> None:
         """The llama context: one KV stream per slot, the batch shapes, threads, KV type."""
@@ -148,18 +163,26 @@ class LlamaCppRunner(TextMethods):
         return "|".join([self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={self.kv_type}",
                          f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
-                         f"n_threads_batch={s.n_threads_batch}", self.rope.identity(), self.placed.identity()])
+                         f"n_threads_batch={s.n_threads_batch}", self.rope.identity(), self.placed.identity(),
+                         *([f"mmproj={self.projector.fingerprint}"] if self.projector else [])])
 
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(spans)
-        singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1]
+        singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1 and s.tokens[0] >= 0]
         if singles:
             self._decode([spans[i] for i in singles], [out, singles])
         for i, s in enumerate(spans):
-            if len(s.tokens) > 1:
+            if self.projector is not None and min(s.tokens) < 0:   # image rows: vision.py
+                out[i] = self.projector.forward(self.ctx, s, self._decoded)
+            elif len(s.tokens) > 1:
                 self._decode([s], [out, [i]])
         return out  # type: ignore[return-value]
+
+    def _decoded(self, span: Span) -> np.ndarray:
+        got: list[np.ndarray | None] = [None]
+        self._decode([span], [got, [0]])
+        return got[0]  # type: ignore[return-value]
 
     def _decode(self, spans: Sequence[Span], sink: list) -> None:
         """One llama_decode per n_batch tokens; logits rows copied out before the next call."""
@@ -234,6 +257,9 @@ class LlamaCppRunner(TextMethods):
             raise EngineFailure(f"llama.cpp refused a saved state of {len(blob)} bytes for slot {slot}")
 
     def close(self) -> None:
+        if getattr(self, "projector", None) is not None:
+            self.projector.close()
+            self.projector = None
         if getattr(self, "ctx", None):
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)

@@ -10,7 +10,7 @@ import ctypes
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import llama_cpp as L
 
@@ -63,8 +63,13 @@ def captured_log() -> Iterator[LoadLog]:
         _captured = None
 
 
+def log_to_python(set_log: Callable[..., None]) -> None:
+    """Route a llama.cpp library's log (llama's, mtmd's) through this module's logger."""
+    set_log(_log_callback, ctypes.c_void_p(0))
+
+
 def init_backend() -> None:
-    L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    log_to_python(L.llama_log_set)
     L.llama_backend_init()
 
 

@@ -1,0 +1,106 @@
+"""Images through llama.cpp's mtmd in the llama.cpp runner (runners/vision.py), on a tiny
+random projector written at test time beside a tiny text model of the same width
+(mmproj_fixture.py): the projector loads, a picture becomes rows of the prompt with content-
+derived placeholder ids, and those rows reach the model as embeddings (the logits depend on the
+picture, are the same for the same picture, and do not depend on where a prefill is cut)."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from appliance.config import EngineConfig
+from appliance.engine.prompts import PromptBuilder
+from appliance.engine.runners import make_runner
+from appliance.engine.runners.base import Span
+from appliance.engine.runners.vision import image_ids, image_row
+from appliance.engine.types import IMAGE_MARKER, ChatMessage, ImageInput, Request
+from appliance.errors import InvalidRequest, ModelLoadError
+
+from .gguf_fixtures import write_tiny
+from .mmproj_fixture import N_IMAGE_TOKENS, write_mmproj, write_vision_pair
+
+
+def rgb_image(seed: int, size: tuple[int, int] = (48, 40)) -> ImageInput:
+    w, h = size
+    px = (np.random.default_rng(seed).random((h, w, 3)) * 255).astype(np.uint8).tobytes()
+    return ImageInput(hashlib.sha256(f"{w}x{h}".encode() + px).hexdigest(), w, h, px)
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory):
+    model, mmproj = write_vision_pair(tmp_path_factory.mktemp("vision"))
+    r = make_runner(EngineConfig(n_slots=2, n_ctx=256, mmproj=str(mmproj)), model, "tiny-vision")
+    yield r, PromptBuilder(r, r.info)
+    r.close()
+
+
+def ask(images: tuple[ImageInput, ...], text: str = "What is in the picture?") -> Request:
+    content = "".join(IMAGE_MARKER for _ in images) + text
+    return Request(id="r", messages=(ChatMessage("user", content),), images=images)
+
+
+def logits_of(r, ids: list[int], cut: int | None = None, slot: int = 0) -> np.ndarray:
+    r.truncate(slot, 0)
+    if cut is None:
+        return r.forward([Span(slot, tuple(ids), 0, 1)])[0][-1]
+    r.forward([Span(slot, tuple(ids[:cut]), 0, 1)])
+    return r.forward([Span(slot, tuple(ids[cut:]), cut, 1)])[0][-1]
+
+
+def test_projector_loads_and_health_says_so(vision):
+    r, _ = vision
+    assert r.info.settings["mmproj"]["vision"] is True
+    assert "mmproj=" in r.kv_fingerprint()
+
+
+def test_an_image_is_its_rows_with_content_ids(vision):
+    r, prompts = vision
+    a = rgb_image(1)
+    ids = prompts.prepare(ask((a,))).ids
+    text_only = prompts.prepare(Request(id="t", messages=(ChatMessage("user", "What is in the picture?"),))).ids
+    rows = [t for t in ids if t < 0]
+    assert rows == image_ids(a.digest, N_IMAGE_TOKENS)
+    assert len(ids) == len(text_only) + N_IMAGE_TOKENS
+    assert [image_row(t)[1] for t in rows] == list(range(N_IMAGE_TOKENS))
+
+
+def test_the_image_shapes_the_logits(vision):
+    r, prompts = vision
+    first = logits_of(r, prompts.prepare(ask((rgb_image(1),))).ids)
+    again = logits_of(r, prompts.prepare(ask((rgb_image(1),))).ids)
+    other = logits_of(r, prompts.prepare(ask((rgb_image(2),))).ids)
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first - other).max() > 0.1
+
+
+def test_a_prefill_cut_inside_the_image_gives_the_same_logits(vision):
+    r, prompts = vision
+    ids = prompts.prepare(ask((rgb_image(3), rgb_image(4)))).ids
+    whole = logits_of(r, ids)
+    inside = ids.index(next(t for t in ids if t < 0)) + 5
+    np.testing.assert_allclose(logits_of(r, ids, cut=inside, slot=1), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_markers_and_images_must_agree(vision):
+    _, prompts = vision
+    with pytest.raises(InvalidRequest, match="2 image markers"):
+        prompts.prepare(Request(id="x", messages=(ChatMessage("user", IMAGE_MARKER * 2),), images=(rgb_image(1),)))
+
+
+def test_a_text_only_model_refuses_images(tmp_path):
+    model = write_tiny(tmp_path / "text.gguf", "llama", n_ctx=256)
+    r = make_runner(EngineConfig(n_slots=1, n_ctx=256), model, "text")
+    try:
+        with pytest.raises(InvalidRequest, match="does not take images"):
+            PromptBuilder(r, r.info).prepare(ask((rgb_image(1),)))
+    finally:
+        r.close()
+
+
+def test_a_projector_of_another_width_is_refused_with_the_reason(tmp_path):
+    model = write_tiny(tmp_path / "m.gguf", "llama", n_ctx=256)
+    mmproj = write_mmproj(tmp_path / "mmproj.gguf", n_embd_text=96)
+    with pytest.raises(ModelLoadError, match="mmproj"):
+        make_runner(EngineConfig(n_slots=1, n_ctx=256, mmproj=str(mmproj)), model, "m")
