@@ -107,8 +107,8 @@ class EngineConfig:
                            "directory, when present); 'off' to use the fixed defaults")
     speculate: str = opt("auto", "speculative decoding: auto (on where the runner proves at start that "
                          "a k-token verify equals k one-token steps bit for bit, else off; drafts from "
-                         "--draft-model when given, else by prompt lookup), lookup or draft (that kind, "
-                         "and refuse to start if it cannot), off; a request's \"speculate\" wins")
+                         "--draft-model, else the GGUF's own MTP head, else prompt lookup), lookup, draft "
+                         "or mtp (that kind, or refuse to start), off; a request's \"speculate\" wins")
     draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens greedily for "
                                   "the served model to verify ('embedded': the embedded model)")
     mmproj: str | None = opt(None, "vision projector GGUF (mmproj) loaded beside the model by llama.cpp's mtmd")
@@ -161,7 +161,7 @@ class EngineConfig:
         _require(self.engine == "torch" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
                  "--expert-cache and --expert-compute apply to the torch runner (llama.cpp: --n-cpu-moe, "
                  "--override-tensor)")
-        _require(self.speculate in ("auto", "lookup", "draft", "off"), "speculate must be auto, lookup, draft or off")
+        _require(self.speculate in ("auto", "lookup", "draft", "mtp", "off"), "speculate must be auto, lookup, draft, mtp or off")
         _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
         _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")
         _require(self.n_slots >= 1, "n_slots must be at least 1")

@@ -125,7 +125,7 @@ def sweep_plan(ctx: Context, sizes: Sequence[int], n_gen: int, runs: int, cache:
 
 # -- bench -----------------------------------------------------------------------------------
 
-SUPPORTED_MODES = ("serial", "lookup", "draft")
+SUPPORTED_MODES = ("serial", "lookup", "draft", "mtp")
 
 
 def bench_plan(ctx: Context, o: BenchOptions) -> list[Step]:

@@ -43,6 +43,7 @@ from .runners.base import ModelRunner, RunnerInfo, Span
 from .sched.scheduler import Scheduler
 from .spec import CostModel, DraftCost, Exactness, Speculator, decide, probe
 from .spec.draft import SAMPLE, DraftModel, check_vocab
+from .spec.mtp import MtpDrafter
 from .types import Event
 
 log = logging.getLogger("appliance.engine")
@@ -228,6 +229,9 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     forward of m rows costs, load the draft model if one is named, and decide (spec.decide)."""
     if cfg.speculate == "off":
         return Speculator()
+    no_mtp = mtp_refusal(runner)
+    if cfg.speculate == "mtp" and no_mtp is not None:
+        raise ModelLoadError(f"--speculate mtp: {no_mtp}")
     ids = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
     memo = ProbeMemo(cfg.probe_cache, runner)
     exactness = None
@@ -244,9 +248,13 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
                     lambda: probe.measure_costs(runner, 0, prompt), CostModel)
         if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
             drafter = load_draft(cfg, runner, cost, prompt)
+            no_mtp = no_mtp or "this server drafts with its --draft-model (MTP drafts without one)"
+        elif no_mtp is None and cfg.speculate in ("auto", "mtp"):
+            drafter = load_mtp(runner, cost, prompt)
     try:
         policy = decide(cfg.speculate, cfg.speculate_inexact, exactness, cost,
-                        drafter.cost if drafter is not None else None)
+                        drafter.cost if drafter is not None else None,
+                        getattr(drafter, "mode", "draft"), no_mtp or "MTP drafting is not loaded")
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     log.info("speculation: %s (%s); verify cost by rows %s", policy.default, policy.reason, policy.cost.as_dict())
@@ -298,10 +306,31 @@ def load_draft(cfg: EngineConfig, target: ModelRunner, cost: CostModel, prompt: 
     return drafter
 
 
+def mtp_refusal(runner: ModelRunner) -> str | None:
+    """Why this runner cannot draft with the model's own MTP head (None: it can)."""
+    if not hasattr(runner, "mtp_refusal"):
+        return (f"the {runner.info.backend} runner has no MTP head; MTP drafting runs on llama.cpp "
+                "(--engine llamacpp)")
+    return runner.mtp_refusal
+
+
+def load_mtp(runner: ModelRunner, cost: CostModel, prompt: Sequence[int]) -> MtpDrafter:
+    """The model's own MTP head as the drafter: how often its argmax agrees with the target's
+    (the acceptance prior) and what its forwards cost against the target's, measured."""
+    drafter = MtpDrafter(runner)
+    prior = drafter.agreement(0, runner.tokenize(SAMPLE, add_special=True))
+    drafter.cost = dataclasses.replace(drafter.measure(0, prompt, cost.unit_s), prior=prior)
+    log.info("MTP head (%s): one forward %.2f of the target's, argmax agreement %.0f%%",
+             runner.info.arch, drafter.cost.unit, 100 * prior)
+    return drafter
+
+
 def _speculation_report(spec: Speculator) -> dict:
-    """/health's settings.speculation: the policy, and the draft model when there is one."""
+    """/health's settings.speculation: the policy, and the draft model or MTP head when there is one."""
     report = spec.policy.as_dict()
-    if spec.drafter is not None:
+    if spec.model_mode == "mtp" and spec.drafter is not None:
+        report["mtp"] = {"arch": spec.drafter.runner.info.arch, "n_embd": spec.drafter.head.n_embd}
+    elif spec.drafter is not None:
         d = spec.drafter.runner.info
         report["draft_model"] = {"path": d.model_path, "name": d.model_name, "backend": d.backend,
                                  "arch": d.arch, "settings": d.settings}

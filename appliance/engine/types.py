@@ -120,7 +120,7 @@ class Request:
     parallel_tool_calls: bool = True
     cache_prompt: bool = True       # may reuse a cached prefix (llama-server's option name)
     cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
-    speculate: str | None = None    # "off" | "lookup" | "draft"; None: the engine's default
+    speculate: str | None = None    # "off" | "lookup" | "draft" | "mtp"; None: the engine's default
     n: int = 1                      # choices: parallel sequences sharing the prompt's one prefill
     images: tuple[ImageInput, ...] = ()
 
@@ -155,7 +155,7 @@ class Timings:
     tokens_per_step: float = 1.0
     draft_n: int = 0              # drafted tokens verified (llama-server's names)
     draft_n_accepted: int = 0     # ... of which accepted
-    speculation: str = "off"      # off | lookup | lookup-inexact (the runner is not proven exact)
+    speculation: str = "off"      # off | lookup | draft | mtp, "-inexact" appended where the runner is not proven exact
     cache_reuse: str = "exact"    # exact (what was reused gives the cold answer) | inexact (--prompt-cache fast)
     expert_hit_rate: float | None = None   # share of its routed experts the expert cache held (None: no cache)
 

@@ -75,7 +75,7 @@ def test_every_scalar_of_the_openapi_schema_is_declared(where, table, props, par
 
 def test_openapi_speculate_takes_every_mode_wire_takes():
     for path in ("/v1/chat/completions", "/v1/completions"):
-        assert _body(path)["speculate"]["enum"] == ["off", "lookup", "draft"]
+        assert _body(path)["speculate"]["enum"] == ["off", "lookup", "draft", "mtp"]
         assert _body(path)["max_tokens"]["maximum"] == N_CTX
 
 

@@ -29,6 +29,7 @@ from ...errors import EngineFailure, ModelLoadError
 from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from ...rope import ModelRope, RopeScaling, served
+from . import llamacpp_mtp
 from .base import RunnerInfo, Span
 from .vision import Projector
 from .placement import GGML_KV_TYPES, place_model
@@ -87,10 +88,13 @@ class LlamaCppRunner(TextMethods):
         self.placed = place_model(cfg, model_path, s.flash_attn)   # refuses an impossible placement first
         with captured_log() as said:
             try:
-                self.model = load_model(model_path, params=self.placed.model_params(cfg.main_gpu))
+                mp = self.placed.model_params(cfg.main_gpu)
+                mp.load_mtp = cfg.speculate in ("auto", "mtp")   # next-n layers, where the GGUF has them
+                self.model = load_model(model_path, params=mp)
                 # read before the context: llama.cpp rewrites n_ctx_train for a custom YaRN scale
                 n_ctx_train = L.llama_model_n_ctx_train(self.model)
-                self._context(cfg, model_path, s)
+                cp = self._context(cfg, model_path, s)
+                self._mtp_head(cfg, cp, s.n_batch)
             except ModelLoadError as e:      # with llama.cpp's reason: a buffer a device did not give
                 raise ModelLoadError(e.message + said.why()) from None
         self.placed.record_allocations(said.lines)
@@ -111,7 +115,8 @@ class LlamaCppRunner(TextMethods):
             **self.text.facts(),
             kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
             settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__,
-                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train)},
+                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train),
+                      "mtp": self.nextn is not None},
             fingerprint=file_fingerprint(model_path),
             placement=self.placed.summary(),
         )
@@ -129,7 +134,7 @@ class LlamaCppRunner(TextMethods):
             self.close()
             raise
 
-    def _context(self, cfg: EngineConfig, model_path: Path, s: LlamaCppSettings) -> None:
+    def _context(self, cfg: EngineConfig, model_path: Path, s: LlamaCppSettings) -> L.llama_context_params:
         """The llama context: one KV stream per slot, the batch shapes, threads, KV type."""
         arch = meta(self.model, "general.architecture") or ""
         try:
@@ -153,6 +158,20 @@ class LlamaCppRunner(TextMethods):
             L.llama_model_free(self.model)
             raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of "
                                  f"{cfg.n_slots} x {n_ctx} positions")
+        return cp
+
+    def _mtp_head(self, cfg: EngineConfig, cp: L.llama_context_params, n_batch: int) -> None:
+        """The model's own next-n head in an MTP context beside the target's, where the GGUF
+        has one llama.cpp can run and speculation may use it; the target then keeps the trunk's
+        hidden row of every token (`hidden`, after each forward). `mtp_refusal` says why not."""
+        self.nextn: llamacpp_mtp.NextnHead | None = None
+        self.hidden: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        arch = meta(self.model, "general.architecture") or "unknown"
+        self.mtp_refusal = (llamacpp_mtp.why_not(arch, L.llama_model_n_layer_nextn(self.model))
+                            if cfg.speculate in ("auto", "mtp") else "speculation is off (--speculate off)")
+        if self.mtp_refusal is None:
+            self.nextn = llamacpp_mtp.NextnHead(self.model, cp, n_batch)
+            llamacpp_mtp.keep_target_rows(self.ctx)
 
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV type,
@@ -169,6 +188,8 @@ class LlamaCppRunner(TextMethods):
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(spans)
+        if self.nextn is not None:
+            self.hidden = []
         singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1 and s.tokens[0] >= 0]
         if singles:
             self._decode([spans[i] for i in singles], [out, singles])
@@ -218,6 +239,11 @@ class LlamaCppRunner(TextMethods):
         rc = L.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise EngineFailure(f"llama_decode failed with code {rc} on a batch of {n} tokens")
+        if self.nextn is not None:   # (slots, positions, tokens, trunk rows) of every batch row
+            b = self.batch
+            self.hidden.append((np.array([b.seq_id[i][0] for i in range(n)]), np.ctypeslib.as_array(b.pos, (n,)).copy(),
+                                np.ctypeslib.as_array(b.token, (n,)).copy(),
+                                llamacpp_mtp.target_rows(self.ctx, n, self.nextn.n_embd)))
         return [(k, np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, r),
                                           shape=(self.n_vocab,)).copy()) for k, r in rows]
 
@@ -261,6 +287,8 @@ class LlamaCppRunner(TextMethods):
             self.projector.close()
             self.projector = None
         if getattr(self, "ctx", None):
+            if self.nextn is not None:
+                self.nextn.close()
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             L.llama_model_free(self.model)

@@ -197,7 +197,8 @@ class Scheduler:
             act.t_prefill = act.t_prefill or t0
         t_fwd = time.perf_counter()
         logits = self.runner.forward(plan.spans)
-        self.spec.after_forward(time.perf_counter() - t_fwd, plan.rows, all(plan.decoding), plan.prefilled())
+        self.spec.after_forward(time.perf_counter() - t_fwd, plan.rows, all(plan.decoding),
+                                plan.prefilled(self.spec.model_mode))
         sampled = []
         for act, span, rows, dec in zip(plan.owners, plan.spans, logits, plan.decoding):
             if dec:

@@ -70,14 +70,47 @@ def check_vocab(draft: ModelRunner, target: ModelRunner, name: str) -> None:
                                  "served model; a draft model must share the served model's tokenizer")
 
 
-class DraftModel:
+class ModelDrafter:
+    """What a draft model and the MTP head (mtp.py) share: per slot, the tokens whose entries
+    their KV holds, cut to a request's context by the longest common prefix; and their cost
+    against the target's, kept current by what each all-decode step shows (`observe`)."""
+
+    def __init__(self, n_slots: int) -> None:
+        self.have: list[list[int]] = [[] for _ in range(n_slots)]
+        self.cost: DraftCost | None = None      # set once measured; `observe` keeps it current
+        self.last: tuple[float, tuple[int, ...]] | None = None  # the last propose: seconds, lengths
+
+    def _cut(self, slot: int, tokens: Sequence[int], want_logits: bool, truncate) -> int:
+        """Cut the slot's KV (`truncate(slot, n)`) to its common prefix with `tokens`, all but
+        the last token with `want_logits` (fed again for its logits); returns what is kept."""
+        have = self.have[slot]
+        p = common_prefix(have, tokens)
+        if want_logits:
+            p = min(p, len(tokens) - 1)
+        if p < len(have):
+            truncate(slot, p)
+            del have[p:]
+        return p
+
+    def observe(self, verify_s: float, verify_cost: float) -> None:
+        """After the target's forward that verified the last drafts (and nothing but decode
+        rows): `verify_s` seconds for what the cost model calls `verify_cost` one-row steps."""
+        if self.last is None or self.cost is None or verify_s <= 0:
+            return
+        (draft_s, ks), self.last = self.last, None
+        forwards = self.cost(ks) / self.cost.unit if self.cost.unit > 0 else 0.0  # in draft one-row steps
+        if forwards <= 0 or draft_s <= 0:
+            return
+        seen = (draft_s / forwards) / (verify_s / verify_cost)
+        self.cost = dataclasses.replace(self.cost, unit=(1 - UNIT_WEIGHT) * self.cost.unit + UNIT_WEIGHT * seen)
+
+
+class DraftModel(ModelDrafter):
     def __init__(self, runner: ModelRunner, n_vocab_target: int, grid: Grid) -> None:
+        super().__init__(runner.info.n_slots)
         self.runner = runner
         self.n_vocab = min(n_vocab_target, runner.info.n_vocab)
         self.grid = grid
-        self.have: list[list[int]] = [[] for _ in range(runner.info.n_slots)]
-        self.cost: DraftCost | None = None      # set once measured; `observe` keeps it current
-        self.last: tuple[float, tuple[int, ...]] | None = None  # the last propose: seconds, lengths
 
     # -- keeping the KV in step ----------------------------------------------------------
     def _catch_up(self, slot: int, tokens: Sequence[int], want_logits: bool) -> Span | None:
@@ -85,12 +118,7 @@ class DraftModel:
         last of what is missing; returns the last piece as a span (None: nothing to run). With
         `want_logits` the last token is always in it, so it yields the next token's logits."""
         have = self.have[slot]
-        p = common_prefix(have, tokens)
-        if want_logits:
-            p = min(p, len(tokens) - 1)
-        if p < len(have):
-            self.runner.truncate(slot, p)
-            del have[p:]
+        p = self._cut(slot, tokens, want_logits, self.runner.truncate)
         while len(tokens) - p > 0:
             end = self.grid.chunk_end(p, len(tokens))
             span = Span(slot, tuple(tokens[p:end]), p, 1 if want_logits and end == len(tokens) else 0)
@@ -138,18 +166,6 @@ class DraftModel:
             live = still
         self.last = (time.perf_counter() - t0, tuple(k for *_, k in asks))
         return [tuple(d) for d in out]
-
-    def observe(self, verify_s: float, verify_cost: float) -> None:
-        """After the target's forward that verified the last drafts (and nothing but decode
-        rows): `verify_s` seconds for what the cost model calls `verify_cost` one-row steps."""
-        if self.last is None or self.cost is None or verify_s <= 0:
-            return
-        (draft_s, ks), self.last = self.last, None
-        forwards = self.cost(ks) / self.cost.unit if self.cost.unit > 0 else 0.0  # in draft one-row steps
-        if forwards <= 0 or draft_s <= 0:
-            return
-        seen = (draft_s / forwards) / (verify_s / verify_cost)
-        self.cost = dataclasses.replace(self.cost, unit=(1 - UNIT_WEIGHT) * self.cost.unit + UNIT_WEIGHT * seen)
 
     def agreement(self, target: ModelRunner, slot: int, prompt: Sequence[int]) -> float:
         """How often the draft's argmax equals the target's over `prompt`, teacher-forced (the

@@ -22,14 +22,15 @@ class Exactness:
 class Policy:
     """What the engine decided at start: which requests draft, how, and on what measured costs."""
 
-    default: str = "off"           # for requests that do not say: "lookup", "draft" or "off"
+    default: str = "off"           # for requests that do not say: "lookup", "draft", "mtp" or "off"
     modes: tuple[str, ...] = ()    # the modes a request may ask for
     inexact: bool = False          # the user allowed speculation on an inexact runner
     reason: str = "speculation is off (--speculate off)"
     cost: CostModel = field(default_factory=CostModel)
     exactness: Exactness | None = None
     k_max: int = 15
-    draft: DraftCost | None = None  # the draft model's costs, when one is loaded
+    draft: DraftCost | None = None  # the model drafter's costs (draft model or MTP head), when one is loaded
+    no_mtp: str = "this server has no MTP head"   # why a request may not ask for "mtp"
 
     @property
     def allowed(self) -> bool:
@@ -45,6 +46,8 @@ class Policy:
             return None
         if self.modes and mode == "draft":
             return "this server has no draft model (start it with --draft-model)"
+        if self.modes and mode == "mtp":
+            return self.no_mtp
         return self.reason
 
     def as_dict(self) -> dict:
@@ -53,29 +56,33 @@ class Policy:
                 "label": self.label(self.default), "reason": self.reason, "cost": self.cost.as_dict(),
                 "exact": None if ex is None else ex.exact,
                 "exact_max_abs_diff": None if ex is None else ex.max_abs_diff,
-                "draft": None if self.draft is None else self.draft.as_dict()}
+                "draft": None if self.draft is None else self.draft.as_dict(),
+                "mtp_refusal": None if "mtp" in self.modes else self.no_mtp}
 
 
 def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel,
-           draft: DraftCost | None = None) -> Policy:
+           draft: DraftCost | None = None, model_mode: str = "draft",
+           no_mtp: str = "this server has no MTP head") -> Policy:
     """The policy for `--speculate mode` given what the start-up check measured (and the
-    draft model's costs, when one is loaded)."""
+    model drafter's costs when one is loaded: a draft model, or the MTP head when
+    `model_mode` is "mtp"; `no_mtp` says why there is no MTP head otherwise)."""
     if mode == "off" or exactness is None:
-        return Policy(reason="speculation is off (--speculate off)", cost=cost)
-    modes = ("lookup", "draft") if draft is not None else ("lookup",)
-    preferred = "draft" if draft is not None else "lookup"
+        return Policy(reason="speculation is off (--speculate off)", cost=cost, no_mtp=no_mtp)
+    modes = ("lookup", model_mode) if draft is not None else ("lookup",)
+    preferred = model_mode if draft is not None else "lookup"
     if exactness.exact:
         return Policy(preferred if mode == "auto" else mode, modes, False,
-                      "the runner verifies k tokens exactly as k steps", cost, exactness, draft=draft)
+                      "the runner verifies k tokens exactly as k steps", cost, exactness, draft=draft,
+                      no_mtp=no_mtp)
     why = (f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
            f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
            f"{exactness.argmax_differs} of {exactness.positions} rows), so drafted tokens could "
            "change the output; start with --speculate-inexact to allow it anyway")
     if inexact_ok:
         return Policy(mode if mode != "auto" else "off", modes, True, why.split(", so")[0], cost,
-                      exactness, draft=draft)
-    if mode in ("lookup", "draft"):
+                      exactness, draft=draft, no_mtp=no_mtp)
+    if mode in ("lookup", "draft", "mtp"):
         raise ValueError(f"--speculate {mode}: {why}")
-    return Policy(reason=why, cost=cost, exactness=exactness)
+    return Policy(reason=why, cost=cost, exactness=exactness, no_mtp=no_mtp)
 
 

@@ -20,9 +20,12 @@ is the serial output for the same seed, token for token.
 Drafts come from prompt lookup (`lookup.NgramIndex`): the most recent earlier occurrence of the
 context's last n tokens (longest n first) in the request's prompt and output, and what
 followed it. Or from a draft model (`draft.DraftModel`): a second, smaller model with the same
-vocabulary, decoding greedily in its own KV kept in step with the target's. A request's mode
-says which ("lookup", or "draft": then prompt lookup's draft is its other option, taken on a
-step where it promises more); the verify is the same.
+vocabulary, decoding greedily in its own KV kept in step with the target's. Or from the served
+model's own multi-token-prediction head (`mtp.MtpDrafter`, llama.cpp's MTP context), which
+drafts the same way from the trunk's hidden rows. A server has at most one of the two model
+drafters; a request's mode says which source ("lookup", or the drafter's "draft" or "mtp":
+then prompt lookup's draft is its other option, taken on a step where it promises more); the
+verify is the same.
 
 Whether to draft, and how far, is arithmetic on measured costs (`cost.CostModel`): a forward of
 m rows costs c(m) one-row steps (`probe.measure_costs`, on the loaded model at start). With acceptance
@@ -63,7 +66,7 @@ class Drafting:
     promises more (copying: quoted code, tool-call arguments); `lookup_acc` is its record."""
 
     index: NgramIndex
-    mode: str = "lookup"           # "lookup", or "draft": the draft model and prompt lookup
+    mode: str = "lookup"           # "lookup", or "draft" / "mtp": the model drafter and prompt lookup
     acc: Acceptance = field(default_factory=Acceptance)
     lookup_acc: Acceptance = field(default_factory=Acceptance)
     draft: tuple[int, ...] = ()
@@ -71,8 +74,11 @@ class Drafting:
 
     def totals(self) -> tuple[int, int]:
         """Drafted and accepted tokens over both sources."""
-        extra = self.lookup_acc if self.mode == "draft" else Acceptance()
+        extra = self.lookup_acc if self.mode in MODEL_MODES else Acceptance()
         return self.acc.proposed + extra.proposed, self.acc.accepted + extra.accepted
+
+
+MODEL_MODES = ("draft", "mtp")   # the modes drafted by a model (the draft model, the MTP head)
 
 
 class Speculator:
@@ -83,6 +89,7 @@ class Speculator:
     def __init__(self, policy: Policy | None = None, drafter: DraftModel | None = None) -> None:
         self.policy = policy or Policy()
         self.drafter = drafter
+        self.model_mode = getattr(drafter, "mode", "draft")   # the mode its drafts serve
         self.counts = SpeculationStats()
 
     def start(self, prompt: Sequence[int], mode: str | None) -> Drafting | None:
@@ -94,7 +101,7 @@ class Speculator:
             raise InvalidRequest(f"speculate: {refused}", param="speculate")
         if mode == "off":
             return None
-        prior = self.policy.draft.prior if mode == "draft" and self.policy.draft else PRIOR_ACCEPT
+        prior = self.policy.draft.prior if mode == self.model_mode and self.policy.draft else PRIOR_ACCEPT
         return Drafting(NgramIndex(prompt), mode, Acceptance(prior=prior))
 
     def label(self, st: Drafting | None) -> str:
@@ -113,6 +120,8 @@ class Speculator:
             return [()] * len(states)
         props, options = self._options(states, room)
         drafter = self.drafter
+        if drafter is not None and hasattr(drafter, "streams"):   # the MTP head keeps these streams' rows
+            drafter.streams([s for st, s in zip(states, slots) if st is not None and st.mode == self.model_mode])
         draft_cost = drafter.cost if drafter is not None and drafter.cost is not None else self.policy.draft
         out: list[tuple[int, ...]] = [()] * len(states)
         asks = []
@@ -145,7 +154,7 @@ class Speculator:
             props.append(prop)
             if st is None:
                 options.append([])
-            elif st.mode == "draft" and self.drafter is not None:
+            elif st.mode == self.model_mode and self.drafter is not None:
                 options.append([(st.acc.rate, room_k, True)]
                                + ([(st.lookup_acc.rate, len(prop), False)] if prop else []))
             else:
@@ -169,7 +178,7 @@ class Speculator:
         Returns the accepted draft tokens."""
         k = len(st.draft)
         accepted = next((i for i in range(min(used, k)) if committed[i] != st.draft[i]), min(used, k))
-        (st.lookup_acc if st.mode == "draft" and not st.by_model else st.acc).update(k, accepted)
+        (st.lookup_acc if st.mode in MODEL_MODES and not st.by_model else st.acc).update(k, accepted)
         c = self.counts
         self.counts = replace(c, spec_steps=c.spec_steps + 1, draft_proposed=c.draft_proposed + k,
                               draft_accepted=c.draft_accepted + accepted, spec_committed=c.spec_committed + used)

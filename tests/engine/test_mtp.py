@@ -1,0 +1,179 @@
+"""MTP speculation: the served model's own next-n head drafts through llama.cpp's MTP context
+and the scheduler's verify/accept path takes the drafts (issue 48).
+
+On a tiny glm4moe GGUF written at test time (gguf_mtp_fixture.py: random Q4_1 weights, one
+next-n block, a head that agrees with the trunk often enough to have drafts both accepted and
+cut), served by llama.cpp with a q8_0 KV, where the start-up check proves a verify exact:
+llama.cpp loads the block and creates the MTP context; output with MTP drafting equals output
+without, token for token, greedy and seeded, one stream and several, cache on and off; the
+head's measured agreement is the acceptance it shows; a model without next-n layers refuses
+`--speculate mtp` and a request's "mtp" with the reason.
+
+Every case drafts on every step, as if drafting and verifying were free (the adaptive rule
+would rarely draft with a head this weak and this dear against a 2-block trunk): identity must
+hold whatever the rule decides. Never loosen these comparisons."""
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+
+from appliance.config import EngineConfig
+from appliance.engine import spec as speculate
+from appliance.engine.loop import EngineLoop
+from appliance.engine.runners import llamacpp_mtp
+from appliance.engine.types import Error
+from appliance.errors import ModelLoadError
+from web import wire
+
+from .gguf_mtp_fixture import MTP_ARCH, write_tiny_mtp
+from .test_speculate_identity import run
+
+N_CTX, N_GEN = 1024, 40
+PROMPTS = ("Hello there, how are you", "Write a poem about the sea",
+           "List three colours, then explain why the sky looks blue on a clear day.")
+
+
+def engine(path, speculate_mode: str = "auto") -> EngineLoop:
+    return EngineLoop(EngineConfig(engine="llamacpp", model=str(path), n_ctx=N_CTX, n_slots=3, plan="off",
+                                   cache_disk_bytes=0, kv_type="q8_0", speculate=speculate_mode))
+
+
+def chat(text: str, mode: str, temperature: float = 0.0, seed: int | None = None, cache: bool = True):
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": N_GEN,
+            "temperature": temperature, "speculate": mode, "cache_prompt": cache}
+    if seed is not None:
+        body["seed"] = seed
+    return wire.parse_chat(body, uuid.uuid4().hex, {"m"}, N_CTX).request
+
+
+@pytest.fixture(scope="module")
+def mtp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mtp") / "tiny-mtp.gguf"
+    write_tiny_mtp(path, agree=True)
+    loop = engine(path)
+    sp = loop.scheduler.spec
+    loop.measured = sp.policy   # what start-up decided, before the overrides
+    free = dataclasses.replace(sp.drafter.cost, unit=0.0)
+    sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)), draft=free, k_max=6)
+    sp.drafter.cost = free
+    sp.drafter.observe = lambda *a: None   # keep drafting free
+    yield loop
+    loop.close()
+
+
+def test_llama_cpp_loads_the_next_n_block_and_mtp_is_the_default(mtp):
+    import llama_cpp as L
+    r = mtp.runner
+    assert r.info.arch == MTP_ARCH and MTP_ARCH in llamacpp_mtp.MTP_ARCHS
+    assert L.llama_model_n_layer_nextn(r.model) == 1 and r.nextn is not None and r.mtp_refusal is None
+    p = mtp.measured
+    assert p.exactness.exact and p.default == "mtp" and p.modes == ("lookup", "mtp")
+    assert p.draft is not None and p.draft.unit > 0 and p.draft.cost.rows[0] == 1
+    report = mtp.info.settings["speculation"]
+    assert report["default"] == "mtp" and report["mtp"]["arch"] == MTP_ARCH and report["mtp_refusal"] is None
+
+
+def _same(loop, reqs_off, reqs_mtp):
+    off = run(loop, reqs_off)
+    on = run(loop, reqs_mtp)
+    assert [t for t, _ in on] == [t for t, _ in off]
+    assert all(d.timings.speculation == "mtp" for _, d in on)
+    return on
+
+
+def test_mtp_equals_serial_greedy(mtp):
+    before = mtp.stats().spec
+    on = []
+    for text in PROMPTS:
+        on += _same(mtp, [chat(text, "off", cache=False)], [chat(text, "mtp")])
+    proposed = sum(d.timings.draft_n for _, d in on)
+    accepted = sum(d.timings.draft_n_accepted for _, d in on)
+    assert 0 < accepted < proposed          # drafts both accepted and cut
+    assert any(d.timings.tokens_per_step > 1 for _, d in on)
+    after = mtp.stats().spec                # /metrics' totals count them
+    assert after.draft_accepted - before.draft_accepted == accepted
+    assert after.draft_proposed - before.draft_proposed == proposed
+
+
+def test_mtp_equals_serial_seeded(mtp):
+    on = []
+    for i, text in enumerate(PROMPTS[:2]):
+        on += _same(mtp, [chat(text, "off", 0.8, seed=i, cache=False)], [chat(text, "mtp", 0.8, seed=i)])
+    assert sum(d.timings.draft_n_accepted for _, d in on) > 0
+
+
+def test_several_mtp_streams_equal_each_alone(mtp):
+    """Three streams of other prompt lengths draft together, greedy and seeded, cache off."""
+    reqs = [(PROMPTS[0], 0.0, None), (PROMPTS[1], 0.8, 7), (PROMPTS[2], 0.0, None)]
+    alone = [run(mtp, [chat(t, "off", temp, seed, cache=False)])[0][0] for t, temp, seed in reqs]
+    together = run(mtp, [chat(t, "mtp", temp, seed, cache=False) for t, temp, seed in reqs])
+    assert [t for t, _ in together] == alone
+    assert sum(d.timings.draft_n_accepted for _, d in together) > 0
+    assert mtp.scheduler.stats().max_decode_batch >= 2
+
+
+def test_a_cached_prefix_keeps_identity(mtp):
+    """A prompt the cache already holds (the head's KV follows by token lists) and one that
+    shares its start: both equal serial decoding."""
+    text = PROMPTS[2] + " " + " ".join(f"Colour {i} is number {i * 7 % 13}." for i in range(40))  # past MIN_REUSE
+    ref = run(mtp, [chat(text, "off", cache=False)])[0][0]
+    run(mtp, [chat(text, "mtp")])
+    (again, d), = run(mtp, [chat(text, "mtp")])
+    assert again == ref and d.timings.cache_n > 0
+    longer = text + " Answer in one sentence."
+    ref2 = run(mtp, [chat(longer, "off", cache=False)])[0][0]
+    assert run(mtp, [chat(longer, "mtp")])[0][0] == ref2
+
+
+def test_acceptance_follows_the_heads_agreement(tmp_path):
+    """The agreement measured at start (teacher-forced argmax of head against trunk) is what
+    drafting shows: a random head agrees with its trunk on almost no token, and its first
+    drafted tokens are almost never accepted; the agreeing head's are, at about its rate."""
+    path = tmp_path / "random-head.gguf"
+    write_tiny_mtp(path, agree=False, seed=1)
+    loop = engine(path)
+    try:
+        prior = loop.scheduler.spec.policy.draft.prior
+        assert prior < 0.05
+        sp = loop.scheduler.spec
+        free = dataclasses.replace(sp.drafter.cost, unit=0.0, prior=0.9)   # make it draft anyway
+        sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)), draft=free, k_max=1)
+        sp.drafter.cost = free
+        sp.drafter.observe = lambda *a: None
+        (_, d), = run(loop, [chat(PROMPTS[1], "mtp")])
+        assert d.timings.draft_n > 10 and d.timings.draft_n_accepted <= 0.1 * d.timings.draft_n
+    finally:
+        loop.close()
+
+
+def test_the_agreeing_heads_first_drafts_are_accepted_at_its_measured_rate(mtp):
+    sp = mtp.scheduler.spec
+    prior = mtp.measured.draft.prior
+    assert prior > 0.1
+    saved = sp.policy
+    sp.policy = dataclasses.replace(saved, k_max=1)   # one drafted token a step: the first only
+    try:
+        done = [run(mtp, [chat(t, "mtp", cache=False)])[0][1] for t in PROMPTS]
+    finally:
+        sp.policy = saved
+    rate = sum(d.timings.draft_n_accepted for d in done) / sum(d.timings.draft_n for d in done)
+    assert abs(rate - prior) < 0.25, (rate, prior)
+
+
+def test_a_model_without_next_n_layers_refuses_mtp(tmp_path):
+    path = tmp_path / "trunk-only.gguf"
+    write_tiny_mtp(path, mtp=False)
+    with pytest.raises(ModelLoadError, match=r"--speculate mtp: the model \(glm4moe\) has no next-n \(MTP\) layers"):
+        engine(path, "mtp")
+    loop = engine(path)            # auto: lookup only, and a request for "mtp" is told why
+    try:
+        p = loop.scheduler.spec.policy
+        assert "mtp" not in p.modes and p.default == "lookup"
+        assert "no next-n (MTP) layers" in loop.info.settings["speculation"]["mtp_refusal"]
+        loop.submit(chat("hi", "mtp"))
+        (err,) = [e for e in loop.outbox if isinstance(e, Error)]
+        assert "no next-n (MTP) layers" in err.message
+    finally:
+        loop.close()
