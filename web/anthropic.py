@@ -26,7 +26,7 @@ from appliance import jsondepth
 from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
-from . import serving
+from . import images, serving
 
 bp = Blueprint("anthropic", __name__)
 
@@ -94,8 +94,9 @@ def _tool_result(b: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """A user turn: its tool results first (as OpenAI's tool messages), then its text."""
-    out, text = [], []
+    """A user turn: its tool results first (as OpenAI's tool messages), then its text and images
+    (OpenAI's parts, images as data: URIs: web/images.py reads them)."""
+    out, parts = [], []
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "tool_result":
@@ -103,13 +104,27 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
         elif kind == "text":
             _need(isinstance(b.get("text"), str), f"{where}.content[{i}].text must be a string",
                   f"{where}.content[{i}].text")
-            text.append(b["text"])
+            parts.append({"type": "text", "text": b["text"]})
+        elif kind == "image":
+            parts.append(images.image_url_part(_image_url(b.get("source"), f"{where}.content[{i}].source")))
         else:
             raise InvalidRequest(f"{where}.content[{i}]: {kind!r} blocks are not supported in a user turn "
-                                 "(text and tool_result are)", param=f"{where}.content[{i}].type")
-    if text or not out:
-        out.append({"role": "user", "content": "".join(text)})
+                                 "(text, image and tool_result are)", param=f"{where}.content[{i}].type")
+    if parts or not out:
+        has_image = any(p["type"] == "image_url" for p in parts)
+        out.append({"role": "user", "content": parts if has_image else "".join(p["text"] for p in parts)})
     return out
+
+
+def _image_url(source: Any, where: str) -> str:
+    """An image block's source as a URL: base64 data as a data: URI; a url source as it is."""
+    _need(isinstance(source, dict) and source.get("type") in ("base64", "url"),
+          f"{where} must be an object of type base64 or url", where)
+    if source["type"] == "url":
+        _need(isinstance(source.get("url"), str), f"{where}.url must be a string", f"{where}.url")
+        return source["url"]
+    _need(isinstance(source.get("data"), str), f"{where}.data must be a base64 string", f"{where}.data")
+    return images.data_url(str(source.get("media_type") or "image/png"), source["data"])
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:

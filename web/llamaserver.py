@@ -118,7 +118,7 @@ def logit_bias(value: Any, tokenize: Tokenize | None) -> LogitBias:
     return tuple((t, b) for k, b in out for t in ((k,) if isinstance(k, int) else ids[k]))
 
 
-def openai_body(body: dict[str, Any], prompt: str | list[int]) -> dict[str, Any]:
+def openai_body(body: dict[str, Any], prompt: str | dict[str, Any] | list[int]) -> dict[str, Any]:
     """The /v1/completions body that serves a /completion body (its prompt given: text or ids)."""
     for name, (neutral, what) in UNSUPPORTED.items():
         value = body.get(name)
@@ -137,11 +137,12 @@ def openai_body(body: dict[str, Any], prompt: str | list[int]) -> dict[str, Any]
     return {"model": body["model"], "prompt": prompt, **oai}
 
 
-def read_prompt(value: Any) -> str | list[int | str]:
-    """llama-server's prompt: a string, token ids, or ids and strings mixed; one prompt only."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+def read_prompt(value: Any) -> str | dict[str, Any] | list[int | str]:
+    """llama-server's prompt: a string, token ids, ids and strings mixed, or a multimodal prompt
+    ({"prompt_string", "multimodal_data"}: wire.py reads it); one prompt only."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list, dict)):
         value = value[0]
-    if isinstance(value, str):
+    if isinstance(value, (str, dict)):
         return value
     pieces = isinstance(value, list) and value and all(
         isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) for p in value)
@@ -279,7 +280,7 @@ def _model_name(body: dict[str, Any]) -> str:
     return serving.pool().default if body.get("model") is None else serving.resolve_model(body)
 
 
-def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | list[int]]) -> Any:
+def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | dict[str, Any] | list[int]]) -> Any:
     """Serve a /completion or /infill body, its prompt made by `prompt_of` (text or ids)."""
     body = serving.read_body()
     body = {**body, "model": _model_name(body)}
@@ -290,7 +291,8 @@ def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | 
         oai = openai_body(body, prompt)
     sub = serving.parse_submit(oai, chat=False, adjust=native.adjust)
     try:
-        shown = prompt if isinstance(prompt, str) else engine.detokenize(tuple(prompt)).text
+        shown = (prompt if isinstance(prompt, str) else str(prompt.get("prompt_string")) if isinstance(prompt, dict)
+                 else engine.detokenize(tuple(prompt)).text)
     except ApplianceError:
         sub.stream.abort()
         raise
@@ -298,9 +300,9 @@ def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | 
     return serving.reply(sub, lambda: CompletionWriter(reply), reply.final)
 
 
-def _completion_prompt(engine: EngineClient, body: dict[str, Any], native: Native) -> str | list[int]:
+def _completion_prompt(engine: EngineClient, body: dict[str, Any], native: Native) -> str | dict[str, Any] | list[int]:
     prompt = read_prompt(body.get("prompt"))
-    return prompt if isinstance(prompt, str) else token_ids(engine, prompt)
+    return prompt if isinstance(prompt, (str, dict)) else token_ids(engine, prompt)
 
 
 @bp.post("/completion")

@@ -23,10 +23,10 @@ from flask import Blueprint, Response, g, jsonify
 from werkzeug.exceptions import HTTPException
 
 from appliance import __version__, jsondepth
-from appliance.engine.types import Delta, Done
+from appliance.engine.types import IMAGE_MARKER, Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
-from . import embeddings, serving
+from . import embeddings, images, serving
 
 bp = Blueprint("ollama", __name__)
 
@@ -110,8 +110,8 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         _need(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant", "tool"),
               f"messages[{i}].role must be system, user, assistant or tool", f"messages[{i}].role")
-        _need(not m.get("images"), f"messages[{i}]: images are not supported by this server", f"messages[{i}].images")
-        msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        msg: dict[str, Any] = {"role": m["role"], "content": _with_images(m.get("content") or "", m.get("images"),
+                                                                          f"messages[{i}].images")}
         calls = m.get("tool_calls") or []
         _need(isinstance(calls, list), f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
         if calls:
@@ -138,18 +138,31 @@ def chat_body(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 def generate_body(body: dict[str, Any], model: str) -> dict[str, Any]:
     """The OpenAI body: a raw prompt is a completion, else a chat turn through the template."""
-    for name, what in (("suffix", "fill-in-the-middle"), ("images", "images"), ("context", "'context' (deprecated)")):
+    for name, what in (("suffix", "fill-in-the-middle"), ("context", "'context' (deprecated)")):
         _need(not body.get(name), f"{what} is not supported by this server", name)
     prompt = body.get("prompt", "")
     _need(isinstance(prompt, str), "'prompt' must be a string", "prompt")
     oai = _common(body, model)
-    if body.get("raw"):
-        oai["prompt"] = prompt
+    content = _with_images(prompt, body.get("images"), "images")
+    if body.get("raw"):   # the pictures first, as llama-server's multimodal prompt
+        oai["prompt"] = prompt if isinstance(content, str) else {
+            "prompt_string": IMAGE_MARKER * len(body["images"]) + prompt, "multimodal_data": body["images"]}
         oai.pop("chat_template_kwargs", None)
         return oai
     system = body.get("system")
-    oai["messages"] = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    oai["messages"] = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
     return oai
+
+
+def _with_images(text: Any, pictures: Any, where: str) -> Any:
+    """A message's content with Ollama's `images` (base64, no data: prefix): OpenAI's parts,
+    the pictures before the text; the text alone when there are none."""
+    if not pictures:
+        return text
+    _need(isinstance(pictures, list) and all(isinstance(p, str) for p in pictures),
+          f"'{where}' must be a list of base64 strings", where)
+    parts = [images.image_url_part(images.data_url("image/*", p)) for p in pictures]
+    return [*parts, {"type": "text", "text": text if isinstance(text, str) else ""}]
 
 
 # -- response: engine events -> Ollama ----------------------------------------------------------

@@ -35,7 +35,7 @@ from flask import Blueprint, current_app, jsonify
 from appliance.engine.types import Delta, Done
 from appliance.errors import InvalidRequest, NotFound
 
-from . import serving
+from . import images, serving
 from .openai_responses_writer import ResponseWriter, SseWriter, new_response
 
 bp = Blueprint("openai_responses", __name__)
@@ -125,12 +125,30 @@ def _text(content: Any, where: str) -> str:
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        serving.need(kind in TEXT_PARTS, f"{where}[{j}]: {kind!r} parts are not supported (this server takes text: "
-                 "input_text, output_text)", f"{where}[{j}].type")
+        serving.need(kind in TEXT_PARTS, f"{where}[{j}]: {kind!r} parts are not supported (this server takes "
+                 "input_text, output_text and input_image)", f"{where}[{j}].type")
         text = part.get(TEXT_PARTS[kind])
         serving.need(isinstance(text, str), f"{where}[{j}].{TEXT_PARTS[kind]} must be a string", f"{where}[{j}]")
         out.append(text)
     return "".join(out)
+
+
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or OpenAI's parts when it has input_image parts (a data: URI
+    each: web/images.py reads them)."""
+    if not (isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "input_image"
+                                              for p in content)):
+        return _text(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            serving.need(isinstance(url, str), f"{where}[{j}].image_url must be a data: URI (file_id is not "
+                         "supported)", f"{where}[{j}].image_url")
+            parts.append(images.image_url_part(url))
+        else:
+            parts.append({"type": "text", "text": _text([part], f"{where}[{j}]")})
+    return parts
 
 
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -150,7 +168,7 @@ def messages(items: list[Any], where: str) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             serving.need(item.get("role") in ROLES, f"{at}.role must be one of {', '.join(ROLES)}", f"{at}.role")
-            out.append({"role": item["role"], "content": _text(item.get("content"), f"{at}.content")})
+            out.append({"role": item["role"], "content": _content(item.get("content"), f"{at}.content")})
         elif kind == "function_call":
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})

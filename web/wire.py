@@ -24,6 +24,7 @@ from appliance import jsondepth
 from appliance.engine.types import ChatMessage, Constraint, Request, ToolCall, ToolSpec
 from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
+from .images import Images, b64
 from .params import CHAT, COMPLETION, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES, TOOL_NAME_PATTERN, Param
 from .sampling import sampling_params
 
@@ -240,23 +241,27 @@ def _message_tool_calls(m: dict, i: int) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _content(msg: dict, i: int) -> str | None:
+def _content(msg: dict, i: int, images: Images) -> str | None:
+    """The message's text; each image part becomes the image marker there (web/images.py)."""
     c = msg.get("content")
     if c is None or isinstance(c, str):
         return c
     if isinstance(c, list):
         parts = []
-        for part in c:
+        for j, part in enumerate(c):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                parts.append(images.part(part, f"messages[{i}].content[{j}]"))
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"messages[{i}].content: only text parts are supported",
+                raise InvalidRequest(f"messages[{i}].content: only text and image_url parts are supported",
                                      param=f"messages[{i}].content")
             parts.append(part["text"])
         return "".join(parts)
-    raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts",
+    raise InvalidRequest(f"messages[{i}].content must be a string or a list of text and image_url parts",
                          param=f"messages[{i}].content")
 
 
-def _messages(body: dict) -> tuple[ChatMessage, ...]:
+def _messages(body: dict, images: Images) -> tuple[ChatMessage, ...]:
     msgs = body.get("messages")
     if msgs is None:
         raise InvalidRequest("'messages' is required", param="messages")
@@ -278,7 +283,7 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
         name = m.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidRequest(f"messages[{i}].name must be a string", param=f"messages[{i}].name")
-        out.append(ChatMessage("system" if role == "developer" else role, _content(m, i), name, calls,
+        out.append(ChatMessage("system" if role == "developer" else role, _content(m, i, images), name, calls,
                                call_id if role == "tool" else None))
     return tuple(out)
 
@@ -305,7 +310,8 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     model = check_model(body, served)
     _refuse_unsupported(body)
     stream, include_usage = _stream_flags(body, t)
-    messages = _messages(body)
+    images = Images()
+    messages = _messages(body, images)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
@@ -326,7 +332,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
-                  speculate=t["speculate"].read(body), n=t["n"].read(body))
+                  speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found))
     return ParsedRequest(req, stream, include_usage, model)
 
 
@@ -336,8 +342,11 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     _refuse_unsupported(body)
     stream, include_usage = _stream_flags(body, t)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list, dict)):
         prompt = prompt[0]  # a batch of one
+    images = Images()
+    if isinstance(prompt, dict):
+        prompt = _multimodal_prompt(prompt, images)
     if isinstance(prompt, str):
         text, ids = prompt, None
     elif prompt and is_ids(prompt):
@@ -351,8 +360,20 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
-                  speculate=t["speculate"].read(body), n=t["n"].read(body))
+                  speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found))
     return ParsedRequest(req, stream, include_usage, model)
+
+
+def _multimodal_prompt(prompt: dict, images: Images) -> str:
+    """llama-server's multimodal prompt: {"prompt_string": text with an IMAGE_MARKER per
+    picture, "multimodal_data": [base64, ...]}; its text, the pictures kept in `images`."""
+    text, data = prompt.get("prompt_string"), prompt.get("multimodal_data", [])
+    if not isinstance(text, str) or not isinstance(data, list) or not all(isinstance(d, str) for d in data):
+        raise InvalidRequest("a multimodal prompt is {\"prompt_string\": text, \"multimodal_data\": "
+                             "[base64 images]}", param="prompt")
+    for k, d in enumerate(data):
+        images.add(b64(d, f"prompt.multimodal_data[{k}]"), f"prompt.multimodal_data[{k}]")
+    return text
 
 
 def is_ids(v: Any) -> bool:

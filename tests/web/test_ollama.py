@@ -47,7 +47,7 @@ def test_generate_is_a_chat_turn_unless_raw():
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"messages": "hi"}, "messages"), ({"messages": [], "options": {"warp": 9}}, "options.warp"),
     ({"messages": [], "format": "yaml"}, "format"), ({"messages": [], "stream": "no"}, "stream"),
-    ({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
+    ({"messages": [{"role": "user", "content": "x", "images": "aGk="}]}, "messages[0].images"),
 ])
 def test_bad_chat_requests_are_refused_by_name(body, param):
     with pytest.raises(InvalidRequest) as ei:
@@ -55,11 +55,22 @@ def test_bad_chat_requests_are_refused_by_name(body, param):
     assert ei.value.param == param
 
 
-@pytest.mark.parametrize("field", ["suffix", "images", "context"])
+@pytest.mark.parametrize("field", ["suffix", "context"])
 def test_generate_refuses_what_it_cannot_do(field):
     with pytest.raises(InvalidRequest) as ei:
         O.generate_body({"prompt": "x", field: ["y"] if field != "suffix" else "y"}, M)
     assert ei.value.param == field
+
+
+def test_generate_images_are_openai_image_parts_before_the_text():
+    content = O.generate_body({"prompt": "x", "images": ["aGk="]}, M)["messages"][-1]["content"]
+    assert content == [{"type": "image_url", "image_url": {"url": "data:image/*;base64,aGk="}},
+                       {"type": "text", "text": "x"}]
+    raw = O.generate_body({"prompt": "x", "images": ["aGk="], "raw": True}, M)["prompt"]
+    assert raw == {"prompt_string": "<__media__>x", "multimodal_data": ["aGk="]}
+    with pytest.raises(InvalidRequest) as ei:
+        O.generate_body({"prompt": "x", "images": "aGk="}, M)
+    assert ei.value.param == "images"
 
 
 def test_durations_are_nanoseconds_and_counts_the_usage():

@@ -103,8 +103,10 @@ def test_non_object_message():
 
 
 def test_non_text_content_part():
-    e = chat_error(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    e = chat_error(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}])
     assert e.param == "messages[0].content"
+    e = chat_error(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    assert e.param == "messages[0].content[0]"    # an image part without its url (web/images.py)
 
 
 def test_bad_content_type():
