@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -94,6 +95,14 @@ def test_a_follow_up_turn_reuses_the_picture_from_the_cache(server):
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] < 8, other["usage"]
 
 
+def test_streams_with_and_without_pictures_at_once_give_what_each_gives_alone(server):
+    asks = [image_message(picture(seed=1)), image_message(picture(seed=2)), QUESTION]
+    alone = [chat(server, c, max_tokens=16).json()["choices"][0]["message"]["content"] for c in asks]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(lambda c: chat(server, c, max_tokens=16, stream=False).json(), asks))
+    assert [r["choices"][0]["message"]["content"] for r in together] == alone
+
+
 def test_over_the_context_counting_the_image_is_a_400_before_any_byte(server):
     text_only = chat(server, QUESTION).json()["usage"]["prompt_tokens"]
     room = 512 - text_only   # max_tokens that fits the text alone, not the picture's 16 rows too
@@ -117,6 +126,8 @@ def test_anthropic_image_block(server):
     assert r.json()["usage"]["input_tokens"] == n_plain + N_IMAGE_TOKENS
     openai = chat(server, image_message(picture(seed=1))).json()["choices"][0]["message"]["content"]
     assert r.json()["content"][0]["text"] == openai
+    counted = requests.post(server.url + "/v1/messages/count_tokens", json=body, timeout=60)
+    assert counted.json()["input_tokens"] == r.json()["usage"]["input_tokens"]
 
 
 def test_responses_input_image(server):
