@@ -179,6 +179,7 @@ def _offered_modes(ctx: Context, modes: Sequence[str]) -> dict[str, set[str]]:
                 refusals.append(f"{v.target.url} does not report speculation in /health (not an appliance server)")
             elif mode not in spec.get("modes", ()):
                 why = ("it has no draft model (serve with --draft-model)" if mode == "draft" and spec.get("modes")
+                       else spec["mtp_refusal"] if mode == "mtp" and spec.get("mtp_refusal")
                        else spec.get("reason", "it does not speculate"))
                 refusals.append(f"{v.target.url} refuses it: {why}")
             else:
