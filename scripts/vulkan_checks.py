@@ -3,7 +3,7 @@
 
 Run by scripts/vulkan_check.sh in the venv it builds (llama-cpp-python with -DGGML_VULKAN=on) with
 GGML_VK_VISIBLE_DEVICES=0, so llama.cpp lists a CPU-type device (Mesa's lavapipe) as Vulkan0. The
-"CPU build" it compares with is the same build with that variable unset: llama.cpp then has no
+"CPU build" it compares with is the same build with that variable set empty: llama.cpp then has no
 Vulkan device and computes on its CPU backend alone, the same code as a CPU build's.
 
     python scripts/vulkan_checks.py --out DIR [--only hostcheck,serve,...] [--per-set N]
@@ -33,7 +33,13 @@ import served_outputs as so     # scripts/: the prompt sets' requests, a server'
 MIB = 2**20
 PY = [sys.executable, "-m", "appliance"]
 QUICK = ["--plan", "off", "--speculate", "off", "--prompt-cache", "off", "--n-slots", "1"]
-HIDDEN = {"GGML_VK_VISIBLE_DEVICES": None}            # the CPU build: no Vulkan device listed
+# the CPU build: an empty list of Vulkan devices (lavapipe is listed only when asked for; a
+# discrete GPU is listed unless hidden so)
+HIDDEN = {"GGML_VK_VISIBLE_DEVICES": ""}
+# --model: every check serves, fits and sweeps this file instead of the embedded model (a machine
+# without the embedded model's package: scripts/gpu_check.sh writes one with scripts/gpu_model.py)
+MODEL: list[str] = []
+MODEL_NAME = "embedded model"
 
 
 @dataclass
@@ -60,7 +66,9 @@ class Server:
         Server.port += 1
         self.url, self.log = f"http://127.0.0.1:{Server.port}", out / f"serve-{name}.log"
         cache = tempfile.mkdtemp(prefix="vk-cache-")
-        cmd = [*PY, "serve", "--port", str(Server.port), "--cache-dir", cache, "--engine-start-timeout", "3600", *args]
+        model = [] if "--model" in args or "--library" in args else MODEL
+        cmd = [*PY, "serve", "--port", str(Server.port), "--cache-dir", cache, "--engine-start-timeout", "3600",
+               *model, *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
                                      env=env_with(env or {}))
         self.cmd = " ".join(cmd[3:])
@@ -169,12 +177,12 @@ def driver_info() -> str:
 def check_fit(out: Path, ctx: dict) -> list[Row]:
     rows = []
     for args in (["--n-ctx", "8192", "--n-slots", "4"], ["--n-ctx", "8192", "--n-slots", "16"]):
-        run = subprocess.run([*PY, "fit", "--json", *args], capture_output=True, text=True, timeout=300)
+        run = subprocess.run([*PY, "fit", "--json", *MODEL, *args], capture_output=True, text=True, timeout=300)
         p = json.loads(run.stdout)
         gpu = p["devices"].get("GPU0")
         figure = (f"exit {run.returncode}; n_gpu_layers {p['n_gpu_layers']}, n_cpu_ffn {p['n_cpu_ffn']}; GPU0 "
                   f"{gpu['total'] / 2**30:.2f} of {gpu['budget'] / 2**30:.2f} GiB" if gpu else "no GPU0 planned")
-        rows.append(Row("fit", figure, "appliance fit (embedded model) " + " ".join(args),
+        rows.append(Row("fit", figure, f"appliance fit ({MODEL_NAME}) " + " ".join(args),
                         "ok" if gpu and run.returncode == 0 else "FAIL"))
     return rows
 
@@ -183,10 +191,10 @@ def check_serve(out: Path, ctx: dict) -> list[Row]:
     rows, base = [], [*QUICK, "--n-ctx", "512"]
     for ngl in ("all", "auto", "15"):
         rows += serve_check(out, f"serve -ngl {ngl}", [*base, "--n-gpu-layers", ngl],
-                            f"embedded model, --n-gpu-layers {ngl}, 1 x 512 positions, f16 KV")
+                            f"{MODEL_NAME}, --n-gpu-layers {ngl}, 1 x 512 positions, f16 KV")
     for kv in ("q8_0", "q4_0"):
         rows += serve_check(out, f"serve --kv-type {kv}", [*base, "--n-gpu-layers", "all", "--kv-type", kv],
-                            f"embedded model, all layers on Vulkan0, --kv-type {kv} (flash attention on)")
+                            f"{MODEL_NAME}, all layers on Vulkan0, --kv-type {kv} (flash attention on)")
     return rows
 
 
@@ -252,7 +260,7 @@ def check_agreement(out: Path, ctx: dict) -> list[Row]:
     per = {s: ctx["per_set"] for s in sets} | {"editing-code": 1, "tool-calls": 1}
     prompts = so.choose_prompts(sets, per)
     args = ["--plan", "off", "--n-ctx", "2048", "--n-slots", "1", "--prefill-chunk", "64"]
-    cond = (f"embedded model, {len(prompts)} prompts ({', '.join(sets)}), greedy, {ctx['max_tokens']} tokens, "
+    cond = (f"{MODEL_NAME}, {len(prompts)} prompts ({', '.join(sets)}), greedy, {ctx['max_tokens']} tokens, "
             "1 x 2048 positions, --prefill-chunk 64, speculation auto, prompt cache on")
     rows, replies = [], {}
     for who, extra, env in (("Vulkan0", ["--n-gpu-layers", "all"], None), ("CPU build", [], HIDDEN)):
@@ -289,7 +297,7 @@ def check_oom(out: Path, ctx: dict) -> list[Row]:
         srv.stop()
     said = [ln for ln in srv.tail(6000).splitlines() if "does not fit" in ln or "needs" in ln]
     rows = [Row("too big for the device: refused at start", f"serve exit {srv.proc.returncode}: {' / '.join(said)[:400]}",
-                "embedded model, --n-gpu-layers all, 12 x 8192 positions (KV 2.1 GiB, the device 2 GiB)",
+                f"{MODEL_NAME}, --n-gpu-layers all, 12 x 8192 positions (KV 2.1 GiB, the device 2 GiB)",
                 "ok" if srv.proc.returncode == 1 and said else "FAIL")]
     return rows + failing_load(out)
 
@@ -343,7 +351,7 @@ def check_sweep(out: Path, ctx: dict) -> list[Row]:
     rows = []
     for who, extra, env in (("Vulkan0", ["--n-gpu-layers", "all"], None), ("CPU build", [], HIDDEN)):
         load = os.getloadavg()[0]
-        run = subprocess.run([*PY, *args, *extra], capture_output=True, text=True, timeout=3600, env=env_with(env or {}))
+        run = subprocess.run([*PY, *args, *MODEL, *extra], capture_output=True, text=True, timeout=3600, env=env_with(env or {}))
         (out / f"sweep-{who.split()[0]}.txt").write_text(run.stdout + run.stderr)
         cells = [[c.strip() for c in ln.split("|")[1:-1]] for ln in run.stdout.splitlines()
                  if ln.strip().startswith("| sweep p=")]
@@ -374,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     # shrunk for lavapipe (about 10 tokens/s prefill, 2 decode): 10 prompts of 32 tokens take 23 minutes
     ap.add_argument("--per-set", type=int, default=2, help="prompts per short prompt set in the agreement check")
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per greedy reply in the agreement check")
+    ap.add_argument("--model", type=Path, help="a GGUF every check uses instead of the embedded model")
     args = ap.parse_args(argv)
+    if args.model:
+        global MODEL, MODEL_NAME
+        MODEL, MODEL_NAME = ["--model", str(args.model)], args.model.name
     args.out.mkdir(parents=True, exist_ok=True)
     ctx, rows = {"per_set": args.per_set, "max_tokens": args.max_tokens}, []
     for name in (args.only.split(",") if args.only else CHECKS):

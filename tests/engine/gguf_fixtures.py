@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import gguf
+from gguf.quants import quantize
 import numpy as np
 
 from appliance.models import embedded_model_path
@@ -64,11 +65,19 @@ def _field_value(field: gguf.ReaderField) -> tuple[object, gguf.GGUFValueType, g
     return field.contents(), main, None
 
 
+def tokenizer_source() -> Path:
+    """The GGUF whose tokenizer the fixtures borrow: the embedded SmolLM2, or the file that
+    APPLIANCE_FIXTURE_TOKENIZER names (a vocab-only copy, `scripts/gpu_model.py vocab`, where
+    the embedded model's package is not installed: a GPU machine that gets the tree alone)."""
+    other = os.environ.get("APPLIANCE_FIXTURE_TOKENIZER")
+    return Path(other) if other else embedded_model_path()
+
+
 def tokenizer_fields() -> list[tuple[str, object, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
-    """Every tokenizer.ggml.* key of the embedded SmolLM2 GGUF (read once per process)."""
+    """Every tokenizer.ggml.* key of the borrowed tokenizer's GGUF (read once per process)."""
     global _TOKENIZER_CACHE
     if _TOKENIZER_CACHE is None:
-        reader = gguf.GGUFReader(embedded_model_path())
+        reader = gguf.GGUFReader(tokenizer_source())
         _TOKENIZER_CACHE = [(name, *_field_value(f)) for name, f in reader.fields.items()
                             if name.startswith("tokenizer.ggml.")]
         del reader
@@ -79,7 +88,7 @@ def embedded_vocab_size() -> int:
     for name, value, _, _ in tokenizer_fields():
         if name == "tokenizer.ggml.tokens":
             return len(value)  # type: ignore[arg-type]
-    raise AssertionError("the embedded GGUF has no tokenizer.ggml.tokens")
+    raise AssertionError(f"{tokenizer_source()} has no tokenizer.ggml.tokens")
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,8 @@ class _Init:
 
 
 def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: str | None,
-                   special_ids: dict[str, int] | None = None, add_bos: bool | None = None) -> None:
+                   special_ids: dict[str, int] | None = None, add_bos: bool | None = None,
+                   quant: str | None = None) -> None:
     w.add_name(name)
     w.add_context_length(d.n_ctx)
     w.add_embedding_length(d.n_embd)
@@ -174,7 +184,7 @@ def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: st
         if d.arch == "qwen3moe":
             w.add_expert_feed_forward_length(d.n_ff)
     w.add_vocab_size(d.n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{quant}"] if quant else gguf.LlamaFileType.ALL_F32)
     overrides = {} if add_bos is None else {"tokenizer.ggml.add_bos_token": add_bos}
     for key, value, vtype, sub in tokenizer_fields():
         if key not in overrides:
@@ -245,7 +255,7 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
                chat_template: str | None = None, name: str | None = None,
                split_max_tensors: int = 0, special_ids: dict[str, int] | None = None,
                pooling: str | None = None, add_bos: bool | None = None,
-               rope_scaling: tuple[str, float] | None = None) -> Path:
+               rope_scaling: tuple[str, float] | None = None, quant: str | None = None) -> Path:
     """Write a random-weight F32 GGUF of `arch` (one of TINY_ARCHS) with SmolLM2's tokenizer
     that llama.cpp loads; returns the path. The weights are `tiny_tensors` (same arguments).
     "mixtral" is written as general.architecture "llama" with experts. With
@@ -254,13 +264,16 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
     `pooling` (none, mean, cls, last) writes `{arch}.pooling_type`, as an embedding model's GGUF has.
     `add_bos` overrides SmolLM2's tokenizer.ggml.add_bos_token (false): a tokenizer that adds its BOS.
     `rope_scaling` (type, factor) declares RoPE scaling of the n_ctx trained positions, as a
-    converted YaRN checkpoint's GGUF does (rope.scaling.type, .factor, .original_context_length)."""
+    converted YaRN checkpoint's GGUF does (rope.scaling.type, .factor, .original_context_length).
+    `quant` (a ggml type gguf can quantize: Q4_0, Q4_1, Q8_0...) stores every layer matrix in that
+    type and the embedding and output matrices in Q8_0, as the embedded SmolLM2 file is laid out
+    (its layers Q4_1): a model of a real one's shape and bytes for timing, with random weights."""
     d = tiny_dims(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                   n_ff=n_ff, n_ctx=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
                   head_dim=head_dim)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), d.file_arch, split_max_tensors=split_max_tensors)
-    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids, add_bos)
+    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids, add_bos, quant)
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType[pooling.upper()])
     if rope_scaling is not None:
@@ -269,7 +282,7 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
         w.add_rope_scaling_orig_ctx_len(d.n_ctx)
     for tname, data in tiny_tensors(d, seed=seed, weight_std=weight_std, embd_std=embd_std,
                                     out_std=out_std, norm_std=norm_std):
-        w.add_tensor(tname, data)
+        _add_tensor(w, tname, data, quant)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -277,6 +290,15 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
     if split_max_tensors:
         return w.format_shard_names(path)[0]
     return path
+
+
+def _add_tensor(w: gguf.GGUFWriter, name: str, data: np.ndarray, quant: str | None) -> None:
+    """One tensor as F32 or, for a matrix under `quant`, quantized by gguf (see write_tiny)."""
+    if quant is None or data.ndim != 2 or "_exps" in name:
+        w.add_tensor(name, data)
+        return
+    kind = gguf.GGMLQuantizationType[quant if name.startswith("blk.") else "Q8_0"]
+    w.add_tensor(name, quantize(data, kind), raw_dtype=kind)
 
 
 def write_tiny_llama(path: os.PathLike[str] | str, *, chat_template: str | None = None,

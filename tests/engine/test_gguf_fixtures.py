@@ -88,3 +88,44 @@ def test_write_tiny_refuses_what_llamacpp_could_not_run(tmp_path):
     with pytest.raises(ValueError, match="qwen2 needs head_dim"):
         write_tiny(tmp_path / "x.gguf", "qwen2", head_dim=32)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_a_quantized_fixture_and_a_borrowed_vocab_for_a_machine_without_the_embedded_model(tmp_path, monkeypatch):
+    """scripts/gpu_model.py's two halves: the tokenizer alone as a vocab-only GGUF, from which
+    (APPLIANCE_FIXTURE_TOKENIZER) a fixture gets the tokenizer the embedded model would give it,
+    and a fixture with its layers in Q4_1 and embedding and output in Q8_0 that llama.cpp loads
+    and tokenizes as the F32 one does, computing close to it."""
+    import importlib.util
+    from pathlib import Path
+
+    from appliance.fit.gguf_header import read_header
+
+    from . import gguf_fixtures
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_model", Path(__file__).resolve().parents[2] / "scripts" / "gpu_model.py")
+    gpu_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_model)
+    f32 = write_tiny(tmp_path / "f32.gguf", "llama", n_embd=128, n_head=4)     # the embedded tokenizer
+    keys = {k for k, *_ in gguf_fixtures.tokenizer_fields()}
+    vocab = gpu_model.write_vocab(tmp_path / "vocab.gguf")
+    header, tensors = read_header(vocab)[:2]
+    assert not tensors and {k for k in header if k.startswith("tokenizer.")} == keys
+
+    monkeypatch.setenv("APPLIANCE_FIXTURE_TOKENIZER", str(vocab))
+    monkeypatch.setattr(gguf_fixtures, "_TOKENIZER_CACHE", None)
+    q = write_tiny(tmp_path / "q.gguf", "llama", n_embd=128, n_head=4, quant="Q4_1")
+    types = {t.name: t.ggml_type for t in read_header(q)[1]}
+    assert types["blk.0.attn_q.weight"] == "Q4_1" and types["blk.1.ffn_down.weight"] == "Q4_1"
+    assert types["token_embd.weight"] == "Q8_0" and types["output.weight"] == "Q8_0"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    got = {}
+    for name, path in (("f32", f32), ("q", q)):
+        r = LlamaCppRunner(EngineConfig(n_slots=1, n_ctx=256), path, name)
+        try:
+            ids = r.tokenize(TEXT, add_special=True)[:16]
+            got[name] = (ids, r.forward([Span(0, tuple(ids), 0, n_logits=1)])[0][-1])
+        finally:
+            r.close()
+    assert got["q"][0] == got["f32"][0]
+    assert np.corrcoef(got["f32"][1], got["q"][1])[0, 1] > 0.9        # 4-bit weights: near, not equal
