@@ -130,7 +130,10 @@ def test_embedded_model_agrees_with_llama_cpp(smol, dtype):
             assert r.info.settings["int4_matmul"] == ("cpp" if native else "torch")
             assert (r.model.output.kernel is not None) == native
         got = teacher_forced(r, smol.ids)
-        prefixes = [common_prefix(ref, greedy(r, c)) for ref, c in zip(smol.replies, smol.chats)]
+        # greedy replies for the dtype `auto` serves on this CPU (float32 where it has no bf16):
+        # proven once; float32 beside bf16 is held to the teacher-forced figures (CI time, 14 s)
+        served = dtype == "auto" or not cpu_has_bf16()
+        prefixes = [common_prefix(ref, greedy(r, c)) for ref, c in zip(smol.replies, smol.chats)] if served else []
     finally:
         r.close()
     agree, kl = agreement(smol.logits, got)
@@ -144,8 +147,9 @@ def test_embedded_model_agrees_with_llama_cpp(smol, dtype):
     assert decisive.mean() > 0.5                            # measured 65%: not a vacuous subset
     assert (smol.logits.argmax(-1) == got.argmax(-1))[decisive].mean() >= 0.99
     # greedy replies stay with llama.cpp's at least as long as its own other kernel does
-    assert sum(p == N_GREEDY for p in prefixes) >= sum(p == N_GREEDY for p in smol.fa_prefixes)
-    assert np.mean(prefixes) >= np.mean(smol.fa_prefixes) - 2
+    if served:
+        assert sum(p == N_GREEDY for p in prefixes) >= sum(p == N_GREEDY for p in smol.fa_prefixes)
+        assert np.mean(prefixes) >= np.mean(smol.fa_prefixes) - 2
 
 
 # -- chunk invariance ---------------------------------------------------------------------------
