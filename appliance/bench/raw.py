@@ -3,7 +3,7 @@ directly, in a process of its own, with nothing of the appliance in the path. Th
 divided by these show what serving costs (shared/BENCHMARKING.md; issue #5).
 
 The worker mirrors the engine's llama.cpp context: n_slots sequences of n_ctx positions each
-(not unified), the same threads, batch sizes and flash-attention setting, and prompts
+(not unified), the same threads, batch sizes, flash-attention setting and KV type, and prompts
 prefilled in chunks on the same fixed grid of absolute positions, each chunk its own
 llama_decode. It decodes greedily (lowest id on ties, as numpy's argmax) and ignores
 end-of-generation tokens, as the served rate rows ask with `ignore_eos`.
@@ -35,6 +35,7 @@ class RawSettings:
     grid: Grid                      # where prompts are cut into llama_decode calls
     thread_wait: str = "spin"       # how its threads wait (compute_settings.thread_env), as the engine's
     rope: RopeScaling | None = None # the engine's RoPE scaling (None: the model's, from a server before it)
+    kv_type: str = "f16"            # the engine's KV cache type (f16, q8_0, q4_0: flash attention is on with it)
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
@@ -46,7 +47,8 @@ class RawSettings:
                    grid=Grid(int(s.get("prefill_chunk") or prefill_chunk), int(reuse.get("min_chunk") or 0)),
                    # a server from before the setting spun, as libgomp does by default
                    thread_wait=str(s.get("thread_wait", "spin")),
-                   rope=RopeScaling.from_dict(s["rope"]) if isinstance(s.get("rope"), dict) else None)
+                   rope=RopeScaling.from_dict(s["rope"]) if isinstance(s.get("rope"), dict) else None,
+                   kv_type=str(s.get("kv_type") or "f16"))
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class _Llama:  # pragma: no cover - runs in the child
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if ls.flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cp.no_perf = True
+        from ..engine.runners.placement import GGML_KV_TYPES
+
+        cp.type_k = cp.type_v = GGML_KV_TYPES[st.kv_type]   # the server's /health says its flash attention
         if st.rope is not None:   # a context past the trained one computes as the engine's
             from ..engine.runners.llamacpp import set_rope
 
