@@ -7,8 +7,9 @@ Schema, built by named migrations that are applied once each and recorded in `_m
                     set; the web layer fills in the defaults), created_at, updated_at
     messages        one row per message: (conversation_id, position) is the key, positions run
                     0..n-1; role, content, reasoning_content, tool_calls (JSON), tool_call_id,
-                    timings (JSON), finish_reason, created_at. Deleting a conversation deletes
-                    its messages (ON DELETE CASCADE).
+                    timings (JSON), finish_reason, images (JSON: a user message's pictures as
+                    data: URIs, checked by the web layer), created_at. Deleting a conversation
+                    deletes its messages (ON DELETE CASCADE).
 
 Times are UTC ISO 8601 with milliseconds. Durability and concurrency as in `store.py`: WAL
 journal, a busy timeout on every connection, every write in one `BEGIN IMMEDIATE` transaction
@@ -39,8 +40,8 @@ from .errors import ApplianceError, InvalidRequest, NotFound
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_TITLE = "New conversation"
 MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "timings",
-                  "finish_reason")
-_JSON_FIELDS = ("tool_calls", "timings")
+                  "finish_reason", "images")
+_JSON_FIELDS = ("tool_calls", "timings", "images")
 
 
 class ConversationsUnavailable(ApplianceError):
@@ -71,6 +72,11 @@ def _create_tables(db: sqlite_utils.Database) -> None:
         reasoning_content TEXT, tool_calls TEXT, tool_call_id TEXT, timings TEXT,
         finish_reason TEXT, created_at TEXT NOT NULL,
         PRIMARY KEY (conversation_id, position))""")
+
+
+@MIGRATIONS(name="0002_message_images")
+def _add_images(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE messages ADD COLUMN images TEXT")
 
 
 def _now() -> str:

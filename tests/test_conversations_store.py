@@ -46,8 +46,8 @@ def test_create_and_get(store):
     assert c["created_at"] == c["updated_at"] == "2025-01-01T00:00:01.000+00:00"
     m0, m1 = c["messages"]
     assert m0 == {**user("hi"), "reasoning_content": None, "tool_calls": None, "tool_call_id": None,
-                  "timings": None, "finish_reason": None, "created_at": c["created_at"]}
-    assert m1 == {**assistant, "tool_call_id": None, "created_at": c["created_at"]}
+                  "timings": None, "finish_reason": None, "images": None, "created_at": c["created_at"]}
+    assert m1 == {**assistant, "tool_call_id": None, "images": None, "created_at": c["created_at"]}
     assert store.get(c["id"]) == c
 
 
@@ -134,7 +134,7 @@ def test_reopen_keeps_data_and_applies_migrations_once(path):
     assert second.get(c["id"]) == c
     with sqlite3.connect(path) as conn:
         names = [r[0] for r in conn.execute("SELECT name FROM _migrations")]
-        assert names == ["0001_conversations_messages"]
+        assert names == ["0001_conversations_messages", "0002_message_images"]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -161,3 +161,9 @@ def test_unopenable_path_is_a_typed_error(tmp_path):
     (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
     with pytest.raises(ConversationsUnavailable):
         ConversationStore.open(tmp_path / "junk.db")
+
+
+def test_a_user_messages_pictures_are_kept_in_order(store):
+    pics = ["data:image/png;base64,AAAA", "data:image/jpeg;base64,BBBB"]
+    c = store.create("Pictures", {}, [{**user("what is this?"), "images": pics}])
+    assert store.get(c["id"])["messages"][0]["images"] == pics

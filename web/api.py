@@ -27,7 +27,7 @@ def _model_card(name: str) -> dict[str, Any]:
     if info is not None:
         card["context_length"] = info.n_ctx
         card["meta"] = {"arch": info.arch, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
-                        "n_slots": info.n_slots, "backend": info.backend}
+                        "n_slots": info.n_slots, "backend": info.backend, "vision": "mmproj" in info.settings}
     return card
 
 

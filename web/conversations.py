@@ -25,6 +25,7 @@ from flask.blueprints import BlueprintSetupState
 from appliance.conversations import DEFAULT_TITLE, MESSAGE_FIELDS, ConversationStore
 from appliance.errors import InvalidRequest
 
+from . import images
 from .params import CHAT, Param
 from .wire import parse_json_body
 
@@ -146,9 +147,24 @@ def _message(m: Any, where: str) -> dict[str, Any]:
         _optional(m, key, str, "a string", where)
     _optional(m, "timings", dict, "an object", where)
     _optional(m, "tool_calls", list, "a list of objects", where)
+    _images(m, where)
     if not all(isinstance(c, dict) for c in m.get("tool_calls") or ()):
         raise InvalidRequest(f"'{where}.tool_calls' must be a list of objects", param=f"{where}.tool_calls")
     return m
+
+
+def _images(m: dict, where: str) -> None:
+    """A user message's pictures: data: URIs, each one the chat API would take (web/images.py),
+    so that nothing stored is refused when it is sent."""
+    pics = m.get("images")
+    if pics is None:
+        return
+    if not isinstance(pics, list) or not all(isinstance(p, str) for p in pics) or m.get("role") != "user":
+        raise InvalidRequest(f"'{where}.images' must be a list of data: URIs, on a user message",
+                             param=f"{where}.images")
+    found = images.Images()
+    for k, url in enumerate(pics):
+        found.add(images.data_uri(url, f"{where}.images[{k}]"), f"{where}.images[{k}]")
 
 
 def _messages(body: dict, required: bool) -> list[dict[str, Any]]:

@@ -360,7 +360,8 @@ def show():
     info = engine.info if engine is not None else None
     out = {"modelfile": "", "parameters": "", "template": (info.chat_template or "") if info else "",
            "details": _details(row["path"]), "model_info": {"general.architecture": info.arch} if info else {},
-           "capabilities": ["completion"] + (["tools"] if info and info.chat_template and "tools" in info.chat_template else [])}
+           "capabilities": ["completion"] + (["tools"] if info and info.chat_template and "tools" in info.chat_template else [])
+           + (["vision"] if info and "mmproj" in info.settings else [])}
     if info is not None:
         out["model_info"][f"{info.arch}.context_length"] = info.n_ctx_train
     return jsonify(out)

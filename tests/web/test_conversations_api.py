@@ -155,6 +155,11 @@ BAD_CREATE = [
     ({"messages": [{"role": "user", "content": "hi", "created_at": "now"}]}, "messages[0].created_at"),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": {}}]}, "messages[0].tool_calls"),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": ["f"]}]}, "messages[0].tool_calls"),
+    ({"messages": [{"role": "user", "content": "hi", "images": "data:"}]}, "messages[0].images"),
+    ({"messages": [{"role": "assistant", "content": "hi", "images": []}]}, "messages[0].images"),
+    ({"messages": [{"role": "user", "content": "hi", "images": ["data:image/png;base64,aGk="]}]},
+     "messages[0].images[0]"),                      # base64 of no picture: what the chat API refuses
+    ({"messages": [{"role": "user", "content": "hi", "images": ["https://x/y.png"]}]}, "messages[0].images[0]"),
     ({"messages": [{"role": "tool", "content": "", "tool_call_id": 3}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": "", "timings": [1]}]}, "messages[0].timings"),
     ({"messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": 1}]}, "messages[1].content"),
@@ -219,3 +224,12 @@ def test_unopenable_store_is_a_json_error(tmp_path):
     client = make_client(tmp_path / "file" / "conversations.db")
     for resp in (client.get("/api/conversations"), client.post("/api/conversations", json={})):
         assert error(resp, 503)["code"] == "conversations_unavailable"
+
+
+def test_a_picture_is_stored_with_its_message(client):
+    from tests.engine.mmproj_fixture import picture
+    import base64
+    url = "data:image/png;base64," + base64.b64encode(picture(seed=1)).decode()
+    c = ok(client.post("/api/conversations", json={"messages": [{"role": "user", "content": "what?",
+                                                                 "images": [url]}]}), 201)
+    assert ok(client.get(f"/api/conversations/{c['id']}"))["messages"][0]["images"] == [url]

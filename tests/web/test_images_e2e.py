@@ -7,6 +7,7 @@ shape and the server goes on serving."""
 from __future__ import annotations
 
 import base64
+import json
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,9 @@ import requests
 
 from tests.engine.mmproj_fixture import N_IMAGE_TOKENS, picture, write_vision_pair
 
+from .browser import browser_page, needs_browser
 from .conftest import SHARED, running_server
+from .test_ui_browser import greedy
 
 MODEL = "tiny-vision"
 QUESTION = "Describe the picture."
@@ -51,9 +54,12 @@ def image_message(raw: bytes, text: str = QUESTION) -> list[dict]:
     return [{"type": "image_url", "image_url": {"url": data_uri(raw)}}, {"type": "text", "text": text}]
 
 
-def test_health_shows_the_projector(server):
-    settings = server.health()
-    assert "mmproj" in str(settings)
+def test_health_models_and_ollama_show_say_the_model_sees_images(server):
+    assert server.health()["settings"]["mmproj"]["vision"] is True
+    card = requests.get(server.url + "/v1/models", timeout=10).json()["data"][0]
+    assert card["meta"]["vision"] is True
+    shown = requests.post(server.url + "/api/show", json={"model": MODEL}, timeout=10).json()
+    assert "vision" in shown["capabilities"]
 
 
 def test_openai_image_counts_its_rows_and_shapes_the_reply(server):
@@ -225,3 +231,37 @@ def test_a_text_only_model_refuses_images(shared_server):
     assert r.status_code == 400
     assert "does not take images" in r.json()["error"]["message"]
     assert chat(text, QUESTION).status_code == 200
+
+
+PASTE_AND_DROP = """([b64]) => {
+  const file = (name) => new File([Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))], name, { type: "image/png" });
+  const pasted = new DataTransfer(); pasted.items.add(file("pasted.png"));
+  document.getElementById("input").dispatchEvent(new ClipboardEvent("paste", { clipboardData: pasted, bubbles: true }));
+  const dropped = new DataTransfer(); dropped.items.add(file("dropped.png"));
+  document.getElementById("composer").dispatchEvent(new DragEvent("drop", { dataTransfer: dropped, bubbles: true }));
+}"""
+
+
+@needs_browser
+def test_the_chat_page_attaches_pastes_and_drops_pictures_and_keeps_them(server):
+    text_only = chat(server, QUESTION).json()["usage"]["prompt_tokens"]
+    with browser_page(server, "chat-images") as page:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelector('#vision-note').hidden")
+        greedy(page, max_tokens=8)
+        page.set_input_files("#file", files=[{"name": "a.png", "mimeType": "image/png", "buffer": picture(seed=1)}])
+        page.wait_for_selector("#attachments img.thumb")
+        page.fill("#input", QUESTION)
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".turn.assistant .stats")
+        page.wait_for_selector("#send:not([disabled])")
+        assert page.locator(".msg.user img.thumb").count() == 1 and not page.locator("#attachments img").count()
+        timings = json.loads(page.locator(".stats").first.get_attribute("data-timings"))
+        assert timings["prompt_n"] + timings.get("cache_n", 0) == text_only + N_IMAGE_TOKENS   # the picture was sent
+        page.reload()
+        page.wait_for_selector(".msg.user img.thumb")      # stored with the conversation
+        page.evaluate(PASTE_AND_DROP, [b64(picture(seed=2))])
+        page.wait_for_function("document.querySelectorAll('#attachments img.thumb').length == 2")
+        page.click("#attachments .unattach")
+        assert page.locator("#attachments img.thumb").count() == 1
+        assert not page.console, page.console

@@ -257,3 +257,17 @@ def test_the_page_asks_for_the_api_key_once(tmp_path):
         page.wait_for_selector("#convs .conv")
         assert not page.locator("#keydialog[open]").count()
         assert [m for m in page.console if "401" not in m] == []
+
+
+def test_a_picture_for_a_model_that_takes_none_is_said_and_not_sent(server):
+    from ..engine.mmproj_fixture import picture
+
+    with browser_page(server, "chat-picture-text-model") as page:
+        page.goto(server.url + "/")
+        greedy(page, max_tokens=4)
+        page.set_input_files("#file", files=[{"name": "a.png", "mimeType": "image/png", "buffer": picture(seed=1)}])
+        page.wait_for_selector("#vision-note:not([hidden])")
+        assert "does not take images" in page.inner_text("#vision-note")
+        ask(page, "What is this?")               # the text goes; the picture stays on the page only
+        assert not page.locator(".msg.error").count() and page.locator(".msg.user img.thumb").count() == 1
+        assert not page.console, page.console

@@ -1,6 +1,8 @@
 // The chat page: conversations stored by the server (/api/conversations), replies streamed from
 // /v1/chat/completions and rendered as markdown, reasoning folded, tool calls shown, and under
 // each reply the engine's timings (TTFT, prefill and decode rates, cached tokens, depth, drafts).
+// Pictures attached, pasted or dropped go with a message (stored with it as data: URIs, shown as
+// thumbnails) to a model that takes images; to one that does not, the page says so and sends the text.
 "use strict";
 (function () {
   const { api, sse, el, fmt } = App;
@@ -12,6 +14,9 @@
   let conv = fresh();          // {id, title, settings, messages}
   let controller = null;       // the running generation's AbortController
   let nCtx = 0, lastDepth = 0, inputTokens = 0;
+  let pending = [];            // data: URIs of the pictures for the next message
+  const visionOf = {};         // model id -> whether it takes images (loaded models, /v1/models)
+  const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp", "image/gif"], MAX_IMAGES = 16, MAX_SIDE = 2048;
 
   function fresh() { return { id: null, title: "New conversation", settings: Object.assign({}, DEFAULTS), messages: [] }; }
   const busy = () => controller !== null;
@@ -108,6 +113,8 @@
       sel.replaceChildren(el("option", { value: "", text: "server default" }),
         ...models.data.map((m) => el("option", { value: m.id, text: m.id + (m.status && m.status.value && m.status.value !== "loaded" ? ` (${m.status.value})` : "") })));
       sel.value = keep;
+      for (const m of models.data) if (m.meta) visionOf[m.id] = !!m.meta.vision;
+      updateVisionNote();
     } catch (err) { /* the status strip says what is wrong */ }
   }
 
@@ -117,7 +124,7 @@
     if (!conv.messages.length) log.append(emptyNode());
     const last = [...conv.messages].reverse().find((m) => m.timings);
     lastDepth = last ? last.timings.depth || 0 : 0;
-    updateMeter();
+    updateMeter(); updateVisionNote();
     log.scrollTop = log.scrollHeight;
   }
 
@@ -132,7 +139,9 @@
   function messageNode(m, i) {
     const wrap = el("div", { class: "turn " + m.role, "data-index": i });
     if (m.role === "user") {
-      wrap.append(el("div", { class: "msg user", text: m.content }),
+      const thumbs = (m.images || []).map((url, k) => el("img", { class: "thumb", src: url, alt: `picture ${k + 1}` }));
+      wrap.append(el("div", { class: "msg user" }, thumbs.length ? el("div", { class: "thumbs" }, thumbs) : null,
+                     el("span", { class: "text", text: m.content })),
         el("div", { class: "actions" }, el("button", { type: "button", class: "edit", text: "Edit", onclick: () => editMessage(i) })));
     } else if (m.role === "tool") {
       wrap.append(el("div", { class: "msg tool" }, el("div", { class: "label", text: `tool result${m.tool_call_id ? " · " + m.tool_call_id : ""}` }),
@@ -230,8 +239,11 @@
     const s = conv.settings;
     const messages = [];
     if (s.system) messages.push({ role: "system", content: s.system });
+    const pictures = takesImages();
     for (const m of conv.messages) {
       const out = { role: m.role, content: m.content || "" };
+      if (pictures && m.images && m.images.length)
+        out.content = [...m.images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text: out.content }];
       if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
       if (m.tool_call_id) out.tool_call_id = m.tool_call_id;
       messages.push(out);
@@ -326,10 +338,12 @@
   }
 
   async function send(text) {
+    const images = pending;
+    pending = []; showPending();
     try {
       await ensureSaved(text);
       const at = conv.messages.length;
-      conv.messages.push({ role: "user", content: text });
+      conv.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
       await saveMessages(at, [conv.messages[at]]);
       renderAll();
       $("title").textContent = conv.title;
@@ -360,13 +374,66 @@
     const submit = async () => {
       const text = box.value.trim();
       if (!text) return;
-      conv.messages.splice(i, conv.messages.length - i, { role: "user", content: text });
+      const images = conv.messages[i].images;
+      conv.messages.splice(i, conv.messages.length - i, images && images.length ? { role: "user", content: text, images } : { role: "user", content: text });
       try { await saveMessages(i, [conv.messages[i]]); } catch (err) { showError(err); return; }
       renderAll();
       await generate(i + 1, false);
     };
     save.addEventListener("click", submit);
     box.addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); submit(); } if (e.key === "Escape") renderAll(); });
+  }
+
+  // ---- pictures ------------------------------------------------------------------------------
+  function takesImages() {
+    const h = App.health() || {}, name = conv.settings.model || h.model;
+    if (name in visionOf) return visionOf[name];
+    return !!(h.settings && h.settings.mmproj) && (!conv.settings.model || conv.settings.model === h.model);
+  }
+
+  function updateVisionNote() {
+    const note = $("vision-note"), has = pending.length || conv.messages.some((m) => m.images && m.images.length);
+    note.hidden = !has || takesImages();
+    note.textContent = "this model does not take images: only the text is sent";
+  }
+
+  // A picture as a data: URI; one whose longer side is past MAX_SIDE is scaled down first (the
+  // request body has a size limit, and no projector sees that many pixels).
+  function readImage(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onerror = () => reject(new Error(`${file.name}: could not be read`));
+      reader.onload = () => {
+        const img = new Image();
+        img.onerror = () => reject(new Error(`${file.name}: not a picture this browser can read`));
+        img.onload = () => {
+          const scale = MAX_SIDE / Math.max(img.naturalWidth, img.naturalHeight);
+          if (scale >= 1) { resolve(reader.result); return; }
+          const c = document.createElement("canvas");
+          c.width = Math.round(img.naturalWidth * scale); c.height = Math.round(img.naturalHeight * scale);
+          c.getContext("2d").drawImage(img, 0, 0, c.width, c.height);
+          resolve(c.toDataURL(file.type === "image/jpeg" ? "image/jpeg" : "image/png", 0.9));
+        };
+        img.src = reader.result;
+      };
+      reader.readAsDataURL(file);
+    });
+  }
+
+  async function attach(files) {
+    for (const file of files) {
+      if (!IMAGE_TYPES.includes(file.type)) { showError(new Error(`${file.name}: not a PNG, JPEG, WebP or GIF picture`)); continue; }
+      if (pending.length >= MAX_IMAGES) { showError(new Error(`at most ${MAX_IMAGES} pictures a message`)); break; }
+      try { pending.push(await readImage(file)); } catch (err) { showError(err); }
+    }
+    showPending();
+  }
+
+  function showPending() {
+    $("attachments").replaceChildren(...pending.map((url, k) => el("span", { class: "pending" },
+      el("img", { class: "thumb", src: url, alt: `picture ${k + 1}` }),
+      el("button", { type: "button", class: "unattach", text: "×", title: "remove", onclick: () => { pending.splice(k, 1); showPending(); } }))));
+    updateVisionNote();
   }
 
   // ---- title, delete -------------------------------------------------------------------------
@@ -410,6 +477,19 @@
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("composer").requestSubmit(); }
   });
   input.addEventListener("input", inputChanged);
+  $("attach").addEventListener("click", () => $("file").click());
+  $("file").addEventListener("change", (e) => { attach([...e.target.files]); e.target.value = ""; });
+  input.addEventListener("paste", (e) => {
+    const files = [...(e.clipboardData ? e.clipboardData.files : [])];
+    if (files.length) { e.preventDefault(); attach(files); }
+  });
+  const composer = $("composer");
+  composer.addEventListener("dragover", (e) => { e.preventDefault(); composer.classList.add("dragging"); });
+  composer.addEventListener("dragleave", () => composer.classList.remove("dragging"));
+  composer.addEventListener("drop", (e) => {
+    e.preventDefault(); composer.classList.remove("dragging");
+    if (e.dataTransfer && e.dataTransfer.files.length) attach([...e.dataTransfer.files]);
+  });
   document.addEventListener("keydown", (e) => { if (e.key === "Escape" && busy()) controller.abort(); });
   stopBtn.addEventListener("click", () => busy() && controller.abort());
   $("new").addEventListener("click", newChat);
@@ -428,6 +508,7 @@
       sel.title = sw ? "turn the model's thinking on or off (its template's enable_thinking)" : "this model's chat template has no thinking switch";
     }
     if (h.n_ctx && h.n_ctx !== nCtx) { nCtx = h.n_ctx; updateMeter(); if (!conv.messages.length) renderAll(); }
+    updateVisionNote();
   });
 
   (async () => {
