@@ -317,6 +317,7 @@ def mtp_refusal(runner: ModelRunner) -> str | None:
 def load_mtp(runner: ModelRunner, cost: CostModel, prompt: Sequence[int]) -> MtpDrafter:
     """The model's own MTP head as the drafter: how often its argmax agrees with the target's
     (the acceptance prior) and what its forwards cost against the target's, measured."""
+    runner.start_mtp()
     drafter = MtpDrafter(runner)
     prior = drafter.agreement(0, runner.tokenize(SAMPLE, add_special=True))
     drafter.cost = dataclasses.replace(drafter.measure(0, prompt, cost.unit_s), prior=prior)

@@ -127,6 +127,23 @@ def test_a_cached_prefix_keeps_identity(mtp):
     assert run(mtp, [chat(longer, "mtp")])[0][0] == ref2
 
 
+def test_a_server_with_the_head_answers_as_one_without(mtp):
+    """The MTP server's replies, with drafting and without, equal those of a server that never
+    loaded the head (the target keeps the trunk's hidden rows there; that must change no
+    logit), on a prompt of two prefill chunks too."""
+    long = PROMPTS[2] + " " + " ".join(f"Colour {i} is number {i * 7 % 13}." for i in range(60))
+    texts = [PROMPTS[0], long]
+    plain = engine(mtp.runner.info.model_path, "off")
+    try:
+        assert plain.runner.nextn is None
+        ref = [run(plain, [chat(t, "off", cache=False)])[0][0] for t in texts]
+    finally:
+        plain.close()
+    assert len(mtp.runner.tokenize(long, add_special=False)) > 512   # past the first chunk
+    assert [run(mtp, [chat(t, "off", cache=False)])[0][0] for t in texts] == ref
+    assert [run(mtp, [chat(t, "mtp")])[0][0] for t in texts] == ref
+
+
 def test_acceptance_follows_the_heads_agreement(tmp_path):
     """The agreement measured at start (teacher-forced argmax of head against trunk) is what
     drafting shows: a random head agrees with its trunk on almost no token, and its first

@@ -94,7 +94,7 @@ class LlamaCppRunner(TextMethods):
                 # read before the context: llama.cpp rewrites n_ctx_train for a custom YaRN scale
                 n_ctx_train = L.llama_model_n_ctx_train(self.model)
                 cp = self._context(cfg, model_path, s)
-                self._mtp_head(cfg, cp, s.n_batch)
+                self._mtp_check(cfg, cp)
             except ModelLoadError as e:      # with llama.cpp's reason: a buffer a device did not give
                 raise ModelLoadError(e.message + said.why()) from None
         self.placed.record_allocations(said.lines)
@@ -115,8 +115,7 @@ class LlamaCppRunner(TextMethods):
             **self.text.facts(),
             kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
             settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__,
-                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train),
-                      "mtp": self.nextn is not None},
+                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train)},
             fingerprint=file_fingerprint(model_path),
             placement=self.placed.summary(),
         )
@@ -160,18 +159,28 @@ class LlamaCppRunner(TextMethods):
                                  f"{cfg.n_slots} x {n_ctx} positions")
         return cp
 
-    def _mtp_head(self, cfg: EngineConfig, cp: L.llama_context_params, n_batch: int) -> None:
-        """The model's own next-n head in an MTP context beside the target's, where the GGUF
-        has one llama.cpp can run and speculation may use it; the target then keeps the trunk's
-        hidden row of every token (`hidden`, after each forward). `mtp_refusal` says why not."""
+    def _mtp_check(self, cfg: EngineConfig, cp: L.llama_context_params) -> None:
+        """Whether the model has a next-n (MTP) head llama.cpp can run, loaded (`mtp_refusal`
+        says why not); `start_mtp` creates its context once speculation has chosen it."""
         self.nextn: llamacpp_mtp.NextnHead | None = None
         self.hidden: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._mtp_params = cp
         arch = meta(self.model, "general.architecture") or "unknown"
         self.mtp_refusal = (llamacpp_mtp.why_not(arch, L.llama_model_n_layer_nextn(self.model))
                             if cfg.speculate in ("auto", "mtp") else "speculation is off (--speculate off)")
-        if self.mtp_refusal is None:
-            self.nextn = llamacpp_mtp.NextnHead(self.model, cp, n_batch)
+
+    def start_mtp(self) -> llamacpp_mtp.NextnHead:
+        """The model's own head in an MTP context beside the target's (its slots, context,
+        threads and KV type); the target keeps the trunk's hidden row of every token from now
+        on (`hidden`, after each forward). Computing those rows changes no logit: every row's
+        last block runs, and the logits rows asked for are the same rows (tests/engine/test_mtp.py
+        compares a server with the head against one without)."""
+        assert self.mtp_refusal is None, self.mtp_refusal
+        if self.nextn is None:
+            self.nextn = llamacpp_mtp.NextnHead(self.model, self._mtp_params, self.n_batch)
             llamacpp_mtp.keep_target_rows(self.ctx)
+            self.info.settings["mtp"] = True
+        return self.nextn
 
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, the context, the KV type,

@@ -59,15 +59,25 @@ class MtpDrafter(ModelDrafter):
             self.head.truncate(slot, 0)
 
     # -- the trunk's rows ------------------------------------------------------------------
-    def record(self, slots: set[int]) -> None:
-        """Keep the trunk's rows of the last target forward for these slots."""
+    def record(self, slots: set[int], prefixes: dict[int, Sequence[int]] | None = None) -> None:
+        """Keep the trunk's rows of the last target forward for these slots. `prefixes`: the
+        contexts of the prompt chunks just computed (slot: the prompt up to the chunk's end),
+        whose KV below the chunk is the scheduler's for that request: where `toks` says
+        otherwise (a prefix the prompt cache restored, or one never recorded), the rows there
+        are dropped and the tokens taken from the context, so the rows computed now count."""
+        prefixes = prefixes or {}
         for seq, pos, tok, h in self.runner.hidden:
             for slot in slots.intersection(seq.tolist()):
                 sel = np.flatnonzero(seq == slot)
                 start = int(pos[sel[0]])
                 toks, rows = self.toks[slot], self.rows[slot]
+                keep = start
+                if slot in prefixes:
+                    keep = common_prefix(toks[:start], prefixes[slot][:start])
+                    toks[keep:] = prefixes[slot][keep:start]
                 del toks[start:]
-                for p in [p for p in rows if p >= start]:
+                toks.extend([-1] * (start - len(toks)))   # never seen: no context agrees there
+                for p in [p for p in rows if p >= keep]:
                     del rows[p]
                 for i in sel:
                     toks.append(int(tok[i]))
@@ -107,7 +117,7 @@ class MtpDrafter(ModelDrafter):
         prompt up to the chunk just prefilled) into the head's KV."""
         self.slots.update(slot for slot, _ in work)
         if self.slots:
-            self.record(self.slots)
+            self.record(self.slots, dict(work))
         items = [it for it in (self._catch_up(slot, toks, False) for slot, toks in work) if it is not None]
         if items:
             self.head.forward(items)
