@@ -179,6 +179,22 @@ def test_the_agreeing_heads_first_drafts_are_accepted_at_its_measured_rate(mtp):
     assert abs(rate - prior) < 0.25, (rate, prior)
 
 
+def test_the_policy_offers_mtp_only_where_exact_or_labelled():
+    """decide() with an MTP head: exact, auto drafts by it; not exact, --speculate mtp refuses
+    to start with the reason and --speculate-inexact labels every response mtp-inexact."""
+    cost, head = speculate.CostModel(), speculate.DraftCost(0.1, speculate.CostModel(), 0.6)
+    exact, inexact = speculate.Exactness(True, 0.0, 0, 9), speculate.Exactness(False, 0.6, 0, 9)
+    p = speculate.decide("auto", False, exact, cost, head, "mtp", "unused")
+    assert p.default == "mtp" and p.modes == ("lookup", "mtp") and p.refusal("mtp") is None
+    assert p.refusal("draft") == "this server has no draft model (start it with --draft-model)"
+    with pytest.raises(ValueError, match="--speculate mtp: .*--speculate-inexact"):
+        speculate.decide("mtp", False, inexact, cost, head, "mtp")
+    opted = speculate.decide("mtp", True, inexact, cost, head, "mtp")
+    assert opted.default == "mtp" and opted.label("mtp") == "mtp-inexact"
+    lookup_only = speculate.decide("auto", False, exact, cost, None, "draft", "no head here")
+    assert lookup_only.refusal("mtp") == "no head here" and lookup_only.as_dict()["mtp_refusal"] == "no head here"
+
+
 def test_a_model_without_next_n_layers_refuses_mtp(tmp_path):
     path = tmp_path / "trunk-only.gguf"
     write_tiny_mtp(path, mtp=False)
