@@ -65,15 +65,18 @@ def auto_context(cfg: Any, m: ModelFacts, req: FitRequest, devices: list[Device]
 
 def request_of(cfg: Any, m: ModelFacts) -> FitRequest:
     """The planner's request for an engine config (serve's flags): its slots, KV type, batch and
-    GPU layers; the torch runner's KV is float32 with --torch-dtype float32. Tensor overrides
-    are left to the load's own placement."""
+    GPU layers and tensor overrides (a tensor sent to CPU is the planner's CPU's; any other
+    device the main GPU's, as the load's own placement checks); the torch runner's KV is float32
+    with --torch-dtype float32."""
     ngl = {"auto": None, "all": m.n_layer + 1}.get(cfg.n_gpu_layers)
     n_cpu_moe = m.n_layer if cfg.cpu_moe else cfg.n_cpu_moe
     kv = "f32" if cfg.engine == "torch" and cfg.torch_dtype == "float32" else cfg.kv_type
     return FitRequest(n_ctx=STEP, n_slots=cfg.n_slots, kv_type=kv, n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
                       flash_attn=cfg.flash_attn or cfg.kv_type != "f16",
                       n_gpu_layers=int(cfg.n_gpu_layers) if ngl is None and cfg.n_gpu_layers != "auto" else ngl,
-                      n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer))
+                      n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
+                      overrides=tuple((p, "CPU" if d.upper() == "CPU" else "GPU0")
+                                      for p, d in cfg.tensor_overrides()))
 
 
 @lru_cache(maxsize=32)

@@ -57,3 +57,21 @@ def test_the_catalog_resolves_auto_for_each_model(tmp_path):
     path = write_tiny(tmp_path / "m.gguf", "llama", n_ctx=512)
     cfg, notes = ModelSpec("m", path, "file").fit(config.load({"n_ctx": "auto"}, env={}), True)
     assert cfg.n_ctx == 512 and "limited by the ceiling" in notes[-1]      # a tiny model: its trained context
+
+
+def test_tensor_overrides_are_planned_as_the_load_places_them(hosts):
+    """Experts kept on the GPU with --override-tensor leave it less room for KV than the planner's
+    own placement (which sends them to host memory): auto plans them where the load puts them,
+    so the context it picks fits (found in issue 50: it planned without the overrides and picked
+    a context the load could not hold)."""
+    m, devices = build("Qwen3-30B-A3B-Q4_K_M"), from_snapshot(hosts["desktop"])
+    cfg = config.EngineConfig(n_ctx=AUTO_N_CTX, n_slots=4, n_gpu_layers="all", rope_scaling="yarn")
+    pinned = replace(cfg, override_tensor=r"blk\.(0|1|2|3|4|5|6|7)\.ffn_.*_exps\.weight=CUDA0")
+    req = auto.request_of(pinned, m)
+    assert req.overrides == ((r"blk\.(0|1|2|3|4|5|6|7)\.ffn_.*_exps\.weight", "GPU0"),)
+    assert auto.request_of(replace(cfg, override_tensor=r"output\.weight=cpu"), m).overrides == \
+        ((r"output\.weight", "CPU"),)
+    free, _ = auto.auto_context(cfg, m, auto.request_of(cfg, m), devices)
+    n, note = auto.auto_context(pinned, m, req, devices)
+    assert 0 < n < free and "limited by memory" in note
+    assert plan(m, replace(req, n_ctx=n), devices).fits and not plan(m, replace(req, n_ctx=free), devices).fits
