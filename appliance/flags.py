@@ -49,11 +49,14 @@ def _parse_value(kind: Any, raw: str, name: str, switch: bool = False, words: Ma
     return raw
 
 
-def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
-    """One flag per field; defaults are None so that 'not given' falls through to env."""
+def add_arguments(parser: argparse.ArgumentParser, *classes: type, only: frozenset[str] | None = None) -> None:
+    """One flag per field (of `only`'s names, when given); defaults are None so that 'not given'
+    falls through to env."""
     for cls in classes:
         group = parser.add_argument_group(cls.__name__.replace("Config", "").lower())
         for f in dataclasses.fields(cls):
+            if only is not None and f.name not in only:
+                continue
             env = ENV_PREFIX + f.name.upper()
             default = f"default: {f.default}" if f.default not in (None, "") else "no default"
             help_text = f"{f.metadata['help']} [env {env}; {default}]"

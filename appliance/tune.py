@@ -29,9 +29,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import config
+from . import config, flags
 from .compute_settings import LlamaCppSettings
 from .tune_score import CHUNK_TOKENS, NEAR_TIE, Measurement, choose, depth_ranges, render_choices
+
+ROPE_FIELDS = frozenset({"rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx",
+                         "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow"})
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="measure llama.cpp settings on this machine and write the tuned plan",
@@ -47,6 +51,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--n-slots", type=int, default=config.EngineConfig.n_slots,
                    help="slots of the server to tune for (default 4): llama.cpp's kernels are timed "
                         "on the KV pool the server will have")
+    # a context past the trained one is measured as it is served: with the same RoPE scaling
+    flags.add_arguments(p, config.EngineConfig, only=ROPE_FIELDS)
     p.add_argument("--runs", type=int, default=3, help="repeats per candidate and depth (default 3)")
     p.add_argument("--tokens", type=int, default=32, help="tokens decoded per measurement (default 32)")
     p.add_argument("--out", help="plan file (default: plan.json in the data directory)")
@@ -82,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser() if args.out else config.default_data_dir() / "plan.json"
     model_key = file_fingerprint(ref.path)
     try:
+        args.rope_flags, args.rope = rope_of(args, ref.path)
+    except ValueError as e:
+        print(f"appliance tune: {e}", file=sys.stderr)
+        return 2
+    try:
         depths = _depths(args, plan_mod.read_misses(out), model_key)
     except ValueError as e:
         print(f"appliance tune: {e}", file=sys.stderr)
@@ -92,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"appliance tune: {ref.path.name}, {len(cands)} candidates x {len(depths)} depths x {args.runs} runs",
           file=sys.stderr)
     try:
-        reuse = [exact_reuse(ref.path, c, args.n_ctx) for c in cands]
+        reuse = [exact_reuse(ref.path, c, args.n_ctx, args.rope_flags) for c in cands]
     except ApplianceError as e:
         print(f"appliance tune: {e.message}", file=sys.stderr)
         return 1
@@ -110,6 +121,17 @@ def run(args: argparse.Namespace) -> int:
             w.close()
     _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, measured, plan_mod)
     return 0
+
+
+def rope_of(args: argparse.Namespace, model_path: Path) -> tuple[dict[str, Any], Any]:
+    """(the RoPE flags given, as EngineConfig fields; the rotation `serve` would use with them at
+    --n-ctx), checked as serve checks them: ValueError with the flag to give."""
+    from .fit.model import from_gguf
+    from .rope import resolve
+
+    given = flags.values_of(config.EngineConfig, {k: getattr(args, k, None) for k in ROPE_FIELDS}, {})
+    cfg = config.EngineConfig(n_ctx=args.n_ctx, **given)        # its __post_init__ checks the flags alone
+    return given, resolve(cfg, from_gguf(model_path).positions, args.n_ctx)
 
 
 def _depths(args: argparse.Namespace, misses: list[dict], model_key: str) -> list[int]:
@@ -142,7 +164,7 @@ def _measure(args: argparse.Namespace, model_path: Path, cands: Sequence[LlamaCp
         # the server's pool shape (n_slots x n_ctx, not unified): the kernels are timed on
         # the KV pool they will run on
         workers.append(RawReference(str(model_path), RawSettings(
-            n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=c, grid=Grid(CHUNK_TOKENS))))
+            n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=c, grid=Grid(CHUNK_TOKENS), rope=args.rope)))
     measured: list[Measurement] = []
     steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
     for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
@@ -161,7 +183,8 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
         for i in medians:
             medians[i]["min_chunk"] = reuse[i]
         entries.append(plan_mod.LlamaCppChoice(depth_max=depth_max, settings=cands[winner], measured={
-            "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, **{str(i): m for i, m in medians.items()}}))
+            "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, "rope": args.rope.as_dict(),
+            **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
     fingerprint = plan_mod.current_fingerprint(_build_info())
     plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod)
@@ -171,13 +194,14 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
     print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
 
 
-def exact_reuse(model_path: Path, c: LlamaCppSettings, n_ctx: int) -> int:
+def exact_reuse(model_path: Path, c: LlamaCppSettings, n_ctx: int, rope_flags: dict[str, Any] | None = None) -> int:
     """The engine's chunk-invariance check on this candidate (one slot of the server's context):
     the smallest chunk that computes as the grid's, 0 when the cache may reuse whole blocks only."""
     from .engine.cache.invariance import check_chunk_invariance, probe_prompt
     from .engine.runners.llamacpp import LlamaCppRunner
 
-    cfg = config.EngineConfig(plan="off", n_slots=1, n_ctx=n_ctx, prefill_chunk=CHUNK_TOKENS).with_llamacpp(c)
+    cfg = config.EngineConfig(plan="off", n_slots=1, n_ctx=n_ctx, prefill_chunk=CHUNK_TOKENS,
+                              **(rope_flags or {})).with_llamacpp(c)
     runner = LlamaCppRunner(cfg, model_path, "tune")
     try:
         return check_chunk_invariance(runner, 0, probe_prompt(runner, CHUNK_TOKENS), CHUNK_TOKENS).min_chunk

@@ -229,3 +229,23 @@ def test_tune_on_a_tiny_model_writes_a_plan_the_engine_uses(tmp_path):
     chosen = entries[0]      # the working depth, half of the 128-token context, is in the first range (to 64)
     assert settings["n_ubatch"] == chosen["n_ubatch"] and settings["flash_attn"] == chosen["flash_attn"]
     assert settings["plan"]["choice"]["n_ubatch"] == chosen["n_ubatch"]
+
+
+def test_tune_past_the_trained_context_takes_the_rope_flags_serve_takes(tmp_path):
+    """A context past the trained one is refused without scaling, as serve refuses it, and
+    measured with the scaling given (the raw workers and the start-up check rotate as served)."""
+    from .engine.gguf_fixtures import write_tiny_llama
+
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=64)
+    out = tmp_path / "plan.json"
+    base = [sys.executable, "-m", "appliance", "tune", "--model", str(tiny), "--depths", "96", "--n-ctx", "128",
+            "--n-slots", "1", "--runs", "1", "--tokens", "4", "--out", str(out), "--quiet"]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "past the model's trained context (64 positions)" in refused.stderr
+    assert "--rope-scaling yarn" in refused.stderr and not out.exists()
+    done = subprocess.run([*base, "--rope-scaling", "yarn", "--rope-scale", "2"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    (entries,) = json.loads(out.read_text())["llamacpp"].values()
+    rope = entries[0]["measured"]["rope"]
+    assert rope["kind"] == "yarn" and rope["freq_scale"] == 0.5 and rope["orig_ctx"] == 64
