@@ -33,11 +33,14 @@ def add_parsers(sub) -> None:
                     "this machine, then the files, resumable (an interrupted pull keeps FILE.part and "
                     "the next one continues it) and checked against the sha256 the Hub lists. ORG/REPO "
                     "takes the repository's only model, else its Q4_K_M; ORG/REPO:QUANT the model of "
-                    "that quant; ORG/REPO FILE.gguf that file. Split GGUFs come whole.")
+                    "that quant; ORG/REPO FILE.gguf that file. Split GGUFs come whole. A vision model's "
+                    "projector (mmproj*.gguf beside it) comes with it, and `serve` loads it.")
     pull.add_argument("ref", metavar="ORG/REPO[:QUANT]")
     pull.add_argument("file", nargs="?", metavar="FILE.gguf", help="the file to pull (its path in the repository)")
     pull.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
     pull.add_argument("--name", help="the model's name in the library (default: the file's name)")
+    pull.add_argument("--no-mmproj", action="store_true",
+                      help="leave out the vision projector (mmproj*.gguf) of a model that has one")
     pull.add_argument("--yes", "-y", action="store_true", help="download without asking, even when it does not fit")
     pull.add_argument("--n-ctx", type=int, default=8192,
                       help="positions per slot for the fit check (default 8192, at most the model's own)")
@@ -121,10 +124,15 @@ class _Pull:
     dests: list[Path]
     meta: dict
     infos: list
+    mmproj: tuple[RemoteFile, Path] | None = None     # its vision projector, and where it goes
+
+    @property
+    def files(self) -> list[tuple[RemoteFile, Path]]:
+        return [*zip(self.parts, self.dests), *([self.mmproj] if self.mmproj else [])]
 
     @property
     def total(self) -> int:
-        return sum(f.size for f in self.parts)
+        return sum(f.size for f, _ in self.files)
 
 
 def pull_cmd(args: argparse.Namespace) -> int:
@@ -148,7 +156,8 @@ def pull_cmd(args: argparse.Namespace) -> int:
         _say(e.message)
         return e.code
     _say(f"pulled {entry.name}: {human_bytes(entry.size)}, {entry.card.quant}, {entry.card.arch}, "
-         f"context {entry.card.context()}" + ("" if entry.card.chat_template else ", no chat template"))
+         f"context {entry.card.context()}" + ("" if entry.card.chat_template else ", no chat template")
+         + (f", sees images ({entry.mmproj.name})" if entry.mmproj else ""))
     print(entry.path)
     return EXIT_OK
 
@@ -157,28 +166,31 @@ def _resolve(args: argparse.Namespace, ref: Ref, lib: Library) -> _Pull:
     """The files `ref` names on the hub, the name they get in the library, and their header.
     _Stop when the name is another repository's, or the library has these files already."""
     from . import hub
-    from .refs import RefError, choose
+    from .refs import RefError, choose, projector
 
     try:
         listing = hub.list_files(ref.repo, ref.revision)
         parts = [listing[p] for p in choose(ref, list(listing))]
+        mm = None if args.no_mmproj else projector(list(listing), parts[0].path)
+        mmproj = (listing[mm], lib.root / ref.repo / mm) if mm else None
         name = args.name or lib.name_for(parts[0].path, ref.repo)
         have = lib.get(name)
         if have is not None and have.origin.get("repo") != ref.repo:
             raise _Stop(f"appliance pull: the library already has a model named {name} (from {have.source}); "
                         "give another with --name", EXIT_USAGE)
         dests = [lib.root / ref.repo / f.path for f in parts]
-        if have is not None and have.error is None and have.files == tuple(dests) and \
-                have.origin.get("sha256") == {f.path: f.sha256 for f in parts}:
+        every = [*parts, *([mmproj[0]] if mmproj else [])]
+        if have is not None and have.error is None and have.files == tuple(dests + ([mmproj[1]] if mmproj else [])) \
+                and have.origin.get("sha256") == {f.path: f.sha256 for f in every}:
             raise _Stop(f"{name} is already in the library ({have.path})", EXIT_OK)
-        _say(f"{ref.repo}: {', '.join(f.path for f in parts)} ({human_bytes(sum(f.size for f in parts))})")
+        _say(f"{ref.repo}: {', '.join(f.path for f in every)} ({human_bytes(sum(f.size for f in every))})")
         meta, infos = hub.remote_model(ref.repo, parts, ref.revision)
     except (RefError, hub.HubError) as e:
         raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
     except ValueError as e:
         raise _Stop(f"appliance pull: {ref.repo}/{parts[0].path} is not a GGUF it can read: {e}",
                     EXIT_FAILED) from None
-    return _Pull(name, parts, dests, meta, infos)
+    return _Pull(name, parts, dests, meta, infos, mmproj)
 
 
 def _download(ref: Ref, lib: Library, pull: _Pull) -> None:
@@ -187,14 +199,14 @@ def _download(ref: Ref, lib: Library, pull: _Pull) -> None:
     from . import hub
 
     lib.root.mkdir(parents=True, exist_ok=True)
-    kept = sum(Path(f"{d}.part").stat().st_size for d in pull.dests if Path(f"{d}.part").is_file())
-    done = sum(d.stat().st_size for d in pull.dests if d.is_file())
+    kept = sum(Path(f"{d}.part").stat().st_size for _, d in pull.files if Path(f"{d}.part").is_file())
+    done = sum(d.stat().st_size for _, d in pull.files if d.is_file())
     free = shutil.disk_usage(lib.root).free
     if pull.total - kept - done > free:
         raise _Stop(f"appliance pull: {human_bytes(pull.total - kept - done)} to download, {human_bytes(free)} free "
                     f"under {lib.root}", EXIT_FAILED)
     try:
-        for f, dest in zip(pull.parts, pull.dests):
+        for f, dest in pull.files:
             hub.download(ref.repo, f, dest, ref.revision)
     except hub.HubError as e:
         raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
@@ -208,9 +220,9 @@ def _add(ref: Ref, lib: Library, pull: _Pull) -> Entry:
     from . import hub
 
     origin = {"repo": ref.repo, "revision": ref.revision, "commit": hub.commit_of(ref.repo, ref.revision),
-              "sha256": {f.path: f.sha256 for f in pull.parts}}
+              "sha256": {f.path: f.sha256 for f, _ in pull.files}}
     try:
-        return lib.add(pull.name, pull.dests, f"hf:{ref.repo}", origin)
+        return lib.add(pull.name, pull.dests, f"hf:{ref.repo}", origin, pull.mmproj[1] if pull.mmproj else None)
     except ValueError as e:
         raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
 
@@ -250,12 +262,12 @@ def models_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([m.to_dict() for m in models], indent=2))
         return EXIT_OK
-    rows = [("NAME", "SIZE", "QUANT", "ARCH", "PARAMS", "CONTEXT", "TEMPLATE", "SOURCE")]
+    rows = [("NAME", "SIZE", "QUANT", "ARCH", "PARAMS", "CONTEXT", "TEMPLATE", "IMAGES", "SOURCE")]
     for m in models:
         c = m.card
         rows.append((m.name, human_bytes(m.size), c.quant if c else "-", c.arch if c else "-",
                      human_params(c.n_params) if c else "-", c.context() if c else "-",
-                     ("yes" if c.chat_template else "no") if c else "-",
+                     ("yes" if c.chat_template else "no") if c else "-", "yes" if m.mmproj else "-",
                      m.source + (f"  ({m.error})" if m.error else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:

@@ -3,7 +3,8 @@
 `ORG/REPO` takes the repository's only model, else its Q4_K_M (the quant llama-server's `-hf`
 and Ollama default to); `ORG/REPO:QUANT` the model whose file name carries that quant tag;
 `ORG/REPO FILE.gguf` that file. A split GGUF (`NAME-00001-of-00003.gguf`) is one model of all
-its parts. Multimodal projectors (`mmproj*.gguf`) are not models on their own.
+its parts. Multimodal projectors (`mmproj*.gguf`) are not models on their own: `projector`
+finds the one a vision model's pull takes with it.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from ..fit.model import SPLIT
 
 DEFAULT_QUANT = "Q4_K_M"
+PROJECTOR_QUANTS = ("F16", "BF16", "Q8_0", "F32")   # a projector's precision matters more than its size
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -97,3 +99,16 @@ def choose(ref: Ref, paths: list[str]) -> list[str]:
     listed = ", ".join([h[0] for h in hits] if hits else list(models))
     raise RefError(f"{ref.repo} has {what} for {quant}{hint}: {listed}; name one with "
                    f"ORG/REPO:QUANT or ORG/REPO FILE.gguf")
+
+
+def projector(paths: list[str], model: str) -> str | None:
+    """The vision projector (`mmproj*.gguf`) in the directory of the model whose first file is
+    `model`: F16 first (llama.cpp's converters' default), then BF16, Q8_0, F32, else the first."""
+    folder = model.rpartition("/")[0]
+    found = sorted(p for p in paths if p.rpartition("/")[0] == folder and p.lower().endswith(".gguf")
+                   and p.rpartition("/")[2].lower().startswith("mmproj"))
+    for quant in PROJECTOR_QUANTS:
+        hits = [p for p in found if has_quant(p, quant)]
+        if hits:
+            return hits[0]
+    return found[0] if found else None

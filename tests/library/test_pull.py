@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -215,3 +216,29 @@ def test_ctrl_c_leaves_no_file_under_the_final_name_and_the_next_pull_resumes(hu
     assert pull(REPO, host=host_file) == 0
     assert (library / REPO / "tiny-F32.gguf").read_bytes() == tiny["one"]
     assert hub.downloads("tiny-F32.gguf")[-1] == f"bytes={kept}-"
+
+
+def test_a_vision_models_projector_comes_with_it_is_served_with_it_and_goes_with_it(hub, library, tiny, host_file,
+                                                                                    tmp_path, capsys):
+    from appliance import config
+    from appliance.library.catalog import catalog
+    from tests.engine.mmproj_fixture import write_mmproj
+
+    mmproj = write_mmproj(tmp_path / "mm.gguf").read_bytes()
+    hub.add(REPO, {"tiny-F32.gguf": tiny["one"], "mmproj-tiny-Q8_0.gguf": mmproj, "mmproj-tiny-F16.gguf": mmproj})
+    assert pull(REPO, host=host_file) == 0
+    assert "sees images (mmproj-tiny-F16.gguf)" in capsys.readouterr().err
+    m = listed("--no-hf-cache")["tiny-F32"]
+    assert m["vision"] and m["mmproj"] == str(library / REPO / "mmproj-tiny-F16.gguf")   # F16 first
+    assert not hub.downloads("mmproj-tiny-Q8_0.gguf")
+    assert m["size"] == len(tiny["one"]) + len(mmproj)
+    spec = next(s for s in catalog(config.load({"library": str(library)}, env={}))[0] if s.name == "tiny-F32")
+    assert dict(spec.settings)["mmproj"] == m["mmproj"]        # serve loads it beside the model
+    assert main(["models", "--no-hf-cache"]) == 0
+    table = [re.split(r"\s{2,}", line) for line in capsys.readouterr().out.splitlines()]
+    column = table[0].index("IMAGES")
+    assert next(row for row in table if row[0] == "tiny-F32")[column] == "yes"
+    assert main(["rm", "tiny-F32"]) == 0
+    assert not (library / "tiny-org").exists()
+    assert pull(REPO, "--no-mmproj", host=host_file) == 0
+    assert not listed("--no-hf-cache")["tiny-F32"]["vision"]
