@@ -246,8 +246,8 @@ class ServerConfig:
     cors_origins: str = opt("", "comma-separated origins allowed by CORS besides pages served from this "
                             "machine (http(s)://localhost, 127.0.0.1 or [::1] on any port, always allowed); "
                             "'*' allows any")
-    http_threads: int = opt(64, "HTTP worker threads (more than slots + queue, so waiting clients "
-                              "never block /health)")
+    http_threads: int = opt(64, "HTTP worker threads (more than slots + queue, so waiting clients never block /health)")
+    image_urls: float = opt(0.0, "seconds to fetch an http(s) image URL, at most --max-body-bytes (0: data: URIs only)")
     max_body_bytes: int = opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
     max_connections: int = opt(1000, "open client connections at most; at the limit, a new one closes the "
                                "connection quiet longest among those with no request running")

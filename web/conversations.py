@@ -164,6 +164,8 @@ def _images(m: dict, where: str) -> None:
                              param=f"{where}.images")
     found = images.Images()
     for k, url in enumerate(pics):
+        if not url.startswith("data:"):        # the store keeps the picture itself, never a link
+            raise InvalidRequest(f"'{where}.images[{k}]' must be a data: URI", param=f"{where}.images[{k}]")
         found.add(images.data_uri(url, f"{where}.images[{k}]"), f"{where}.images[{k}]")
 
 

@@ -6,8 +6,9 @@ URI); `wire.py` reads the parts through `Images`, which puts IMAGE_MARKER in the
 where each picture was and keeps the decoded pictures, in order, for `Request.images`. The
 engine (runners/vision.py) does the rest, or refuses a model without a projector.
 
-Refused with a 400 naming the part: a URL that is not a `data:` URI (fetching http(s) images is
-not done), base64 that does not decode, bytes that are no image or an image of another format
+An http(s) URL is fetched only when `--image-urls SECONDS` allows it: within that time, at most
+`--max-body-bytes`, a 200 answer. Refused with a 400 naming the part: a URL when URLs are off,
+one that fails, is too slow or too large, base64 that does not decode, bytes that are no image or an image of another format
 than PNG, JPEG, WebP or GIF (its first frame), a truncated or corrupt file, a picture of more
 than MAX_PIXELS pixels (checked from its header, before it is decoded), more than MAX_IMAGES
 pictures in one request.
@@ -18,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import io
+import time
 import warnings
 from typing import Any
 
@@ -61,15 +63,51 @@ def image_url_part(url: str) -> dict[str, Any]:
 
 
 def data_uri(url: str, param: str) -> bytes:
-    """The bytes of a `data:[type];base64,...` URI."""
+    """The bytes of a `data:[type];base64,...` URI, or of an http(s) URL where they are allowed."""
     if url.startswith(("http://", "https://")):
-        raise InvalidRequest("image URLs are not fetched by this server; send the picture itself as a "
-                             "data: URI (data:image/png;base64,...)", param=param)
+        seconds, most = _url_policy()
+        if seconds <= 0:
+            raise InvalidRequest("image URLs are not fetched by this server (start it with --image-urls SECONDS "
+                                 "to allow them); send the picture itself as a data: URI "
+                                 "(data:image/png;base64,...)", param=param)
+        return fetch(url, seconds, most, param)
     head, comma, data = url.partition(",")
     if not (url.startswith("data:") and comma and head.endswith(";base64")):
         raise InvalidRequest("an image must be a data: URI with base64 content (data:image/png;base64,...)",
                              param=param)
     return b64(data, param)
+
+
+def _url_policy() -> tuple[float, int]:
+    """(seconds a URL may take, bytes it may have) from the serving app's config; off outside one."""
+    from flask import current_app, has_app_context
+
+    if not has_app_context() or "appliance" not in current_app.extensions:
+        return 0.0, 0
+    server = current_app.extensions["appliance"].config.server
+    return server.image_urls, server.max_body_bytes
+
+
+def fetch(url: str, seconds: float, most: int, param: str) -> bytes:
+    """An image URL's bytes: a 200 answer of at most `most` bytes, whole within `seconds`."""
+    import requests
+
+    deadline, body = time.monotonic() + seconds, bytearray()
+    try:
+        with requests.get(url, stream=True, timeout=seconds) as r:
+            if r.status_code != 200:
+                raise InvalidRequest(f"the image URL answered HTTP {r.status_code}", param=param)
+            for chunk in r.iter_content(64 * 1024):
+                body += chunk
+                if len(body) > most:
+                    raise InvalidRequest(f"the image at the URL is over {most:,} bytes", param=param)
+                if time.monotonic() > deadline:
+                    raise InvalidRequest(f"the image URL took longer than {seconds:g} s", param=param)
+    except requests.Timeout:
+        raise InvalidRequest(f"the image URL took longer than {seconds:g} s", param=param) from None
+    except requests.RequestException as e:
+        raise InvalidRequest(f"the image URL could not be fetched ({type(e).__name__})", param=param) from None
+    return bytes(body)
 
 
 def b64(data: str, param: str) -> bytes:

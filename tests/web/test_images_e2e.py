@@ -7,7 +7,10 @@ shape and the server goes on serving."""
 from __future__ import annotations
 
 import base64
+import http.server
 import json
+import threading
+import time
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +43,33 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("vision")
     model, mmproj = write_vision_pair(d)
     with running_server(d, "--model", str(model), "--mmproj", str(mmproj), "--n-ctx", "512",
-                        "--n-slots", "2", "--seed", "7") as s:
+                        "--n-slots", "2", "--seed", "7", "--image-urls", "1", "--max-body-bytes", str(1 << 20)) as s:
         yield s
+
+
+class _Pictures(http.server.BaseHTTPRequestHandler):
+    """A picture host for the URL tests: /cat.png, /big.png (over the 1 MiB limit), /slow.png
+    (answers after 2 s, past the 1 s limit), anything else 404."""
+
+    def do_GET(self):
+        if self.path == "/slow.png":
+            time.sleep(2)
+        body = {"/cat.png": picture(seed=1), "/slow.png": picture(seed=1), "/big.png": b"\0" * (2 << 20)}.get(self.path)
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
 
 
 def chat(server, content, *, extra=None, messages=None, **kw):
@@ -194,7 +222,6 @@ BAD = {
     "truncated": (data_uri(picture(seed=5)[:300]), "truncated or corrupt"),
     "unsupported format": (data_uri(picture(seed=5, fmt="BMP"), "image/bmp"), "PNG, JPEG, WebP or GIF"),
     "100 megapixels": (data_uri(png_claiming(10_000, 10_000)), "pixels"),
-    "a URL": ("https://example.com/cat.png", "not fetched"),
     "not base64": ("data:image/png;base64,@@@@", "base64"),
 }
 
@@ -225,11 +252,26 @@ def test_bad_pictures_in_other_dialects_come_in_their_shape(server):
     assert o.status_code == 400 and "error" in o.json() and isinstance(o.json()["error"], str)
 
 
-def test_a_text_only_model_refuses_images(shared_server):
+def test_image_urls_are_fetched_within_their_limits_where_allowed(server, pictures):
+    def with_url(path: str):
+        return chat(server, [{"type": "image_url", "image_url": {"url": pictures + path}},
+                             {"type": "text", "text": QUESTION}])
+
+    fetched = with_url("/cat.png")
+    assert fetched.status_code == 200, fetched.text
+    assert fetched.json()["choices"][0]["message"] == chat(server, image_message(picture(seed=1))).json()["choices"][0]["message"]
+    for path, says in (("/big.png", "over 1,048,576 bytes"), ("/slow.png", "longer than 1 s"), ("/nope.png", "HTTP 404")):
+        r = with_url(path)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], (path, r.text)
+
+
+def test_a_text_only_model_refuses_images_and_urls_are_off_by_default(shared_server):
     text = shared_server(*SHARED)
     r = chat(text, image_message(picture(seed=1)))
     assert r.status_code == 400
     assert "does not take images" in r.json()["error"]["message"]
+    url = chat(text, [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}])
+    assert url.status_code == 400 and "not fetched" in url.json()["error"]["message"]
     assert chat(text, QUESTION).status_code == 200
 
 
