@@ -358,6 +358,7 @@ def _host_budget() -> int:
 def _plan_bytes(cfg: "EngineConfig", path) -> tuple[int, int, int]:
     """(weights, KV, compute) of a model as `cfg` would serve it on the CPU, by the fit planner;
     the file's size alone when its header cannot be read (its load will say why)."""
+    from ..fit.auto import projector_of
     from ..fit.devices import Device
     from ..fit.model import from_gguf
     from ..fit.planner import FitRequest, place
@@ -372,6 +373,6 @@ def _plan_bytes(cfg: "EngineConfig", path) -> tuple[int, int, int]:
             return 0, 0, 0
     n_ctx = positions_of(cfg, m.positions) or 4096
     req = FitRequest(n_ctx=n_ctx, n_slots=cfg.n_slots, kv_type=cfg.kv_type, n_ubatch=cfg.n_ubatch,
-                     flash_attn=cfg.flash_attn or cfg.kv_type != "f16")
+                     flash_attn=cfg.flash_attn or cfg.kv_type != "f16", projector=projector_of(cfg))
     use = place(m, req, [Device("CPU", "cpu", 1 << 62)], 0, 0, 0).use["CPU"]
     return sum(use.weights.values()), use.kv, use.compute

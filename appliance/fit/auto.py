@@ -63,6 +63,15 @@ def auto_context(cfg: Any, m: ModelFacts, req: FitRequest, devices: list[Device]
                f"{'the trained context' if top == m.n_ctx_train else 'what the RoPE scaling reaches' if top < MAX_AUTO else 'auto at most'})")
 
 
+def projector_of(cfg: Any) -> tuple[int, bool]:
+    """--mmproj's bytes (its file's size) and whether it goes on the GPU: FitRequest.projector."""
+    path = getattr(cfg, "mmproj", None)
+    try:
+        return (Path(path).stat().st_size if path else 0), bool(getattr(cfg, "mmproj_offload", True))
+    except OSError:
+        return 0, False    # a missing file: its load says so
+
+
 def request_of(cfg: Any, m: ModelFacts) -> FitRequest:
     """The planner's request for an engine config (serve's flags): its slots, KV type, batch and
     GPU layers and tensor overrides (a tensor sent to CPU is the planner's CPU's; any other
@@ -76,7 +85,7 @@ def request_of(cfg: Any, m: ModelFacts) -> FitRequest:
                       n_gpu_layers=int(cfg.n_gpu_layers) if ngl is None and cfg.n_gpu_layers != "auto" else ngl,
                       n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
                       overrides=tuple((p, "CPU" if d.upper() == "CPU" else "GPU0")
-                                      for p, d in cfg.tensor_overrides()))
+                                      for p, d in cfg.tensor_overrides()), projector=projector_of(cfg))
 
 
 @lru_cache(maxsize=32)

@@ -41,6 +41,7 @@ class FitRequest:
     n_gpu_layers: int | None = None            # None: choose; n_layer + 1 or more: all
     n_cpu_moe: int | None = None               # None: choose; the experts of layers < K in host memory
     overrides: tuple[tuple[str, str], ...] = ()  # (regex, device name), first match wins
+    projector: tuple[int, bool] = (0, False)   # a vision projector's bytes, and whether it goes on the GPU
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,12 @@ def _sizes(m: ModelFacts, req: FitRequest, devices: list[Device], where: dict[st
     gpu = next((d.name for d in devices if d.kind == "gpu"), None)
     use = {}
     for d in devices:
-        weights = {r: 0 for r in ("embed", "output", "attn", "ffn", "expert")}
+        weights = {r: 0 for r in ("embed", "output", "attn", "ffn", "expert", "projector")}
         for t in m.tensors:
             if where[t.name] == d.name and not (t.name == TIED_OUTPUT and d.kind == "cpu"):
                 weights[t.role] += t.nbytes  # a tied output in host memory is the embedding's mmap
+        size, offload = req.projector    # mtmd puts the whole projector on one device (its buffers not counted)
+        weights["projector"] = size if (d.name == gpu) == (offload and gpu is not None) else 0
         kv = sum(kv_bytes(m, i, req) for i in range(m.n_layer) if by_layer[i] == d.name)
         has_layers = any(by_layer[i] == d.name for i in range(m.n_layer))
         has_output = by_layer[None] == d.name

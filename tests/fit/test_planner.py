@@ -85,6 +85,17 @@ def test_a_model_that_fits_goes_whole_to_the_gpu(hosts, models):
     assert p.use["GPU0"].kv == 4 * GIB and p.use["CPU"].kv == 0
 
 
+def test_a_vision_projector_is_counted_on_its_device(hosts, models):
+    devices, m = dev.from_snapshot(hosts["desktop"]), models["Llama-3.1-8B-Q4_K_M"]
+    base = plan(m, FitRequest(n_ctx=8192, n_slots=4), devices)
+    on_gpu = plan(m, FitRequest(n_ctx=8192, n_slots=4, projector=(GIB, True)), devices)
+    on_cpu = plan(m, FitRequest(n_ctx=8192, n_slots=4, projector=(GIB, False)), devices)
+    assert on_gpu.use["GPU0"].total == base.use["GPU0"].total + GIB and on_gpu.use["CPU"].total == base.use["CPU"].total
+    assert on_cpu.use["CPU"].total == base.use["CPU"].total + GIB and on_cpu.use["GPU0"].total == base.use["GPU0"].total
+    cpu_only = [d for d in devices if d.kind == "cpu"]          # no GPU: offload or not, it is the host's
+    assert plan(m, FitRequest(n_ctx=8192, n_slots=4, projector=(GIB, True)), cpu_only).use["CPU"].weights["projector"] == GIB
+
+
 def test_moe_experts_leave_the_24gb_card_first_layer_by_layer(hosts, models):
     m, devices = models["gpt-oss-120b-MXFP4"], dev.from_snapshot(hosts["desktop"])
     req = FitRequest(n_ctx=8192, n_slots=4)

@@ -20,6 +20,7 @@ import psutil
 from ...config import EngineConfig
 from ...endpoints import parse_endpoints
 from ...errors import ModelLoadError
+from ...fit.auto import projector_of
 from ...fit.devices import from_measured
 from ...fit.model import ModelFacts, from_gguf
 from ...fit.planner import FitRequest, Placement, plan
@@ -120,7 +121,7 @@ def _request(cfg: EngineConfig, facts: ModelFacts, devs: list[ggml_devices.GgmlD
     return FitRequest(n_ctx=positions_of(cfg, facts.positions), n_slots=cfg.n_slots, kv_type=cfg.kv_type,
                       n_ubatch=min(cfg.n_ubatch, cfg.n_batch), flash_attn=flash_attn, n_gpu_layers=ngl,
                       n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, facts.n_layer),
-                      overrides=tuple(overrides))
+                      overrides=tuple(overrides), projector=projector_of(cfg))
 
 
 def _main_gpu(cfg: EngineConfig, devs: list[ggml_devices.GgmlDevice]) -> ggml_devices.GgmlDevice | None:
