@@ -358,7 +358,7 @@ def _host_budget() -> int:
 def _plan_bytes(cfg: "EngineConfig", path) -> tuple[int, int, int]:
     """(weights, KV, compute) of a model as `cfg` would serve it on the CPU, by the fit planner;
     the file's size alone when its header cannot be read (its load will say why)."""
-    from ..fit.auto import projector_of
+    from ..fit.planner import projector_of
     from ..fit.devices import Device
     from ..fit.model import from_gguf
     from ..fit.planner import FitRequest, place

@@ -16,7 +16,7 @@ from typing import Any
 from ..rope import ModelRope
 from .devices import Device
 from .model import ModelFacts
-from .planner import FitRequest, plan
+from .planner import FitRequest, plan, projector_of
 
 STEP = 256
 MAX_AUTO = 1 << 20          # positions: auto's ceiling when YaRN or linear scaling has no factor yet
@@ -61,15 +61,6 @@ def auto_context(cfg: Any, m: ModelFacts, req: FitRequest, devices: list[Device]
     return n, (f"--n-ctx auto: {n:,} positions per slot ({req.n_slots} slots, KV {req.kv_type}, "
                f"{sum(u.kv for u in kv.values()) / 2**30:.2f} GiB of KV), limited by {why} (ceiling {top:,}: "
                f"{'the trained context' if top == m.n_ctx_train else 'what the RoPE scaling reaches' if top < MAX_AUTO else 'auto at most'})")
-
-
-def projector_of(cfg: Any) -> tuple[int, bool]:
-    """--mmproj's bytes (its file's size) and whether it goes on the GPU: FitRequest.projector."""
-    path = getattr(cfg, "mmproj", None)
-    try:
-        return (Path(path).stat().st_size if path else 0), bool(getattr(cfg, "mmproj_offload", True))
-    except OSError:
-        return 0, False    # a missing file: its load says so
 
 
 def request_of(cfg: Any, m: ModelFacts) -> FitRequest:

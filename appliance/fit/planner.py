@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from .devices import GIB, Device
 from .model import TIED_OUTPUT, ModelFacts
@@ -42,6 +44,16 @@ class FitRequest:
     n_cpu_moe: int | None = None               # None: choose; the experts of layers < K in host memory
     overrides: tuple[tuple[str, str], ...] = ()  # (regex, device name), first match wins
     projector: tuple[int, bool] = (0, False)   # a vision projector's bytes, and whether it goes on the GPU
+
+
+
+def projector_of(cfg: Any) -> tuple[int, bool]:
+    """--mmproj's bytes (its file's size) and whether it goes on the GPU: FitRequest.projector."""
+    path = getattr(cfg, "mmproj", None)
+    try:
+        return (Path(path).stat().st_size if path else 0), bool(getattr(cfg, "mmproj_offload", True))
+    except OSError:
+        return 0, False    # a missing file: its load says so
 
 
 @dataclass(frozen=True)

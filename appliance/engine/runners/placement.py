@@ -20,10 +20,9 @@ import psutil
 from ...config import EngineConfig
 from ...endpoints import parse_endpoints
 from ...errors import ModelLoadError
-from ...fit.auto import projector_of
 from ...fit.devices import from_measured
 from ...fit.model import ModelFacts, from_gguf
-from ...fit.planner import FitRequest, Placement, plan
+from ...fit.planner import FitRequest, Placement, plan, projector_of
 from ...fit.render import render
 from ...rope import positions_of
 from . import ggml_devices
