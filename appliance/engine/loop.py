@@ -202,6 +202,9 @@ class EngineLoop:
 
     def _send(self, evt: Connection, stats: EngineStats | None) -> bool:
         """Send the outbox (and stats); False when the server is gone."""
+        for e in self.outbox:
+            if isinstance(e, (Done, Error, Tokenized)) and self.prompts is not None:
+                self.prompts.release(e.request_id)     # a request's pictures are held until its end
         try:
             evt.send(StepEvents(tuple(self.outbox), stats))
         except OSError:

@@ -100,7 +100,13 @@ class PromptBuilder:
             raise InvalidRequest(f"the model {self.info.model_name} does not take images: it is served without "
                                  "a vision projector (serve it with --mmproj FILE)",
                                  param="messages" if req.messages is not None else "prompt")
-        return projector.tokenize(text, req.images)
+        return projector.tokenize(text, req.images, owner=req.id)
+
+    def release(self, request_id: str) -> None:
+        """The request is over: what its prompt held (its pictures) may go."""
+        projector = getattr(self.runner, "projector", None)
+        if projector is not None:
+            projector.release(request_id)
 
     def check_ids(self, ids: Sequence[int], param: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.info.n_vocab]

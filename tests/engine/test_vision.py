@@ -14,6 +14,7 @@ from appliance.config import EngineConfig
 from appliance.engine.prompts import PromptBuilder
 from appliance.engine.runners import make_runner
 from appliance.engine.runners.base import Span
+from appliance.engine.runners import vision as vision_mod
 from appliance.engine.runners.vision import image_ids, image_row
 from appliance.engine.types import IMAGE_MARKER, ChatMessage, ImageInput, Request
 from appliance.errors import InvalidRequest, ModelLoadError
@@ -81,6 +82,22 @@ def test_a_prefill_cut_inside_the_image_gives_the_same_logits(vision):
     whole = logits_of(r, ids)
     inside = ids.index(next(t for t in ids if t < 0)) + 5
     np.testing.assert_allclose(logits_of(r, ids, cut=inside, slot=1), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_pictures_are_held_until_their_request_ends(vision, monkeypatch):
+    r, _ = vision
+    p = r.projector
+    monkeypatch.setattr(vision_mod, "KEEP_SPARE", 0)
+    a, b, c = rgb_image(20), rgb_image(21), rgb_image(22)
+    p.tokenize(IMAGE_MARKER * 2, [a, b], owner="first")
+    ids = p.tokenize(IMAGE_MARKER, [c], owner="second")
+    p.release("first")
+    key = image_row(ids[-1])[0]
+    gone = [image_row(image_ids(im.digest, 1)[0])[0] for im in (a, b)]
+    assert key in p.chunks and not any(k in p.chunks for k in gone)    # the ended request's pictures went
+    assert p.embeddings(key).shape == (N_IMAGE_TOKENS, p.n_embd)
+    p.release("second")
+    assert key not in p.chunks and key not in p.holders
 
 
 def test_markers_and_images_must_agree(vision):

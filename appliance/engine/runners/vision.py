@@ -44,7 +44,7 @@ from .vocab import captured_log, log_to_python
 log = logging.getLogger("appliance.vision")
 
 ROW_BITS = 20          # rows an image may have (2^20); the content key takes the next 40 bits
-KEEP_CHUNKS = 256      # preprocessed pictures kept for requests still to be computed
+KEEP_SPARE = 32        # preprocessed pictures no request holds, kept for a follow-up turn
 KEEP_EMBEDDINGS = 32   # encoded pictures kept for prompts that still need their rows
 
 
@@ -92,6 +92,7 @@ class Projector:
         self.fingerprint = file_fingerprint(Path(path))
         self.bytes = Path(path).stat().st_size
         self.chunks: OrderedDict[int, int] = OrderedDict()              # key -> an image chunk's copy
+        self.holders: dict[int, set[str]] = {}                          # key -> requests that need it
         self.embd: OrderedDict[int, np.ndarray] = OrderedDict()         # key -> [n_rows, n_embd]
         self.encoded = 0                                                # pictures encoded (for tests, /health)
 
@@ -110,8 +111,9 @@ class Projector:
         return {"path": str(self.path), "bytes": self.bytes, "vision": True}
 
     # -- text and pictures -> ids --------------------------------------------------------
-    def tokenize(self, text: str, images: Sequence[ImageInput]) -> list[int]:
-        """The prompt's ids: text tokens, and each picture's placeholder rows where its marker is."""
+    def tokenize(self, text: str, images: Sequence[ImageInput], owner: str) -> list[int]:
+        """The prompt's ids: text tokens, and each picture's placeholder rows where its marker is.
+        Each picture is held for request `owner` until `release(owner)`."""
         n_markers = text.count(IMAGE_MARKER)
         if n_markers != len(images):
             raise InvalidRequest(f"the prompt has {n_markers} image markers ({IMAGE_MARKER}) for "
@@ -126,7 +128,7 @@ class Projector:
             rc = M.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc != 0:
                 raise InvalidRequest(f"llama.cpp's mtmd could not prepare the images (code {rc})", param="messages")
-            return self._ids(chunks)
+            return self._ids(chunks, owner)
         finally:
             M.mtmd_input_chunks_free(chunks)
             for bm in bitmaps:
@@ -138,7 +140,7 @@ class Projector:
         M.mtmd_bitmap_set_id(bm, im.digest.encode())
         return bm
 
-    def _ids(self, chunks: int) -> list[int]:
+    def _ids(self, chunks: int, owner: str) -> list[int]:
         ids: list[int] = []
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
@@ -152,17 +154,26 @@ class Projector:
                 raise InvalidRequest("only images are taken, not audio", param="messages")
             digest = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
             rows = image_ids(digest, M.mtmd_input_chunk_get_n_tokens(chunk))
-            self._keep_chunk(image_row(rows[0])[0], chunk)
+            self._keep_chunk(image_row(rows[0])[0], chunk, owner)
             ids.extend(rows)
         return ids
 
-    def _keep_chunk(self, key: int, chunk: int) -> None:
+    def _keep_chunk(self, key: int, chunk: int, owner: str) -> None:
+        self.holders.setdefault(key, set()).add(owner)
         if key in self.chunks:
             self.chunks.move_to_end(key)
             return
         self.chunks[key] = M.mtmd_input_chunk_copy(chunk)
-        while len(self.chunks) > KEEP_CHUNKS:
-            M.mtmd_input_chunk_free(self.chunks.popitem(last=False)[1])
+
+    def release(self, owner: str) -> None:
+        """Request `owner` is over: its pictures are spare, the oldest past KEEP_SPARE freed."""
+        for key in [k for k, who in self.holders.items() if owner in who]:
+            self.holders[key].discard(owner)
+            if not self.holders[key]:
+                del self.holders[key]
+        spare = [k for k in self.chunks if k not in self.holders]
+        for key in spare[:max(0, len(spare) - KEEP_SPARE)]:
+            M.mtmd_input_chunk_free(self.chunks.pop(key))
 
     # -- pictures -> embeddings ----------------------------------------------------------
     def embeddings(self, key: int) -> np.ndarray:
@@ -173,8 +184,7 @@ class Projector:
             return got
         chunk = self.chunks.get(key)
         if chunk is None:
-            raise InvalidRequest("an image of this prompt is no longer held by the engine (too many images "
-                                 "waiting at once); send the request again", param="messages")
+            raise EngineFailure("an image of a prompt being computed is no longer held by the engine")
         n = M.mtmd_input_chunk_get_n_tokens(chunk)
         if M.mtmd_encode_chunk(self.ctx, chunk) != 0:
             raise InvalidRequest("llama.cpp's mtmd could not encode an image", param="messages")
