@@ -27,7 +27,7 @@ class EngineConfig:
 
     model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     model_alias: str | None = opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
-    engine: str = opt("llamacpp", "model runner: llamacpp (llama.cpp) or torch (the own PyTorch runner)")
+    engine: str = opt("llamacpp", "model runner: llamacpp, torch (the own runner) or auto (tune --engines decides)")
     torch_dtype: str = opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
     torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit (the CPU kernels' "
@@ -147,7 +147,7 @@ class EngineConfig:
         _require(self.prompt_cache in ("on", "off", "fast"), "prompt_cache must be on, off or fast")
         _require(self.reasoning in REASONING, "reasoning must be on, off or auto")
         _require(self.pooling in (None, "none", "mean", "cls", "last"), "pooling must be none, mean, cls or last")
-        _require(self.engine in ("llamacpp", "torch"), "engine must be llamacpp or torch")
+        _require(self.engine in ("llamacpp", "torch", "auto"), "engine must be llamacpp, torch or auto")
         _require(self.thread_wait in THREAD_WAITS, f"thread_wait must be one of {', '.join(THREAD_WAITS)}")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
@@ -158,7 +158,7 @@ class EngineConfig:
 
         parse_setting(self.expert_cache)  # raises for a value that is no count, auto or off
         _require(self.expert_compute in COMPUTE, "expert_compute must be auto, cpu or device")
-        _require(self.engine == "torch" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
+        _require(self.engine != "llamacpp" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
                  "--expert-cache and --expert-compute apply to the torch runner (llama.cpp: --n-cpu-moe, "
                  "--override-tensor)")
         _require(self.speculate in ("auto", "lookup", "draft", "mtp", "off"), "speculate must be auto, lookup, draft, mtp or off")
@@ -173,7 +173,7 @@ class EngineConfig:
                  f"prefill_chunk must be between 1 and n_batch ({self.n_batch})")
         _require(self.step_token_budget >= 1, "step_token_budget must be positive")
         _require(self.kv_type in ("f16", "q8_0", "q4_0"), "kv_type must be f16, q8_0 or q4_0")
-        _require(self.engine == "llamacpp" or self.kv_type == "f16", "--kv-type applies to the llama.cpp runner only")
+        _require(self.engine != "torch" or self.kv_type == "f16", "--kv-type applies to the llama.cpp runner only")
         _require(not (self.cpu_moe and self.n_cpu_moe is not None), "give --cpu-moe or --n-cpu-moe, not both")
         _require(self.n_cpu_moe is None or self.n_cpu_moe >= 0, "n_cpu_moe must not be negative")
         _require(self.main_gpu >= 0, "main_gpu must not be negative")

@@ -22,16 +22,13 @@ buckets' smallest M and three candidates: a functional check for tests, not a me
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from . import config, flags
 from .compute_settings import LlamaCppSettings
-from .tune_score import CHUNK_TOKENS, NEAR_TIE, Measurement, choose, depth_ranges, render_choices
+from .tune_score import CHUNK_TOKENS, Measurement, candidates, choose, depth_ranges, render_choices
 
 ROPE_FIELDS = frozenset({"rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx",
                          "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow"})
@@ -53,6 +50,9 @@ def add_parser(sub: Any) -> None:
                         "on the KV pool the server will have")
     # a context past the trained one is measured as it is served: with the same RoPE scaling
     flags.add_arguments(p, config.EngineConfig, only=ROPE_FIELDS)
+    p.add_argument("--engines", default="llamacpp",
+                   help="llamacpp (default), or llamacpp,torch: time the torch runner beside llama.cpp's "
+                        "candidates and write the faster engine for --engine auto")
     p.add_argument("--runs", type=int, default=3, help="repeats per candidate and depth (default 3)")
     p.add_argument("--tokens", type=int, default=32, help="tokens decoded per measurement (default 32)")
     p.add_argument("--out", help="plan file (default: plan.json in the data directory)")
@@ -71,56 +71,64 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "gemm", False):
-        return run_gemm(args)
-    import psutil
+        from .tune_gemm import run_gemm
 
-    from .bench import prompt_sets
-    from .bench.raw import RawError, RawReference
+        return run_gemm(args)
+    from .bench.raw import RawError
     from .engine import plan as plan_mod
     from .errors import ApplianceError
     from .models import file_fingerprint, resolve
 
+    out = Path(args.out).expanduser() if args.out else config.default_data_dir() / "plan.json"
     try:
+        if args.engines not in ("llamacpp", "llamacpp,torch"):
+            raise ValueError(f"--engines must be llamacpp or llamacpp,torch, not {args.engines!r}")
         ref = resolve(args.model)
+        model_key = file_fingerprint(ref.path)
+        args.rope_flags, args.rope = rope_of(args, ref.path)
+        depths = _depths(args, plan_mod.read_misses(out), model_key)
     except ApplianceError as e:
         print(f"appliance tune: {e.message}", file=sys.stderr)
         return 2
-    out = Path(args.out).expanduser() if args.out else config.default_data_dir() / "plan.json"
-    model_key = file_fingerprint(ref.path)
-    try:
-        args.rope_flags, args.rope = rope_of(args, ref.path)
     except ValueError as e:
         print(f"appliance tune: {e}", file=sys.stderr)
         return 2
     try:
-        depths = _depths(args, plan_mod.read_misses(out), model_key)
-    except ValueError as e:
-        print(f"appliance tune: {e}", file=sys.stderr)
-        return 2
-    cores = psutil.cpu_count(logical=False) or 1
-    cands = plan_mod.candidates(cores, psutil.cpu_count() or cores)
-    ids = _prompt_ids(ref.path, max(depths), prompt_sets)
-    print(f"appliance tune: {ref.path.name}, {len(cands)} candidates x {len(depths)} depths x {args.runs} runs",
-          file=sys.stderr)
-    try:
-        reuse = [exact_reuse(ref.path, c, args.n_ctx, args.rope_flags) for c in cands]
+        cands, reuse, measured = _tune(args, ref.path, depths)
     except ApplianceError as e:
         print(f"appliance tune: {e.message}", file=sys.stderr)
         return 1
-    workers: list[RawReference] = []
-    try:
-        measured = _measure(args, ref.path, cands, depths, reuse, ids, workers)
     except RawError as e:
         print(f"appliance tune: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("appliance tune: interrupted; no plan written", file=sys.stderr)
         return 130
+    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, measured, plan_mod)
+    return 0
+
+
+def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tuple[list, list[int], list]:
+    """(llama.cpp's candidates, each one's exact-reuse chunk, every measurement), the torch
+    runner's measured as candidate len(cands) with --engines llamacpp,torch."""
+    import psutil
+
+    from .bench import prompt_sets
+    from .bench.raw import RawReference
+
+    cores = psutil.cpu_count(logical=False) or 1
+    cands = candidates(cores, psutil.cpu_count() or cores)
+    ids = _prompt_ids(model_path, max(depths), prompt_sets)
+    extra = " and the torch runner" if "torch" in args.engines else ""
+    print(f"appliance tune: {model_path.name}, {len(cands)} candidates{extra} x {len(depths)} depths x "
+          f"{args.runs} runs", file=sys.stderr)
+    reuse = [exact_reuse(model_path, c, args.n_ctx, args.rope_flags) for c in cands]
+    workers: list[RawReference] = []
+    try:
+        return cands, reuse, _measure(args, model_path, cands, depths, reuse, ids, workers)
     finally:
         for w in workers:
             w.close()
-    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, measured, plan_mod)
-    return 0
 
 
 def rope_of(args: argparse.Namespace, model_path: Path) -> tuple[dict[str, Any], Any]:
@@ -165,8 +173,13 @@ def _measure(args: argparse.Namespace, model_path: Path, cands: Sequence[LlamaCp
         # the KV pool they will run on
         workers.append(RawReference(str(model_path), RawSettings(
             n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=c, grid=Grid(CHUNK_TOKENS), rope=args.rope)))
+    if "torch" in args.engines:   # the torch runner: one more "candidate", alternated with the others
+        workers.append(RawReference(str(model_path), RawSettings(
+            n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=cands[0], grid=Grid(CHUNK_TOKENS), rope=args.rope,
+            engine="torch", engine_flags=tuple(sorted(args.rope_flags.items())))))
+        reuse = [*reuse, 1]
     measured: list[Measurement] = []
-    steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(cands))]
+    steps = [(r, d, i) for r in range(args.runs) for d in depths for i in range(len(workers))]
     for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
         res = workers[i].run([ids[:d]], args.tokens)
         measured.append(Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps, grid_reuse=reuse[i] == 0))
@@ -186,12 +199,34 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
             "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, "rope": args.rope.as_dict(),
             **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
+    engine, engine_table = _engine_entry(cands, measured, depths, table, model_name)
     fingerprint = plan_mod.current_fingerprint(_build_info())
-    plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod)
+    plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod, engine)
     plan_mod.save(plan, out)
     plan_mod.clear_misses(out, model_key)
     print(render_choices(model_name, table))
+    if engine_table:
+        print(engine_table)
     print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
+
+
+def _engine_entry(cands: Sequence[LlamaCppSettings], measured: list[Measurement], depths: list[int],
+                  table: list, model_name: str) -> tuple[dict | None, str]:
+    """The plan's engines entry for this model and the table tune prints; (None, "") when the
+    torch runner was not measured."""
+    from .engine_choice import choose_engine, render
+    from .tune_score import medians_of
+
+    torch_at = {d: m for d in depths if (m := medians_of(measured, len(cands), d))}
+    if not torch_at:
+        return None, ""
+    llama_at = {d: m for d, _, _, m, won in table if won}
+    chosen, why = choose_engine({"llamacpp": {d: m["score_s"] for d, m in llama_at.items()},
+                                 "torch": {d: m["score_s"] for d, m in torch_at.items()}})
+    rows = [(d, e, at[d]) for d in depths for e, at in (("llamacpp", llama_at), ("torch", torch_at)) if d in at]
+    entry = {"engine": chosen, "why": why, "measured": {str(d): {"llamacpp": llama_at[d], "torch": torch_at[d]}
+                                                       for d in depths if d in llama_at and d in torch_at}}
+    return entry, render(model_name, rows, chosen, why)
 
 
 def exact_reuse(model_path: Path, c: LlamaCppSettings, n_ctx: int, rope_flags: dict[str, Any] | None = None) -> int:
@@ -240,10 +275,13 @@ def _prompt_ids(model_path: Path, n: int, prompt_sets: Any) -> list[int]:
         L.llama_model_free(model)
 
 
-def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tuple, plan_mod: Any) -> Any:
-    """This model's entries in the existing plan when it was made here, else a new plan. The
-    gemm section is kept either way: it is judged by its own fingerprint."""
+def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tuple, plan_mod: Any,
+            engine: dict | None = None) -> Any:
+    """This model's entries (and engine choice, when measured) in the existing plan when it was
+    made here, else a new plan. The gemm section is kept either way: it is judged by its own
+    fingerprint."""
     others: dict[str, tuple] = {}
+    engines: dict[str, Any] = {}
     gemm = None
     try:
         old = plan_mod.read(out) if out.exists() else None
@@ -252,159 +290,15 @@ def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tup
     if old is not None:
         gemm = old.gemm
         if not plan_mod.differences(old.fingerprint, fingerprint):
-            others = dict(old.llamacpp)   # else another machine's entries: dropped
+            others, engines = dict(old.llamacpp), dict(old.engines or {})   # else another machine's: dropped
     others[model_key] = entries
-    return plan_mod.Plan(fingerprint=fingerprint, llamacpp=others, created_at=_now(), gemm=gemm)
+    if engine is not None:
+        engines[model_key] = engine
+    return plan_mod.Plan(fingerprint=fingerprint, llamacpp=others, created_at=_now(), gemm=gemm,
+                         engines=engines or None)
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    from .tune_gemm import _now as now     # one clock for both halves of the plan
 
-
-# ----------------------------------------------------------------------- tune --gemm
-
-def run_gemm(args: argparse.Namespace) -> int:
-    """Search each shape's GEMM configs, merge the winners into the plan, clear the misses."""
-    out = Path(args.out).expanduser() if args.out else config.default_data_dir() / "plan.json"
-    if args.gemm_interpret:
-        os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton is first imported
-    device, why = _gemm_device(args.gemm_interpret)
-    if why:
-        print(f"appliance tune --gemm: {why}", file=sys.stderr)
-        return 2
-    from kernels import plan as kplan
-    from kernels.gemm_trial import candidates
-
-    from .engine import plan as plan_mod
-
-    try:
-        shapes = gemm_shapes(out, args.gemm_shape)
-    except ValueError as e:
-        print(f"appliance tune --gemm: {e}", file=sys.stderr)
-        return 2
-    if not shapes:
-        print(f"appliance tune --gemm: nothing to tune: no --gemm-shape, and {plan_mod.misses_path(out)} records "
-              f"no GEMM misses", file=sys.stderr)
-        return 2
-    small = args.gemm_interpret
-    buckets_m = kplan.BUCKET_M_SMALL if small else kplan.BUCKET_M
-    print(f"appliance tune --gemm: {len(shapes)} shapes x {len(buckets_m)} buckets on {device}"
-          f"{' (interpreter)' if small else ''}", file=sys.stderr)
-    results = []
-    try:
-        for key in shapes:
-            res = kplan.search(key.op, key.fmt, key.n, key.k, buckets_m,
-                               candidates(key.fmt, small=small), device=device)
-            results.append(res)
-            _report_dropped(res)
-    except KeyboardInterrupt:
-        print("appliance tune --gemm: interrupted; no plan written", file=sys.stderr)
-        return 130
-    fingerprint = kplan.gemm_fingerprint(device)
-    plan = _merged_gemm(out, fingerprint, {r.key: r.entries for r in results}, plan_mod, kplan)
-    plan_mod.save(plan, out)
-    plan_mod.clear_gemm_misses(out, [r.key.miss(b) for r in results for b in r.entries])
-    print(_render_gemm(results, buckets_m, fingerprint, small))
-    print(f"wrote {out} (plan {plan.hash}); the torch runner reads its GEMM entries at start")
-    return 0 if all(r.entries for r in results) else 1
-
-
-def _gemm_device(interpret: bool) -> tuple[str | None, str | None]:
-    """Where the search runs ("cuda", or "cpu" under the interpreter), or why it cannot."""
-    try:
-        import torch
-
-        from kernels._triton import INTERPRET, available
-    except ImportError as e:
-        return None, f"needs torch and Triton (pip install 'appliance[torch]'): {e}"
-    if interpret:
-        if not INTERPRET or not available("cpu"):
-            return None, "--gemm-interpret needs Triton, imported with TRITON_INTERPRET=1"
-        return "cpu", None
-    if INTERPRET:
-        return None, ("TRITON_INTERPRET=1 is set, so the kernels would run interpreted on the CPU: unset it "
-                      "to tune on the GPU, or pass --gemm-interpret for a functional run")
-    if not torch.cuda.is_available() or not available("cuda"):
-        return None, ("GEMM configs are measured on the GPU that will serve, and torch sees no CUDA device "
-                      f"here (torch {torch.__version__}); --gemm-interpret runs the search under Triton's "
-                      "interpreter instead (tests)")
-    return "cuda", None
-
-
-def gemm_shapes(out: Path, specs: Sequence[str]) -> list:
-    """The keys to tune: each --gemm-shape FMT:N:K, then each shape the runner recorded as a
-    GEMM miss beside the plan `out`, once each, in that order."""
-    from kernels.plan import GemmKey
-
-    from .engine import plan as plan_mod
-
-    keys = []
-    for spec in specs:
-        try:
-            fmt, n, k = spec.split(":")
-            keys.append(GemmKey.of("wgemm", fmt, int(n), int(k)))
-        except ValueError as e:
-            raise ValueError(f"--gemm-shape must be FMT:N:K (e.g. q4_0:4096:4096); {spec!r}: {e}") from None
-    for m in plan_mod.gemm_misses(out):
-        try:
-            keys.append(GemmKey.of(m["op"], m["fmt"], m["n"], m["k"]))
-        except (KeyError, ValueError):
-            continue  # a miss of an op or format this build does not tune
-    return list(dict.fromkeys(keys))
-
-
-def _merged_gemm(out: Path, fingerprint: dict[str, str], found: dict, plan_mod: Any, kplan: Any) -> Any:
-    """The plan file with `found` merged into its GEMM entries: kept when they were measured
-    under this fingerprint, else replaced; the llama.cpp part is kept as it is (a new file gets
-    this machine's llama.cpp fingerprint and no llama.cpp entries)."""
-    try:
-        old = plan_mod.read(out) if out.exists() else None
-    except plan_mod.PlanRefused as e:
-        print(f"appliance tune --gemm: replacing an unreadable plan: {e}", file=sys.stderr)
-        old = None
-    table = kplan.GemmTable(fingerprint)
-    if old is not None and old.gemm is not None:
-        try:
-            table = plan_mod.gemm_table(old, fingerprint, str(out))
-        except plan_mod.PlanRefused as e:
-            print(f"appliance tune --gemm: dropping the old GEMM entries: {e}", file=sys.stderr)
-    gemm = table.merged(found).to_json()
-    if old is not None:
-        return dataclasses.replace(old, created_at=_now(), gemm=gemm)
-    return plan_mod.Plan(fingerprint=_llama_fingerprint(plan_mod), llamacpp={}, created_at=_now(), gemm=gemm)
-
-
-def _llama_fingerprint(plan_mod: Any) -> dict[str, str]:
-    try:
-        return plan_mod.current_fingerprint(_build_info())
-    except (ImportError, OSError, AttributeError):
-        return plan_mod.current_fingerprint("")
-
-
-def _report_dropped(res: Any) -> None:
-    """One stderr line per shape: how many candidates were timed and dropped, and why."""
-    reasons: dict[str, int] = {}
-    for d in res.dropped:
-        reasons[d.reason] = reasons.get(d.reason, 0) + 1
-    why = "; ".join(f"{n} x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
-    print(f"  {res.key.label}: {len(res.timed)} timed, {len(res.dropped)} dropped{': ' + why if why else ''}"
-          f"{'' if res.entries else ' -- no candidate passed, the shape stays a miss'}", file=sys.stderr)
-
-
-def _render_gemm(results: Sequence[Any], buckets_m: dict[str, int], fingerprint: dict[str, str], small: bool) -> str:
-    from kernels.wgemm import bytes_moved
-
-    lines = [f"## Tuned GEMM configs on {fingerprint['device']} ({fingerprint['runtime']})", "",
-             "each checked against the reference before it was timed; median of the repeats at the bucket's M; "
-             f"near-ties within {NEAR_TIE:.0%} go to the earlier candidate"
-             + (" (interpreter: the times say nothing about speed)" if small else ""), "",
-             "| shape | bucket | M | block m/n/k | split k | warps | stages | dot | median us | GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        for b, e in r.entries.items():
-            c, m = e.config, buckets_m[b]
-            x_bytes = 4 if small or c.dot == "fp32" else 2
-            gb_s = bytes_moved(m, r.key.n, r.key.k, r.key.fmt, x_bytes) / (e.median_us * 1e-6) / 1e9 if e.median_us else 0.0
-            lines.append(f"| {r.key.fmt}:{r.key.n}:{r.key.k} | {b} | {m} | {c.block_m}/{c.block_n}/{c.block_k} | "
-                         f"{c.split_k} | {c.num_warps} | {c.num_stages} | {c.dot} | {e.median_us:,.1f} | {gb_s:.3g} |")
-    return "\n".join(lines) + "\n"
+    return now()

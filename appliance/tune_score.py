@@ -34,18 +34,22 @@ class Measurement:
 
 def choose(cands: Sequence[LlamaCppSettings], measured: Sequence[Measurement], depth: int) -> tuple[int, dict]:
     """The winning candidate's index at this depth and the medians it was chosen on."""
-    medians = {}
-    for i in range(len(cands)):
-        mine = [m for m in measured if m.candidate == i and m.depth == depth]
-        if mine:
-            medians[i] = {"prefill_tps": statistics.median(m.prefill_tps for m in mine),
-                          "decode_tps": statistics.median(m.decode_tps for m in mine),
-                          "score_s": statistics.median(m.score_s for m in mine), "runs": len(mine)}
+    medians = {i: m for i in range(len(cands)) if (m := medians_of(measured, i, depth))}
     if not medians:
         raise ValueError(f"nothing measured at depth {depth}")
     best = min(v["score_s"] for v in medians.values())
     winner = min(i for i, v in medians.items() if v["score_s"] <= best * (1 + NEAR_TIE))
     return winner, medians
+
+
+def medians_of(measured: Sequence[Measurement], candidate: int, depth: int) -> dict | None:
+    """One candidate's medians at a depth (prefill, decode, score, runs); None if not measured."""
+    mine = [m for m in measured if m.candidate == candidate and m.depth == depth]
+    if not mine:
+        return None
+    return {"prefill_tps": statistics.median(m.prefill_tps for m in mine),
+            "decode_tps": statistics.median(m.decode_tps for m in mine),
+            "score_s": statistics.median(m.score_s for m in mine), "runs": len(mine)}
 
 
 def depth_ranges(depths: Sequence[int]) -> list[int]:
@@ -67,3 +71,12 @@ def render_choices(model: str, table: list[tuple[int, int, LlamaCppSettings, dic
                      f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} | "
                      f"{'**yes**' if won else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def candidates(cores: int, logical: int, flash: Sequence[bool] = (False, True),
+               ubatches: Sequence[int] = (256, 512)) -> list[LlamaCppSettings]:
+    """The llama.cpp settings `tune` measures, in order (near-ties go to the earlier one): the
+    physical cores first, then every logical CPU if there are more."""
+    threads = [cores] + ([logical] if logical > cores else [])
+    return [LlamaCppSettings(n_threads=t, n_threads_batch=t, n_batch=max(ubatches), n_ubatch=u, flash_attn=fa)
+            for t in threads for fa in flash for u in sorted(ubatches, reverse=True)]

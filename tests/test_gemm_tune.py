@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import tune
+from appliance import tune, tune_gemm
 from appliance.compute_settings import LlamaCppSettings
 from appliance.engine import plan as plan_mod
 from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
@@ -99,7 +99,7 @@ def test_a_miss_is_recorded_beside_llama_cpps_and_read_back_by_tune(tmp_path):
               {"op": "wgemm", "fmt": "q8_0", "n": 1024, "k": 4096, "bucket": "1-16"}]
     assert plan_mod.gemm_misses(path) == wanted
     assert {"backend": "llama.cpp", "model": "77:new", "depth": 4096} in plan_mod.read_misses(path)
-    assert tune.gemm_shapes(path, ["nvfp4:64:128", "q8_0:1024:4096"]) == [
+    assert tune_gemm.gemm_shapes(path, ["nvfp4:64:128", "q8_0:1024:4096"]) == [
         GemmKey("wgemm", "nvfp4", 64, 128), GemmKey("wgemm", "q8_0", 1024, 4096), KEY]   # once each
     plan_mod.clear_misses(path, "77:new")                                      # llama.cpp's own: gemm's stay
     assert len(plan_mod.gemm_misses(path)) == 2 and len(plan_mod.read_misses(path)) == 2
@@ -110,7 +110,7 @@ def test_a_miss_is_recorded_beside_llama_cpps_and_read_back_by_tune(tmp_path):
 @pytest.mark.parametrize("spec", ["q4_0:64", "q4_0:64:100", "q9:64:128", "q4_0:x:128", "q4_0:0:128"])
 def test_a_bad_gemm_shape_is_refused(tmp_path, spec):
     with pytest.raises(ValueError, match="--gemm-shape must be FMT:N:K"):
-        tune.gemm_shapes(tmp_path / "plan.json", [spec])
+        tune_gemm.gemm_shapes(tmp_path / "plan.json", [spec])
 
 
 def test_llama_cpp_tune_keeps_the_gemm_section(tmp_path):

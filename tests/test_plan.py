@@ -13,6 +13,7 @@ import requests
 from appliance.compute_settings import LlamaCppSettings
 from appliance.config import EngineConfig
 from appliance.engine import plan as plan_mod
+from appliance.tune_score import candidates
 from appliance.engine.plan import LlamaCppChoice, Plan, PlanRefused
 from appliance.models import file_fingerprint
 from appliance.tune_score import Measurement, choose, depth_ranges
@@ -199,11 +200,11 @@ def test_a_candidate_that_keeps_the_cache_to_whole_blocks_pays_the_recompute_in_
 
 
 def test_candidates_come_in_a_fixed_order():
-    cands = plan_mod.candidates(2, 4)
+    cands = candidates(2, 4)
     assert cands[0].as_dict() == {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512,
                                   "flash_attn": False}
-    assert len(cands) == 8 and cands == plan_mod.candidates(2, 4)
-    assert {c.n_threads for c in plan_mod.candidates(2, 2)} == {2}
+    assert len(cands) == 8 and cands == candidates(2, 4)
+    assert {c.n_threads for c in candidates(2, 2)} == {2}
 
 
 def test_tune_on_a_tiny_model_writes_a_plan_the_engine_uses(tmp_path):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,6 +24,7 @@ from ..compute_settings import LlamaCppSettings, thread_env
 from ..engine.grid import Grid
 from ..rope import RopeScaling
 from .client import BenchError
+from .raw_run import timed_run
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class RawSettings:
     thread_wait: str = "spin"       # how its threads wait (compute_settings.thread_env), as the engine's
     rope: RopeScaling | None = None # the engine's RoPE scaling (None: the model's, from a server before it)
     kv_type: str = "f16"            # the engine's KV cache type (f16, q8_0, q4_0: flash attention is on with it)
+    engine: str = "llamacpp"        # or "torch": the torch runner in the worker (raw_torch.py), for tune --engines
+    engine_flags: tuple[tuple[str, Any], ...] = ()   # more EngineConfig fields for the torch runner (its RoPE)
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
@@ -69,8 +71,13 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bench's to handle; it closes us
     os.environ.update(thread_env(st.thread_wait))   # as the engine waits, before llama.cpp loads
     try:
-        llama = _Llama(model_path, st)
-    except RawError as e:
+        if st.engine == "torch":
+            from .raw_torch import TorchWorker
+
+            llama: Any = TorchWorker(model_path, st)
+        else:
+            llama = _Llama(model_path, st)
+    except BenchError as e:
         conn.send(("error", str(e)))
         return
     conn.send(("ready", None))
@@ -146,24 +153,13 @@ class _Llama:  # pragma: no cover - runs in the child
             self.decode([(toks[p], p, seq, p == len(toks) - 1) for p in range(start, end)])
         return self.argmax(len(toks) - 1 - start)  # the last token's row in the last chunk
 
+    def step(self, entries: list[tuple[int, int, int]]) -> list[int]:
+        """One decode step of (token, position, sequence) for each: each one's next token."""
+        self.decode([(tok, pos, seq, True) for tok, pos, seq in entries])
+        return [self.argmax(i) for i in range(len(entries))]
+
     def run(self, seqs: list[list[int]], n_gen: int) -> tuple[list[float], float, float, list[list[int]]]:
-        """Each sequence prefilled alone (its TTFT), then all decoded together for n_gen - 1
-        steps: (ttft_ms per sequence, rate per stream, aggregate rate, tokens per sequence)."""
-        ttft, out = [], []
-        for s, toks in enumerate(seqs):
-            t0 = time.perf_counter()
-            out.append([self.prefill(s, toks)])
-            ttft.append(1000.0 * (time.perf_counter() - t0))
-        pos = [len(t) for t in seqs]
-        t0 = time.perf_counter()
-        for _ in range(n_gen - 1):
-            self.decode([(out[s][-1], pos[s], s, True) for s in range(len(seqs))])
-            for s in range(len(seqs)):
-                out[s].append(self.argmax(s))
-                pos[s] += 1
-        dt = time.perf_counter() - t0
-        rate = (n_gen - 1) / dt if dt > 0 else 0.0
-        return ttft, rate, rate * len(seqs), out
+        return timed_run(self, seqs, n_gen)
 
 
 class RawReference:

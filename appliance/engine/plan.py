@@ -20,6 +20,9 @@ miss: the engine keeps its fixed defaults, counts the miss and records the key i
 At engine start `apply` fills the llama.cpp settings that flags and environment left at their
 defaults from the entry for the model.
 
+The optional "engines" section holds, per model file, the engine `appliance tune --engines
+llamacpp,torch` chose for `--engine auto` and what it measured (engine_choice.py).
+
 The optional "gemm" section holds the torch runner's tuned GEMM configs (`kernels.plan`: its
 form, buckets and exactness rule): {"fingerprint": {...the GPU, runtime, torch, Triton, kernel
 sources...}, "entries": [...]}. It has its own fingerprint because it describes the GPU, not
@@ -122,6 +125,7 @@ class Plan:
     created_at: str = ""
     version: int = PLAN_VERSION
     gemm: Mapping[str, Any] | None = None   # the "gemm" section as JSON (`kernels.plan.GemmTable.to_json`)
+    engines: Mapping[str, Any] | None = None   # model fingerprint -> {"engine", "why", "measured"} (engine_choice)
 
     def to_json(self) -> str:
         body = {"version": self.version, "fingerprint": dict(self.fingerprint), "created_at": self.created_at,
@@ -129,6 +133,8 @@ class Plan:
                              for m, cs in sorted(self.llamacpp.items())}}
         if self.gemm is not None:       # absent, not null: a plan without one reads as it always has
             body["gemm"] = self.gemm
+        if self.engines:
+            body["engines"] = dict(self.engines)
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @property
@@ -165,9 +171,13 @@ def parse(text: str, source: str = "plan") -> Plan:
         if gemm is not None and not (isinstance(gemm, dict) and isinstance(gemm.get("fingerprint"), dict)
                                      and isinstance(gemm.get("entries"), list)):
             raise ValueError('the gemm section must be {"fingerprint": {...}, "entries": [...]}')
+        engines = doc.get("engines")
+        if engines is not None and not all(e.get("engine") in ("llamacpp", "torch") for e in engines.values()):
+            raise ValueError('the engines section must be {"<model>": {"engine": "llamacpp" or "torch", ...}}')
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlanRefused(f"{source} is malformed ({e})") from None
-    return Plan(fingerprint=fp, llamacpp=llamacpp, created_at=str(doc.get("created_at", "")), gemm=gemm)
+    return Plan(fingerprint=fp, llamacpp=llamacpp, created_at=str(doc.get("created_at", "")), gemm=gemm,
+                engines=engines)
 
 
 def differences(plan_fp: Mapping[str, str], here: Mapping[str, str]) -> list[str]:
@@ -383,12 +393,3 @@ def fill_defaults(cfg: EngineConfig, chosen: LlamaCppSettings) -> EngineConfig:
               for k, v in chosen.as_dict().items()}
     merged["n_batch"] = max(merged["n_batch"], cfg.prefill_chunk)
     return cfg.with_llamacpp(LlamaCppSettings(**merged))
-
-
-def candidates(cores: int, logical: int, flash: Sequence[bool] = (False, True),
-               ubatches: Sequence[int] = (256, 512)) -> list[LlamaCppSettings]:
-    """The llama.cpp settings `tune` measures, in order (near-ties go to the earlier one): the
-    physical cores first, then every logical CPU if there are more."""
-    threads = [cores] + ([logical] if logical > cores else [])
-    return [LlamaCppSettings(n_threads=t, n_threads_batch=t, n_batch=max(ubatches), n_ubatch=u, flash_attn=fa)
-            for t in threads for fa in flash for u in sorted(ubatches, reverse=True)]

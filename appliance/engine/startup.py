@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import __version__
+from .. import __version__, engine_choice
 from ..config import EngineConfig
+from ..engine_choice import EngineChoice
 from ..errors import ModelLoadError
 from ..fit.gguf_header import read_header
 from ..models import resolve
@@ -75,9 +76,9 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
     """Load the model `cfg` names and make every part of the engine; events go to `emit`."""
     ref = resolve(cfg.model, cfg.model_alias)
     t0 = time.perf_counter()
-    cfg, plan = plan_mod.apply(cfg, ref.path)
-    # a draft model is measured against the target at start: the target waits for its kernels
-    runner = make_runner(cfg, ref.path, ref.alias, defer_kernels=cfg.draft_model is None)
+    cfg, runner, chosen, plan = _runner(cfg, ref)
+    if chosen is not None:
+        runner.info.settings["engine_choice"] = chosen.as_dict()
     info = _with_settings(_with_template(runner.info, cfg), thread_wait=cfg.thread_wait,
                           prefill_chunk=cfg.prefill_chunk, step_token_budget=cfg.step_token_budget,
                           prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
@@ -102,6 +103,26 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
              info.settings.get("context", "-"))
     log.debug("settings: %s", info.settings)
     return Engine(info, runner, prompts, scheduler, embedder)
+
+
+def _runner(cfg: EngineConfig, ref) -> tuple[EngineConfig, ModelRunner, EngineChoice | None, plan_mod.Resolved]:
+    """The runner --engine names, `auto` resolved by the tuned plan (engine_choice.py), with the
+    plan's settings for it: a torch runner it chose that refuses the model falls back to
+    llama.cpp, saying why. A draft model is measured against the target at start: the target
+    then waits for its kernels."""
+    cfg, chosen = engine_choice.resolve(cfg, ref.path)
+    if chosen is not None:
+        log.info("--engine auto: %s (%s: %s)", chosen.engine, chosen.by, chosen.reason)
+    tuned, plan = plan_mod.apply(cfg, ref.path)
+    try:
+        return tuned, make_runner(tuned, ref.path, ref.alias, defer_kernels=cfg.draft_model is None), chosen, plan
+    except ModelLoadError as e:
+        if chosen is None or chosen.engine != "torch":
+            raise
+        cfg, chosen = engine_choice.fallback(cfg, chosen, e.message)
+        log.warning("--engine auto: %s", chosen.reason)
+        tuned, plan = plan_mod.apply(cfg, ref.path)
+        return tuned, make_runner(tuned, ref.path, ref.alias, defer_kernels=cfg.draft_model is None), chosen, plan
 
 
 def upgrade_ready(engine: Engine) -> bool:
