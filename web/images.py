@@ -11,7 +11,7 @@ An http(s) URL is fetched only when `--image-urls SECONDS` allows it: within tha
 one that fails, is too slow or too large, base64 that does not decode, bytes that are no image or an image of another format
 than PNG, JPEG, WebP or GIF (its first frame), a truncated or corrupt file, a picture of more
 than MAX_PIXELS pixels (checked from its header, before it is decoded), more than MAX_IMAGES
-pictures in one request.
+pictures or MAX_REQUEST_PIXELS pixels in one request.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from appliance.errors import InvalidRequest
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_PIXELS = 16 * 1024 * 1024      # per picture: 48 MiB of RGB to the engine at most
 MAX_IMAGES = 16                    # per request
+MAX_REQUEST_PIXELS = 2 * MAX_PIXELS  # all of a request's pictures: what crosses to the engine is RGB
 
 
 class Images:
@@ -50,6 +51,8 @@ class Images:
         if len(self.found) >= MAX_IMAGES:
             raise InvalidRequest(f"a request may carry at most {MAX_IMAGES} images", param=param)
         self.found.append(decode(raw, param))
+        if sum(im.width * im.height for im in self.found) > MAX_REQUEST_PIXELS:
+            raise InvalidRequest(f"a request's images may have {MAX_REQUEST_PIXELS:,} pixels in all", param=param)
 
 
 def data_url(media_type: str, data: str) -> str:
