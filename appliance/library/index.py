@@ -22,7 +22,7 @@ from filelock import FileLock
 from ..fit.gguf_header import read_header
 from ..fit.model import split_parts
 from .card import Card, card_of
-from .refs import groups, model_name
+from .refs import groups, model_name, projector
 
 INDEX = "library.json"
 ENV_DIR = "APPLIANCE_LIBRARY"          # as `serve --library` reads it (config.ServerConfig)
@@ -162,22 +162,30 @@ class Library:
         own = {e.path.resolve() for e in self.entries()}
         seen: set[Path] = set()
         out = []
-        for first, source in [*(_hf_cache_models() if hf_cache else []), *_dir_models(dirs)]:
+        for first, source, mmproj in [*(_hf_cache_models() if hf_cache else []), *_dir_models(dirs)]:
             real = first.resolve()
             if real in own or real in seen:
                 continue
             seen.add(real)
             card, size, files, error = read_card(first)
-            out.append(Entry(model_name(first.name), first, files, size, card, source, error=error))
+            out.append(Entry(model_name(first.name), first, files, size, card, source, error=error, mmproj=mmproj))
         return out
 
 
-def _dir_models(dirs: list[Path]) -> list[tuple[Path, str]]:
+def _dir_models(dirs: list[Path]) -> list[tuple[Path, str, Path | None]]:
+    """(first file, source, projector) of each model under `dirs`. A projector goes with a model
+    as llama-server's --models-dir lays them out: the model alone in a subdirectory, with an
+    mmproj*.gguf beside it."""
     out = []
     for d in dirs:
         d = Path(d).expanduser()
         paths = [str(p.relative_to(d)) for p in d.rglob("*.gguf") if p.is_file()]
-        out += [(d / first, f"dir:{d}") for first in groups(paths)]
+        models = groups(paths)
+        for first in models:
+            folder = first.rpartition("/")[0]
+            alone = folder and [m.rpartition("/")[0] for m in models].count(folder) == 1
+            mm = projector(paths, first) if alone else None
+            out.append((d / first, f"dir:{d}", d / mm if mm else None))
     return out
 
 
@@ -199,5 +207,7 @@ def _hf_cache_models() -> list[tuple[Path, str]]:
             continue
         for rev in repo.revisions:
             by_name = {str(f.file_path.relative_to(rev.snapshot_path)): f.file_path for f in rev.files}
-            out += [(by_name[first], f"hf-cache:{repo.repo_id}") for first in groups(list(by_name))]
+            for first in groups(list(by_name)):   # a repository's projector goes with its models, as pull's
+                mm = projector(list(by_name), first)
+                out.append((by_name[first], f"hf-cache:{repo.repo_id}", by_name[mm] if mm else None))
     return out

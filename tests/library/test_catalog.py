@@ -87,3 +87,21 @@ def test_serves_chat_template_is_the_default_models_and_settings_give_the_others
     (lib / "settings.toml").write_text('["tiny"]\nchat_template = "gemma2"\n')    # refused at start, named
     with pytest.raises(ValueError, match=r"\[tiny\]: chat template 'gemma2' is neither a built-in one"):
         catalog(cfg)
+
+
+def test_a_models_dir_model_alone_in_its_folder_takes_the_projector_beside_it(lib, tmp_path):
+    from tests.engine.mmproj_fixture import write_mmproj
+
+    more = tmp_path / "more"
+    (more / "seeing").mkdir(parents=True)
+    write_tiny_llama(more / "seeing" / "eyes.gguf", seed=6)
+    write_mmproj(more / "seeing" / "mmproj-eyes-F16.gguf")
+    write_tiny_llama(more / "flat.gguf", seed=7)           # a flat folder: whose projector would it be?
+    write_mmproj(more / "mmproj-flat.gguf")
+    cfg = config.load({"library": str(lib), "models_dir": str(more)}, env={})
+    specs = {s.name: s for s in catalog(cfg)[0]}
+    assert specs["eyes"].engine_config(cfg, default=False).mmproj == str(more / "seeing" / "mmproj-eyes-F16.gguf")
+    assert specs["flat"].engine_config(cfg, default=False).mmproj is None
+    (lib / "settings.toml").write_text('["eyes"]\nmmproj = "/elsewhere/mmproj.gguf"\n')   # the file wins
+    specs = {s.name: s for s in catalog(cfg)[0]}
+    assert specs["eyes"].engine_config(cfg, default=False).mmproj == "/elsewhere/mmproj.gguf"
