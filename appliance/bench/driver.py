@@ -132,11 +132,14 @@ def _open_servers(stack: contextlib.ExitStack, command: str, args: argparse.Name
 def _raw_reference(stack: contextlib.ExitStack, command: str, args: argparse.Namespace, model_path: str | None,
                    variants: list[Variant], prefill_chunk: int) -> RawReference | None:
     """The in-process llama.cpp reference on `stack` (a run of one server, without --no-raw), or None."""
-    from .session import maybe_raw
+    from .session import maybe_raw, off_the_cpu
 
     want_raw = not args.no_raw and len(variants) == 1
     raw = stack.enter_context(maybe_raw(model_path, variants[0], prefill_chunk, want_raw))
-    if want_raw and raw is None:
+    if want_raw and raw is None and (elsewhere := off_the_cpu(variants[0].health or {})):
+        print(f"appliance {command}: no raw reference rows: the server holds weights on {elsewhere}, and the "
+              "raw reference computes on the CPU only", file=sys.stderr)
+    elif want_raw and raw is None:
         print(f"appliance {command}: no raw reference rows: they need the model file (--model) and "
               "a llama.cpp server that reports its settings in /health", file=sys.stderr)
     return raw

@@ -334,13 +334,21 @@ def phase_summary(sampler: Any) -> dict[str, Any]:
     return out
 
 
+def off_the_cpu(health: dict) -> str:
+    """The devices other than the CPU that a llama.cpp server's placement puts weights on ("" for
+    none): the raw reference computes on the CPU alone, so beside such a server its row would not
+    mirror it (a GPU, an RPC worker)."""
+    devices = (health.get("placement") or {}).get("devices") or {}
+    return ", ".join(sorted(d for d, use in devices.items() if d != "CPU" and sum((use.get("weights") or {}).values())))
+
+
 @contextlib.contextmanager
 def maybe_raw(model_path: str | None, variant: Variant, prefill_chunk: int, want: bool) -> Iterator[RawReference | None]:
     """The raw reference worker when it can mirror the server: a local model file and the
     server's llama.cpp settings from /health (a torch server has no llama.cpp to mirror).
     Otherwise None, and the caller says why."""
     if (not want or model_path is None or not variant.health or "settings" not in variant.health
-            or variant.health.get("backend", "llama.cpp") != "llama.cpp"):
+            or variant.health.get("backend", "llama.cpp") != "llama.cpp" or off_the_cpu(variant.health)):
         yield None
         return
     from .raw import RawSettings

@@ -72,6 +72,27 @@ def test_no_raw_reference_for_a_server_that_is_not_llama_cpp():
         assert raw is None
 
 
+def test_no_raw_reference_beside_a_server_with_weights_off_the_cpu(tmp_path):
+    """The raw reference computes on the CPU alone: beside a server whose placement holds weights
+    on a GPU or an RPC worker its rows would not mirror it, so there are none; a server whose
+    weights are all in host memory gets them (its raw worker loads the model)."""
+    from appliance.bench.session import Variant, maybe_raw, off_the_cpu
+
+    from ..engine.gguf_fixtures import write_tiny_llama
+
+    settings = {"n_threads": 2, "n_threads_batch": 2, "n_batch": 512, "n_ubatch": 512, "flash_attn": False}
+    cpu = {"weights": {"attn": 10, "ffn": 20}, "kv": 5}
+    placed = {"devices": {"CPU": cpu, "RPC[10.0.0.2:50052]": {"weights": {"attn": 0, "ffn": 40}, "kv": 5},
+                          "GPU0": {"weights": {"attn": 0}, "kv": 0}}}
+    assert off_the_cpu({"placement": placed}) == "RPC[10.0.0.2:50052]"
+    assert off_the_cpu({"placement": {"devices": {"CPU": cpu}}}) == "" and off_the_cpu({}) == ""
+    model = str(write_tiny_llama(tmp_path / "tiny.gguf"))
+    for placement, mirrored in ((placed, False), ({"devices": {"CPU": cpu}}, True)):
+        health = {"backend": "llama.cpp", "n_ctx": 128, "n_slots": 1, "settings": settings, "placement": placement}
+        with maybe_raw(model, Variant("", None, "m", 128, 1, health), 64, True) as raw:  # type: ignore[arg-type]
+            assert (raw is not None) == mirrored
+
+
 def _variant(label: str, modes: list[str] | None, reason: str = "not exact"):
     from appliance.bench.session import Target, Variant
 
