@@ -29,12 +29,44 @@ def rgb_image(seed: int, size: tuple[int, int] = (48, 40)) -> ImageInput:
     return ImageInput(hashlib.sha256(f"{w}x{h}".encode() + px).hexdigest(), w, h, px)
 
 
-@pytest.fixture(scope="module")
-def vision(tmp_path_factory):
-    model, mmproj = write_vision_pair(tmp_path_factory.mktemp("vision"))
+@pytest.fixture(scope="module", params=["mlp", "gemma3"])
+def vision(request, tmp_path_factory):
+    """The runner with a projector of each kind: LLaVA's (causal rows) and Gemma 3's (rows that
+    see each other)."""
+    model, mmproj = write_vision_pair(tmp_path_factory.mktemp("vision"), kind=request.param)
     r = make_runner(EngineConfig(n_slots=2, n_ctx=256, mmproj=str(mmproj)), model, "tiny-vision")
     yield r, PromptBuilder(r, r.info)
     r.close()
+
+
+def mtmd_logits(r, text: str, images: tuple[ImageInput, ...]) -> np.ndarray:
+    """The reference: llama.cpp's own multimodal path (mtmd_tokenize, mtmd_helper_eval_chunks,
+    as llama-server and mtmd-cli run a prompt) on a fresh context of the runner's model; the
+    last position's logits."""
+    import ctypes
+
+    import llama_cpp as L
+    import llama_cpp.mtmd_cpp as M
+
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 256, 256, 256, 2, 2
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if r.llamacpp.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = L.llama_init_from_model(r.model, cp)
+    raw, inp, chunks = text.encode(), M.mtmd_input_text(), M.mtmd_input_chunks_init()
+    inp.text, inp.text_len, inp.add_special, inp.parse_special = raw, len(raw), True, True
+    bitmaps = [M.mtmd_bitmap_init(im.width, im.height, (ctypes.c_ubyte * len(im.rgb)).from_buffer_copy(im.rgb))
+               for im in images]
+    try:
+        assert M.mtmd_tokenize(r.projector.ctx, chunks, ctypes.byref(inp),
+                               (M.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
+        n_past = L.llama_pos(0)
+        assert M.mtmd_helper_eval_chunks(r.projector.ctx, ctx, chunks, 0, 0, 256, True, ctypes.byref(n_past)) == 0
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(r.n_vocab,)).copy()
+    finally:
+        for bm in bitmaps:
+            M.mtmd_bitmap_free(bm)
+        M.mtmd_input_chunks_free(chunks)
+        L.llama_free(ctx)
 
 
 def ask(images: tuple[ImageInput, ...], text: str = "What is in the picture?") -> Request:
@@ -63,7 +95,10 @@ def test_an_image_is_its_rows_with_content_ids(vision):
     text_only = prompts.prepare(Request(id="t", messages=(ChatMessage("user", "What is in the picture?"),))).ids
     rows = [t for t in ids if t < 0]
     assert rows == image_ids(a.digest, N_IMAGE_TOKENS)
-    assert len(ids) == len(text_only) + N_IMAGE_TOKENS
+    if r.projector.non_causal:       # Gemma 3's text around a picture: <start_of_image> ... <end_of_image>
+        assert len(ids) > len(text_only) + N_IMAGE_TOKENS
+    else:
+        assert len(ids) == len(text_only) + N_IMAGE_TOKENS
     assert [image_row(t)[1] for t in rows] == list(range(N_IMAGE_TOKENS))
 
 
@@ -74,6 +109,17 @@ def test_the_image_shapes_the_logits(vision):
     other = logits_of(r, prompts.prepare(ask((rgb_image(2),))).ids)
     np.testing.assert_array_equal(first, again)
     assert np.abs(first - other).max() > 0.1
+
+
+@pytest.mark.parametrize("cut", [None, 5, 21])
+def test_the_logits_are_llama_cpps_own(vision, cut):
+    """Whole, or cut inside the first picture or the second: the runner's prompt computes what
+    llama.cpp's own multimodal path computes for it."""
+    r, prompts = vision
+    req = ask((rgb_image(5), rgb_image(6)))
+    ids, text = prompts.prompt_ids(req)
+    at = None if cut is None else ids.index(next(t for t in ids if t < 0)) + cut
+    np.testing.assert_allclose(logits_of(r, ids, cut=at), mtmd_logits(r, text, req.images), rtol=1e-3, atol=1e-3)
 
 
 def test_a_prefill_cut_inside_the_image_gives_the_same_logits(vision):
@@ -92,7 +138,7 @@ def test_pictures_are_held_until_their_request_ends(vision, monkeypatch):
     p.tokenize(IMAGE_MARKER * 2, [a, b], owner="first")
     ids = p.tokenize(IMAGE_MARKER, [c], owner="second")
     p.release("first")
-    key = image_row(ids[-1])[0]
+    key = image_row(next(t for t in ids if t < 0))[0]
     gone = [image_row(image_ids(im.digest, 1)[0])[0] for im in (a, b)]
     assert key in p.chunks and not any(k in p.chunks for k in gone)    # the ended request's pictures went
     assert p.embeddings(key).shape == (N_IMAGE_TOKENS, p.n_embd)

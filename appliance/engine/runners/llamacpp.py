@@ -128,7 +128,7 @@ class LlamaCppRunner(TextMethods):
             return None
         try:
             return Projector(Path(cfg.mmproj), self.model, n_threads=s.n_threads, use_gpu=cfg.mmproj_offload,
-                             flash_attn=s.flash_attn, n_batch=self.n_batch)
+                             flash_attn=s.flash_attn, n_batch=self.n_batch, n_ubatch=s.n_ubatch)
         except ModelLoadError:
             self.close()
             raise

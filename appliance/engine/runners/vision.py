@@ -18,9 +18,9 @@ How an image travels (the one path: every API's images arrive as `Request.images
    need; a prefix the cache restored never encodes again) in a batch of embeddings, and the
    text rows around them from tokens, in order, at their positions.
 
-Limits: one position per image row, causal attention over them. A projector whose model lays
-images out otherwise (M-RoPE positions: Qwen2-VL and later; non-causal image attention:
-Gemma 3) is refused at load, rather than served wrong.
+Limits: one position per image row. A projector whose model lays images out otherwise (M-RoPE
+positions: Qwen2-VL and later) is refused at load, rather than served wrong. Rows attended over
+non-causally (Gemma 3) are decoded together (`_decode_rows` says how a cut picture stays whole).
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Projector:
     encodes pictures into the model's input embeddings."""
 
     def __init__(self, path: Path, model: L.llama_model_p, *, n_threads: int, use_gpu: bool,
-                 flash_attn: bool, n_batch: int) -> None:
+                 flash_attn: bool, n_batch: int, n_ubatch: int) -> None:
         log_to_python(M.mtmd_log_set)
         log_to_python(M.mtmd_helper_log_set)
         p = M.mtmd_context_params_default()
@@ -87,7 +87,8 @@ class Projector:
             raise ModelLoadError(f"--mmproj {path}: {why}")
         self.n_embd = L.llama_model_n_embd_inp(model)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-        self.n_batch = n_batch
+        self.n_batch, self.n_ubatch = n_batch, n_ubatch
+        self.non_causal = bool(M.mtmd_decode_use_non_causal(self.ctx, None))   # Gemma 3: rows see each other
         self.batch = L.llama_batch_init(n_batch, self.n_embd, 1)   # rows as embeddings, not tokens
         self.fingerprint = file_fingerprint(Path(path))
         self.bytes = Path(path).stat().st_size
@@ -102,13 +103,10 @@ class Projector:
         if M.mtmd_decode_use_mrope(self.ctx):
             return ("this model places image rows with M-RoPE (Qwen2-VL and later), which the appliance's "
                     "runner does not lay out yet")
-        if M.mtmd_decode_use_non_causal(self.ctx, None):
-            return ("this model attends over an image's rows non-causally (Gemma 3), which the appliance's "
-                    "runner does not do yet")
         return None
 
     def describe(self) -> dict[str, object]:
-        return {"path": str(self.path), "bytes": self.bytes, "vision": True}
+        return {"path": str(self.path), "bytes": self.bytes, "vision": True, "non_causal": self.non_causal}
 
     # -- text and pictures -> ids --------------------------------------------------------
     def tokenize(self, text: str, images: Sequence[ImageInput], owner: str) -> list[int]:
@@ -154,6 +152,9 @@ class Projector:
                 raise InvalidRequest("only images are taken, not audio", param="messages")
             digest = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
             rows = image_ids(digest, M.mtmd_input_chunk_get_n_tokens(chunk))
+            if self.non_causal and len(rows) > self.n_ubatch:
+                raise InvalidRequest(f"an image of {len(rows)} rows, which this model computes in one batch: "
+                                     f"more than --n-ubatch {self.n_ubatch}", param="messages")
             self._keep_chunk(image_row(rows[0])[0], chunk, owner)
             ids.extend(rows)
         return ids
@@ -208,25 +209,44 @@ class Projector:
         return np.concatenate(rows)
 
     def _decode_rows(self, ctx: L.llama_context_p, part: Span) -> np.ndarray:
-        """One image's rows of a span from its embeddings, n_batch rows per llama_decode."""
+        """One image's rows of a span, from the picture's embeddings. Causal rows: n_batch rows
+        per llama_decode. Non-causal ones (Gemma 3) each see the whole picture, so the rows from
+        the span's first to the picture's last go in one batch with causal attention off and
+        those past the span are dropped again: a prefill cut inside a picture computes what a
+        whole one does (the rows before the cut were computed seeing the rest too)."""
         key, row0 = image_row(part.tokens[0])
-        embd = self.embeddings(key)[row0:row0 + len(part.tokens)]          # [n, n_embd]
-        b, got = self.batch, []
-        dst = np.ctypeslib.as_array(b.embd, shape=(self.n_batch * self.n_embd,))
-        for start in range(0, len(embd), self.n_batch):
-            n, want = min(self.n_batch, len(embd) - start), []
-            dst[:n * self.n_embd] = embd[start:start + n].ravel()
-            for j in range(n):
-                b.pos[j], b.n_seq_id[j], b.seq_id[j][0] = part.start_pos + start + j, 1, part.slot
-                b.logits[j] = start + j >= len(embd) - part.n_logits
-                if b.logits[j]:
-                    want.append(j)
-            b.n_tokens = n
-            rc = L.llama_decode(ctx, b)
-            if rc != 0:
-                raise EngineFailure(f"llama_decode failed with code {rc} on {n} image rows")
-            got += [np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, j), shape=(self.n_vocab,)).copy()
-                    for j in want]
+        n = len(part.tokens)
+        embd = self.embeddings(key)
+        embd = embd[row0:len(embd) if self.non_causal else row0 + n]           # [rows, n_embd]
+        want = set(range(n - part.n_logits, n))
+        if not self.non_causal:
+            got = [self._batch(ctx, part, start, embd[start:start + self.n_batch], want)
+                   for start in range(0, n, self.n_batch)]
+            return np.concatenate(got) if got else np.empty((0, self.n_vocab), np.float32)
+        L.llama_set_causal_attn(ctx, False)
+        try:
+            got = self._batch(ctx, part, 0, embd, want)    # at most n_ubatch rows (tokenize checks)
+        finally:
+            L.llama_set_causal_attn(ctx, True)
+        if len(embd) > n:
+            L.llama_memory_seq_rm(L.llama_get_memory(ctx), part.slot, part.start_pos + n, -1)
+        return got
+
+    def _batch(self, ctx: L.llama_context_p, part: Span, start: int, embd: np.ndarray, want: set[int]) -> np.ndarray:
+        """Rows start.. of the span's image run from `embd` in one llama_decode; the logits of
+        those in `want` (indices in the run)."""
+        b, rows = self.batch, []
+        np.ctypeslib.as_array(b.embd, shape=(self.n_batch * self.n_embd,))[:embd.size] = embd.ravel()
+        for j in range(len(embd)):
+            b.pos[j], b.n_seq_id[j], b.seq_id[j][0] = part.start_pos + start + j, 1, part.slot
+            b.logits[j] = start + j in want
+            if b.logits[j]:
+                rows.append(j)
+        b.n_tokens = len(embd)
+        rc = L.llama_decode(ctx, b)
+        if rc != 0:
+            raise EngineFailure(f"llama_decode failed with code {rc} on {len(embd)} image rows")
+        got = [np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, j), shape=(self.n_vocab,)).copy() for j in rows]
         return np.stack(got) if got else np.empty((0, self.n_vocab), np.float32)
 
     def close(self) -> None:
