@@ -61,8 +61,13 @@ def _structured(model: str) -> dict[str, Any]:
 
 
 def _message() -> dict[str, Any]:
-    part = {"type": "object", "required": ["type", "text"],
+    text = {"type": "object", "required": ["type", "text"],
             "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+    image = {"type": "object", "required": ["type", "image_url"], "description": "a picture, for a model served "
+             "with --mmproj: a data: URI (an http(s) URL with --image-urls)", "properties": {
+                 "type": {"type": "string", "enum": ["image_url"]},
+                 "image_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}}}
+    part = {"oneOf": [text, image]}
     return {"type": "object", "required": ["role"], "properties": {
         "role": {"type": "string", "enum": list(params.ROLES)},
         "content": _nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": part}]}),
