@@ -102,6 +102,13 @@ def test_an_image_is_its_rows_with_content_ids(vision):
     assert [image_row(t)[1] for t in rows] == list(range(N_IMAGE_TOKENS))
 
 
+def test_a_pictures_parts_and_other_pictures_have_other_ids():
+    a, b = rgb_image(1).digest, rgb_image(2).digest
+    rows = {tuple(image_ids(d, 4, part)) for d in (a, b) for part in (0, 1)}
+    assert len({t for r in rows for t in r}) == 16 and all(t < 0 for r in rows for t in r)
+    assert [image_row(t)[1] for t in image_ids(a, 4, 1)] == [0, 1, 2, 3]
+
+
 def test_the_image_shapes_the_logits(vision):
     r, prompts = vision
     first = logits_of(r, prompts.prepare(ask((rgb_image(1),))).ids)

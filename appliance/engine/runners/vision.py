@@ -25,6 +25,7 @@ non-causally (Gemma 3) are decoded together (`_decode_rows` says how a cut pictu
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 from collections import OrderedDict
 from pathlib import Path
@@ -48,10 +49,11 @@ KEEP_SPARE = 32        # preprocessed pictures no request holds, kept for a foll
 KEEP_EMBEDDINGS = 32   # encoded pictures kept for prompts that still need their rows
 
 
-def image_ids(digest: str, n_rows: int) -> list[int]:
-    """The placeholder ids of an image's rows: -(1 + key << ROW_BITS | row), all negative, so
-    never a vocabulary token; the key is 40 bits of the content hash."""
-    key = int(digest[:10], 16)
+def image_ids(digest: str, n_rows: int, part: int = 0) -> list[int]:
+    """The placeholder ids of the rows of part `part` of a picture (a projector that tiles a
+    picture makes a chunk per slice): -(1 + key << ROW_BITS | row), all negative, so never a
+    vocabulary token; the key is 40 bits of a hash of the picture's content hash and the part."""
+    key = int(hashlib.sha256(f"{digest}:{part}".encode()).hexdigest()[:10], 16)
     return [-(1 + (key << ROW_BITS | row)) for row in range(n_rows)]
 
 
@@ -140,6 +142,7 @@ class Projector:
 
     def _ids(self, chunks: int, owner: str) -> list[int]:
         ids: list[int] = []
+        parts: dict[str, int] = {}       # a picture's chunks so far (its slices, for a tiling projector)
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
             kind = M.mtmd_input_chunk_get_type(chunk)
@@ -151,7 +154,8 @@ class Projector:
             if kind != M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise InvalidRequest("only images are taken, not audio", param="messages")
             digest = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
-            rows = image_ids(digest, M.mtmd_input_chunk_get_n_tokens(chunk))
+            part = parts[digest] = parts.get(digest, -1) + 1
+            rows = image_ids(digest, M.mtmd_input_chunk_get_n_tokens(chunk), part)
             if self.non_causal and len(rows) > self.n_ubatch:
                 raise InvalidRequest(f"an image of {len(rows)} rows, which this model computes in one batch: "
                                      f"more than --n-ubatch {self.n_ubatch}", param="messages")
