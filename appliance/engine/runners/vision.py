@@ -46,7 +46,8 @@ log = logging.getLogger("appliance.vision")
 
 ROW_BITS = 20          # rows an image may have (2^20); the content key takes the next 40 bits
 KEEP_SPARE = 32        # preprocessed pictures no request holds, kept for a follow-up turn
-KEEP_EMBEDDINGS = 32   # encoded pictures kept for prompts that still need their rows
+KEEP_EMBEDDING_BYTES = 256 << 20   # encoded pictures kept for prompts that still need their rows (the
+                                   # newest always: a big model's picture is tens of MB)
 
 
 def image_ids(digest: str, n_rows: int, part: int = 0) -> list[int]:
@@ -197,7 +198,7 @@ class Projector:
         got = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
         self.encoded += 1
         self.embd[key] = got
-        while len(self.embd) > KEEP_EMBEDDINGS:
+        while len(self.embd) > 1 and sum(e.nbytes for e in self.embd.values()) > KEEP_EMBEDDING_BYTES:
             self.embd.popitem(last=False)
         return got
 
