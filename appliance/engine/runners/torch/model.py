@@ -319,7 +319,7 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
          offload: experts.OffloadSpec | None = None, gemm: qlinear.GemmChoice | None = None,
          fused=None) -> Transformer:
     """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32).
-    Kept quantized: with `int4` Q4_0/Q4_1 (`qlinear.Int4Linear`, a str its layout), with `gemm` every kernel format
+    Kept quantized: with `int4` Q4_0/Q4_1/Q8_0 (`qlinear.Int4Linear`, a str its layout), with `gemm` every kernel format
     (`qlinear.BlockLinear`); `fused` (`fused.Fused`): norms, Q/K and decode attention on the
     kernels; `offload`: routed experts in host memory behind one `experts.ExpertCache`."""
     def mat(name: str, *shape: int) -> torch.Tensor:

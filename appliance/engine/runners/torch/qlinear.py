@@ -13,8 +13,9 @@ torch's kernel computes w = (q - 8) * scale + zero per group of `group` input el
 `scales_and_zeros` [K / group, N, 2]. So scale = d, and zero = 0 (Q4_0) or m + 8 d (Q4_1):
 the same 4-bit codes, with the block's scale and offset rounded to the activation dtype
 (bfloat16), which is the only change from the file. A Q8_0 matrix (the embedded model's tied
-output) goes through the same kernel as two int4 halves of its codes (`split_q8_0`), and the
-embeddings are then read from the file's blocks (`BlockEmbedding`).
+output, and every layer matrix of a Q8_0 file) goes through the same kernel as two int4 halves
+of its codes (`split_q8_0`): the file's bytes (K bytes of codes a row, as Q8_0's), only the
+scales rounded; the embeddings are then read from the file's blocks (`BlockEmbedding`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .weights import QuantBlocks
 
 GROUP = 32
 SUPPORTED = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+Q8_0 = gguf.GGMLQuantizationType.Q8_0      # kept as two int4 halves (split_q8_0)
 _BLOCK_BYTES = {gguf.GGMLQuantizationType.Q4_0: 18, gguf.GGMLQuantizationType.Q4_1: 20}
 
 
@@ -94,9 +96,9 @@ class Int4Linear:
     def __init__(self, blocks: QuantBlocks | Sequence[QuantBlocks], dtype: torch.dtype,
                  bias: torch.Tensor | None = None, layout: str = "torch") -> None:
         self.blocks = [blocks] if isinstance(blocks, QuantBlocks) else list(blocks)   # the file's (mapped)
-        self.doubled = self.blocks[0].qtype == gguf.GGMLQuantizationType.Q8_0   # see split_q8_0
-        if self.doubled and len(self.blocks) != 1:
-            raise ValueError("a Q8_0 matrix is kept as int4 alone, not stacked")
+        self.doubled = self.blocks[0].qtype == Q8_0   # see split_q8_0: the input doubled, [x, x]
+        if any((b.qtype == Q8_0) != self.doubled for b in self.blocks):
+            raise ValueError("Q8_0 matrices stack with Q8_0 matrices only (their input is doubled)")
         self.dtype, self.bias, self.kernel = dtype, bias, None
         self._pack(layout)
 
@@ -182,7 +184,8 @@ def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype
     `int4` a str: the int4 layout ("torch" or "tiles")."""
     if any(b.shape != s for b, s in zip(blocks, shapes)):
         return None
-    if int4 and all(b.qtype in SUPPORTED for b in blocks) and sum(n for n, _ in shapes) % 16 == 0:   # torch packs N in 16s
+    same = all(b.qtype in SUPPORTED for b in blocks) or all(b.qtype == Q8_0 for b in blocks)
+    if int4 and same and sum(n for n, _ in shapes) % 16 == 0:   # torch packs N in 16s
         return Int4Linear(blocks, dtype, bias, layout=_layout(int4))
     fmts = {block_format(b) for b in blocks}
     if gemm is not None and len(fmts) == 1 and None not in fmts:
@@ -213,7 +216,7 @@ def output_and_embedding(output: QuantBlocks, embed: QuantBlocks, shape: tuple[i
     multiples of 16 only."""
     fits = output.shape == shape and embed.shape == shape and shape[0] % 16 == 0 and shape[1] % GROUP == 0
     kept_out = (Int4Linear(output, dtype, layout=_layout(int4)) if int4 and fits and (
-        output.qtype == gguf.GGMLQuantizationType.Q8_0 or output.qtype in SUPPORTED) else None)
+        output.qtype == Q8_0 or output.qtype in SUPPORTED) else None)
     if kept_out is not None and block_format(embed) is not None:
         return kept_out, BlockEmbedding(embed, device)
     return kept_out, table()
