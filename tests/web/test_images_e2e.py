@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import io
 import json
 import threading
 import time
@@ -306,4 +307,11 @@ def test_the_chat_page_attaches_pastes_and_drops_pictures_and_keeps_them(server)
         page.wait_for_function("document.querySelectorAll('#attachments img.thumb').length == 2")
         page.click("#attachments .unattach")
         assert page.locator("#attachments img.thumb").count() == 1
+        big = picture(seed=3, size=(2600, 1200))       # ~9 MB of PNG noise, past 2,048 px wide
+        page.set_input_files("#file", files=[{"name": "big.png", "mimeType": "image/png", "buffer": big}])
+        page.wait_for_function("document.querySelectorAll('#attachments img.thumb').length == 2")
+        src = page.locator("#attachments img.thumb").last.get_attribute("src")
+        assert src.startswith("data:image/jpeg;base64,") and len(src) < len(big) / 3   # scaled, a JPEG
+        from PIL import Image
+        assert Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).size == (2048, 945)
         assert not page.console, page.console

@@ -17,6 +17,7 @@
   let pending = [];            // data: URIs of the pictures for the next message
   const visionOf = {};         // model id -> whether it takes images (loaded models, /v1/models)
   const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp", "image/gif"], MAX_IMAGES = 16, MAX_SIDE = 2048;
+  const MAX_URI = 1 << 20;     // a picture's data: URI past this is sent as a JPEG: every turn resends the history
 
   function fresh() { return { id: null, title: "New conversation", settings: Object.assign({}, DEFAULTS), messages: [] }; }
   const busy = () => controller !== null;
@@ -397,8 +398,9 @@
     note.textContent = "this model does not take images: only the text is sent";
   }
 
-  // A picture as a data: URI; one whose longer side is past MAX_SIDE is scaled down first (the
-  // request body has a size limit, and no projector sees that many pixels).
+  // A picture as a data: URI; one whose longer side is past MAX_SIDE is scaled down first, and
+  // one whose URI is past MAX_URI becomes a JPEG (the request body has a size limit, each turn
+  // sends the conversation's pictures again, and no projector sees that many pixels).
   function readImage(file) {
     return new Promise((resolve, reject) => {
       const reader = new FileReader();
@@ -407,12 +409,14 @@
         const img = new Image();
         img.onerror = () => reject(new Error(`${file.name}: not a picture this browser can read`));
         img.onload = () => {
-          const scale = MAX_SIDE / Math.max(img.naturalWidth, img.naturalHeight);
-          if (scale >= 1) { resolve(reader.result); return; }
+          const scale = Math.min(1, MAX_SIDE / Math.max(img.naturalWidth, img.naturalHeight));
+          const big = reader.result.length > MAX_URI;
+          if (scale >= 1 && !big) { resolve(reader.result); return; }
           const c = document.createElement("canvas");
           c.width = Math.round(img.naturalWidth * scale); c.height = Math.round(img.naturalHeight * scale);
           c.getContext("2d").drawImage(img, 0, 0, c.width, c.height);
-          resolve(c.toDataURL(file.type === "image/jpeg" ? "image/jpeg" : "image/png", 0.9));
+          const png = c.toDataURL("image/png");
+          resolve(file.type !== "image/jpeg" && png.length <= MAX_URI ? png : c.toDataURL("image/jpeg", 0.9));
         };
         img.src = reader.result;
       };
