@@ -251,6 +251,13 @@ def test_bad_pictures_in_other_dialects_come_in_their_shape(server):
     o = requests.post(server.url + "/api/chat", json={"model": MODEL, "stream": False, "messages": [
         {"role": "user", "content": "hi", "images": [b64(b"junk" * 50)]}]}, timeout=60)
     assert o.status_code == 400 and "error" in o.json() and isinstance(o.json()["error"], str)
+    resp = requests.post(server.url + "/v1/responses", json={"model": "x", "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": data_uri(b"junk" * 50)}]}]}, timeout=60)
+    assert resp.status_code == 400 and "not a picture" in resp.json()["error"]["message"]
+    ls = requests.post(server.url + "/completion", json={"prompt": {"prompt_string": "<__media__>hi",
+                                                                   "multimodal_data": [b64(b"junk" * 50)]}}, timeout=60)
+    assert ls.status_code == 400 and "not a picture" in ls.json()["error"]["message"]
+    assert chat(server, image_message(picture(seed=1))).status_code == 200        # and it goes on serving
 
 
 def test_image_urls_are_fetched_within_their_limits_where_allowed(server, pictures):
