@@ -30,7 +30,7 @@ class EngineConfig:
     engine: str = opt("llamacpp", "model runner: llamacpp, torch (the own runner) or auto (tune --engines decides)")
     torch_dtype: str = opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
-    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1 weights 4-bit, Q8_0 8-bit (the CPU kernels' "
+    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1/Q4_K 4-bit, Q8_0 8-bit (the CPU kernels' "
                            "int4 matmul with AVX512-BF16, else torch's int4 kernel; off: dequantize them)")
     torch_device: str = opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
     torch_kernels: str = opt("auto", "torch runner: auto | triton | off. GGUF block weights (Q4_0, Q4_1, "

@@ -5,7 +5,9 @@ Every tensor of two or more dimensions named `*.weight` whose rows hold whole bl
 target is dequantized (`gguf`) and quantized again: NVFP4 by `kernels.formats`' quantizer
 (neither `gguf` nor llama.cpp 0.3.36 writes NVFP4), the others by `gguf.quants.quantize`.
 Norms, biases, the MoE router (`ffn_gate_inp`) and tensors already in the target format are
-copied byte for byte; so is every metadata key, but `general.file_type`.
+copied byte for byte; so is every metadata key, but `general.file_type`. The K-quant mixes
+(`q4_k_m`, `q5_k_m`, `q6_k`) are llama.cpp's own: its quantizer (`llama_model_quantize`)
+writes them as `llama-quantize` would, choosing each tensor's type (a Q4_K_M keeps some in Q6_K).
 
 The report runs both files in llama.cpp, which reads every one of these formats on its own
 kernels (an independent decoder of what this writes), teacher-forced over a fixed text: the
@@ -32,6 +34,8 @@ TARGETS = {"nvfp4": (T.NVFP4, gguf.LlamaFileType.MOSTLY_NVFP4),
            "q4_0": (T.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
            "q4_1": (T.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
            "q8_0": (T.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
+# written by llama.cpp's quantizer: its llama_ftype numbers (LLAMA_FTYPE_MOSTLY_*)
+LLAMA_TARGETS = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
 KEEP = ("_norm", "norm.", "ffn_gate_inp")   # name parts of tensors copied as they are
 REPORT_TOKENS, REPORT_CHUNK = 256, 64
 
@@ -86,11 +90,13 @@ def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, file_type: 
 
 
 def quantize_file(src: Path, dst: Path, to: str) -> Summary:
-    if to not in TARGETS:
-        raise QuantizeError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}")
+    if to not in TARGETS and to not in LLAMA_TARGETS:
+        raise QuantizeError(f"--to must be one of {', '.join([*TARGETS, *LLAMA_TARGETS])}, not {to!r}")
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise QuantizeError("the output must be another file than the source")
+    if to in LLAMA_TARGETS:
+        return llama_quantize(src, dst, to)
     try:
         reader = gguf.GGUFReader(src)
     except (OSError, ValueError) as e:
@@ -118,6 +124,31 @@ def quantize_file(src: Path, dst: Path, to: str) -> Summary:
     writer.close()
     tmp.replace(dst)
     return Summary(str(src), str(dst), to, converted, copied, before, after, time.perf_counter() - t0)
+
+
+def llama_quantize(src: Path, dst: Path, to: str) -> Summary:
+    """`to`, one of LLAMA_TARGETS, written by llama.cpp's quantizer (it may requantize a
+    quantized source: its quality is then bounded by the source's)."""
+    import llama_cpp as L
+
+    from .fit.gguf_header import read_header
+
+    try:
+        before = read_header(src)[1]
+    except (OSError, ValueError) as e:
+        raise QuantizeError(f"{src}: not a readable GGUF file ({e})") from None
+    params = L.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize = LLAMA_TARGETS[to], True
+    t0, tmp = time.perf_counter(), dst.with_name(dst.name + ".part")
+    if L.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+        tmp.unlink(missing_ok=True)
+        raise QuantizeError(f"llama.cpp's quantizer could not write {to} from {src} (its log above says why)")
+    tmp.replace(dst)
+    after = read_header(dst)[1]
+    was = {t.name: t.ggml_type for t in before}
+    changed = sum(t.ggml_type != was.get(t.name) for t in after)
+    return Summary(str(src), str(dst), to, changed, len(after) - changed, sum(t.nbytes for t in before),
+                   sum(t.nbytes for t in after), time.perf_counter() - t0)
 
 
 def quality(src: Path, dst: Path, text: str, n_tokens: int = REPORT_TOKENS) -> tuple[float, float, int]:
@@ -167,7 +198,8 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("source", metavar="IN", help="a GGUF file, or 'embedded' for the embedded model")
     p.add_argument("output", metavar="OUT", help="the GGUF file to write")
-    p.add_argument("--to", required=True, choices=sorted(TARGETS), help="the weights' block format")
+    p.add_argument("--to", required=True, choices=sorted([*TARGETS, *LLAMA_TARGETS]),
+                   help="the weights' block format (q4_k_m, q5_k_m, q6_k: llama.cpp's own quantizer)")
     p.add_argument("--report", action="store_true",
                    help="also measure the copy against the source in llama.cpp (argmax agreement, mean KL)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -92,3 +92,7 @@ def test_refusals(files, tmp_path, capsys):
     assert main(["quantize", "--to", "nvfp4", str(bad), str(tmp_path / "y.gguf")]) == 2
     assert "not a readable GGUF" in capsys.readouterr().err
     assert not (tmp_path / "y.gguf").exists() and not (tmp_path / "y.gguf.part").exists()
+    # llama.cpp's own quantizer (the K-quant mixes) refuses it as clearly, leaving nothing behind
+    assert main(["quantize", "--to", "q4_k_m", str(bad), str(tmp_path / "k.gguf")]) == 2
+    assert "not a readable GGUF" in capsys.readouterr().err
+    assert not (tmp_path / "k.gguf").exists() and not (tmp_path / "k.gguf.part").exists()

@@ -293,33 +293,79 @@ def test_a_q8_0_output_matrix_is_two_int4_halves_of_its_codes():
                        torch.from_numpy(gguf.quants.dequantize(raw, qtype)[[3, 0, 3]]))
 
 
-def test_a_q8_0_model_is_served_at_its_stored_8_bits(tmp_path):
-    """A Q8_0 file's layer matrices (Q, K and V stacked; gate and up stacked) stay as the file's
-    codes, two int4 halves each (split_q8_0), on a CPU in bfloat16 (issue 49: they were
-    dequantized to bfloat16): the packed codes are the file's bytes, and the model computes what
-    llama.cpp computes on the same file as closely as its dequantized copy does."""
-    from appliance.engine.runners.torch import qlinear
+def kept_and_dequantized(path, check) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(argmax agreement, KL) with llama.cpp on the same file, teacher-forced, of the torch
+    runner keeping its matrices quantized (`check` looks at its layers, where it does: a CPU with
+    bfloat16) and of its dequantized copy (--no-torch-int4)."""
     from appliance.quantize import agreement, teacher_forced
 
-    path = write_tiny(tmp_path / "q8.gguf", "llama", n_embd=128, n_head=4, quant="Q8_0")
     ref = make_runner("llamacpp", EngineConfig(n_slots=1, n_ctx=512), path)
     kept = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512), path)
     plain = make_runner("torch", EngineConfig(n_slots=1, n_ctx=512, torch_int4=False), path)
     try:
         ids = ref.tokenize(TEXT, add_special=True)[:N_TOKENS]
         want = teacher_forced(ref, ids)
-        results = {name: agreement(want, teacher_forced(r, ids)) for name, r in (("kept", kept), ("plain", plain))}
         if kept.int4:
-            layer = kept.model.blocks[0]
-            for lin, k in ((layer.attn.wqkv, 128), (layer.ffn.gate_up, 128), (layer.ffn.down, 128)):
-                assert isinstance(lin, qlinear.Int4Linear) and lin.doubled
-                assert lin.packed.numel() == lin.shape[0] * k         # [N, 2K] nibbles: K bytes a row, as Q8_0's codes
+            check(kept)
+        results = [agreement(want, teacher_forced(r, ids)) for r in (kept, plain)]
     finally:
         for r in (ref, kept, plain):
             r.close()
     print(results)
-    (a_kept, kl_kept), (a_plain, kl_plain) = results["kept"], results["plain"]
+    return results[0], results[1]
+
+
+def test_a_q8_0_model_is_served_at_its_stored_8_bits(tmp_path):
+    """A Q8_0 file's layer matrices (Q, K and V stacked; gate and up stacked) stay as the file's
+    codes, two int4 halves each (split_q8_0), on a CPU in bfloat16 (issue 49: they were
+    dequantized to bfloat16): the packed codes are the file's bytes, and the model computes what
+    llama.cpp computes on the same file as closely as its dequantized copy does."""
+    from appliance.engine.runners.torch import qlinear
+
+    path = write_tiny(tmp_path / "q8.gguf", "llama", n_embd=128, n_head=4, quant="Q8_0")
+
+    def check(kept):
+        layer = kept.model.blocks[0]
+        for lin, k in ((layer.attn.wqkv, 128), (layer.ffn.gate_up, 128), (layer.ffn.down, 128)):
+            assert isinstance(lin, qlinear.Int4Linear) and lin.doubled
+            assert lin.packed.numel() == lin.shape[0] * k         # [N, 2K] nibbles: K bytes a row, as Q8_0's codes
+
+    (a_kept, kl_kept), (a_plain, kl_plain) = kept_and_dequantized(path, check)
     assert a_kept >= 0.93 and kl_kept < 0.01              # 95.3%, KL 0.0017 here (the dequantized copy 94.7%, 0.0022)
+    assert a_kept >= a_plain - 0.03 and kl_kept < 2 * kl_plain + 1e-3
+
+
+def test_a_q4_k_m_file_keeps_its_q4_k_matrices_4_bit(tmp_path):
+    """llama.cpp's own quantizer (`appliance quantize --to q4_k_m`) writes a real Q4_K_M mix:
+    its Q4_K matrices are 4-bit codes with a scale and an offset per 32 weights, exactly int4's
+    form (`unpack_q4_k` equals gguf's dequantization), so they stay 4-bit; a stack with a Q6_K
+    matrix in it (layer 1's V) is dequantized as before. The model agrees with llama.cpp on the
+    same file as closely as its dequantized copy does (issue 49)."""
+    from appliance.engine.runners.torch import qlinear
+    from appliance.engine.runners.torch.weights import QuantBlocks
+    from appliance.quantize import llama_quantize
+
+    src = write_tiny(tmp_path / "f32.gguf", "llama", n_embd=256, n_head=4, n_ff=512)
+    path = tmp_path / "q4km.gguf"
+    llama_quantize(src, path, "q4_k_m")
+    reader = gguf.GGUFReader(path)
+    q4k = [t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_K and len(t.shape) == 2]
+    assert {t.name for t in q4k} >= {"blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.1.ffn_up.weight"}
+    assert any(t.tensor_type == gguf.GGMLQuantizationType.Q6_K for t in reader.tensors)
+    for t in q4k:
+        n, k = int(t.shape[1]), int(t.shape[0])
+        codes, scale, zero = qlinear.unpack(QuantBlocks(np.array(t.data), t.tensor_type, (n, k)))
+        mine = (codes.astype(np.float32) - 8) * np.repeat(scale, 32, 1) + np.repeat(zero, 32, 1)
+        np.testing.assert_allclose(mine, gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(n, k),
+                                   rtol=0, atol=1e-6)
+    del reader
+    def check(kept):
+        first, second = kept.model.blocks
+        assert isinstance(first.attn.wqkv, qlinear.Int4Linear) and isinstance(first.ffn.gate_up, qlinear.Int4Linear)
+        assert not isinstance(second.attn.wqkv, qlinear.Int4Linear)        # its V is Q6_K
+
+    (a_kept, kl_kept), (a_plain, kl_plain) = kept_and_dequantized(path, check)
+    assert a_kept >= 0.9 and kl_kept < 0.02
     assert a_kept >= a_plain - 0.03 and kl_kept < 2 * kl_plain + 1e-3
 
 

@@ -32,7 +32,7 @@ from kernels.wgemm import DEFAULT as DEFAULT_GEMM, GemmConfig, wgemm
 from .weights import QuantBlocks
 
 GROUP = 32
-SUPPORTED = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+SUPPORTED = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_K)
 Q8_0 = gguf.GGMLQuantizationType.Q8_0      # kept as two int4 halves (split_q8_0)
 _BLOCK_BYTES = {gguf.GGMLQuantizationType.Q4_0: 18, gguf.GGMLQuantizationType.Q4_1: 20}
 
@@ -44,6 +44,8 @@ def available() -> bool:
 def unpack(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """codes [N, K] uint8 in 0..15, scale [N, K/32] float32, zero [N, K/32] float32, such that
     w = (codes - 8) * scale + zero equals gguf's dequantization of the same blocks."""
+    if b.qtype == gguf.GGMLQuantizationType.Q4_K:
+        return unpack_q4_k(b)
     n, k = b.shape
     raw = np.ascontiguousarray(b.data).reshape(n, k // GROUP, _BLOCK_BYTES[b.qtype])
     d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # [N, K/32]
@@ -54,6 +56,25 @@ def unpack(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         zero, nib = np.zeros_like(d), raw[..., 2:]
     codes = np.concatenate((nib & 0x0F, nib >> 4), axis=-1).reshape(n, k)          # [N, K]
     return codes, d, zero
+
+
+def unpack_q4_k(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`unpack` for Q4_K: a super-block of 256 weights (144 bytes: f16 d and dmin, 12 bytes of
+    six-bit scales and mins for its 8 sub-blocks of 32, 128 bytes of nibbles, each 32 bytes
+    holding one sub-block in its low nibbles and the next in its high ones) is
+    w = d sc_j q - dmin m_j per sub-block j, q in 0..15: 4-bit codes with group 32, scale d sc_j
+    and zero 8 d sc_j - dmin m_j, as torch's and the CPU kernels' int4 matmuls take them.
+    The six-bit fields are read by gguf's own `Q4_K.get_scale_min`."""
+    n, k = b.shape
+    raw = np.ascontiguousarray(b.data).reshape(n * (k // 256), 144)
+    d = raw[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float32)[:, None]              # [B, 1]
+    dmin = raw[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float32)[:, None]
+    sc, m = gguf.quants.Q4_K.get_scale_min(raw[:, 4:16])                                   # [B, 8] each
+    qs = raw[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    codes = (qs & 0x0F).reshape(n, k)
+    scale = d * sc.astype(np.float32)
+    zero = 8 * scale - dmin * m.astype(np.float32)
+    return codes, scale.reshape(n, k // GROUP), zero.reshape(n, k // GROUP)
 
 
 def split_q8_0(b: QuantBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
