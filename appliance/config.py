@@ -16,7 +16,7 @@ from typing import Any, Collection, Mapping
 
 from .chat_templates import BUILTIN, REASONING, default_kwargs, load_template
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
-from .endpoints import parse_endpoints
+from .endpoints import parse_endpoints, parse_split
 from .flags import ENV_PREFIX, flag, opt, values_of
 from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
@@ -91,7 +91,8 @@ class EngineConfig:
     kv_type: str = opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
                        "flash attention, which llama.cpp needs for them)")
     main_gpu: int = opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
-    rpc: str | None = opt(None, "llama.cpp: HOST:PORT of an `appliance worker` to hold layers (several-machines.md)")
+    rpc: str | None = opt(None, "llama.cpp: HOST:PORT[,...] of `appliance worker`s whose devices hold layers (several-machines.md)")
+    tensor_split: str | None = opt(None, "llama.cpp: the GPUs' shares of the layers, e.g. 3,1, the workers' first (default: by memory)")
     prompt_cache: str = opt("on", "on | off | fast: keep each slot's prompt KV after a request and reuse its longest "
                             "common prefix. on: exactly (to the token where the runner proves at start that any "
                             "chunk computes as the grid's, else in whole --prefill-chunk blocks), so a hit gives the "
@@ -177,12 +178,14 @@ class EngineConfig:
         _require(not (self.cpu_moe and self.n_cpu_moe is not None), "give --cpu-moe or --n-cpu-moe, not both")
         _require(self.n_cpu_moe is None or self.n_cpu_moe >= 0, "n_cpu_moe must not be negative")
         _require(self.main_gpu >= 0, "main_gpu must not be negative")
-        _require(not self.rpc or len(parse_endpoints(self.rpc)) == 1, "--rpc takes one worker for now (no multi-device split yet)")
+        if self.rpc:
+            parse_endpoints(self.rpc)        # raises for a bad address
+        if self.tensor_split:
+            parse_split(self.tensor_split)   # raises for bad shares
         _require(self.n_gpu_layers in ("auto", "all") or self.n_gpu_layers.isdigit(),
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
-        self.tensor_overrides()  # raises for a malformed --override-tensor
-        self.template_override()  # raises for an unknown name, an unreadable file, bad Jinja
-        self.template_kwargs()
+        # raise for a malformed --override-tensor, an unknown template name, an unreadable file, bad Jinja
+        self.tensor_overrides(), self.template_override(), self.template_kwargs()
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
                  and self.n_threads_batch >= 0, "counts must not be negative")
 
@@ -212,8 +215,7 @@ class EngineConfig:
         return load_template(self.chat_template) if self.chat_template else None
 
     def template_kwargs(self) -> dict[str, Any]:
-        """The template variables every request gets: --chat-template-kwargs with --reasoning's
-        enable_thinking (`chat_templates.default_kwargs`)."""
+        """Every request's template variables: --chat-template-kwargs with --reasoning's enable_thinking."""
         return default_kwargs(self.chat_template_kwargs, self.reasoning)
 
     def resolved_threads(self) -> tuple[int, int]:
@@ -223,14 +225,12 @@ class EngineConfig:
         return n, self.n_threads_batch or n
 
     def llamacpp(self) -> LlamaCppSettings:
-        """The llama.cpp settings these flags give: threads resolved (0: physical cores), n_ubatch
-        at most n_batch (llama.cpp clamps it so itself)."""
+        """llama.cpp's settings: threads resolved (0: physical cores), n_ubatch at most n_batch."""
         threads, threads_batch = self.resolved_threads()
         return LlamaCppSettings(n_threads=threads, n_threads_batch=threads_batch, n_batch=self.n_batch,
                                 n_ubatch=min(self.n_ubatch, self.n_batch), flash_attn=self.flash_attn)
 
-    def with_llamacpp(self, s: LlamaCppSettings) -> EngineConfig:
-        """This config with its llama.cpp flags set to s."""
+    def with_llamacpp(self, s: LlamaCppSettings) -> EngineConfig:  # this config with llama.cpp's flags set to s
         return dataclasses.replace(self, **s.as_dict())
 
 

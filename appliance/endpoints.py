@@ -32,6 +32,17 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
     return tuple(out)
 
 
+def parse_split(text: str) -> tuple[float, ...]:
+    """`--tensor-split 3,1`: each GPU's share of the layers, non-negative, not all zero."""
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--tensor-split: {text!r} is not a list of numbers such as 3,1") from None
+    if any(not x >= 0 or x == float("inf") for x in out) or not sum(out) > 0:
+        raise ValueError(f"--tensor-split {text}: shares must be non-negative and not all zero")
+    return out
+
+
 def is_ipv4(host: str) -> bool:
     """A dotted IPv4 address: all llama.cpp's RPC server binds (inet_addr; no names)."""
     try:

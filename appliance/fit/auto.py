@@ -84,7 +84,8 @@ def for_file(cfg: Any, path: Path) -> tuple[int, str]:
     """auto_context for a GGUF on this host (its devices as `appliance fit` sees them), once per
     process for a config and file: the serve command's check and the catalog agree."""
     from .command import host_devices
+    from .devices import main_gpu_only
     from .model import from_gguf
 
     m = from_gguf(path)
-    return auto_context(cfg, m, request_of(cfg, m), host_devices(None))
+    return auto_context(cfg, m, request_of(cfg, m), main_gpu_only(host_devices(None)))

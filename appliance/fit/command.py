@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from ..rope import DEFAULT_N_CTX, KINDS, check_flags, served
 from . import overrides
-from .devices import Device, from_snapshot
+from .devices import Device, from_snapshot, main_gpu_only, with_workers
 from .model import ModelFacts, from_gguf
-from .planner import KV_TYPES, FitRequest, plan
+from .planner import KV_TYPES, FitRequest, plan, split_of
 from .render import render
 from .shapes import SHAPES, build
 
@@ -51,9 +51,13 @@ def add_parser(sub) -> None:
                         "the first match wins (llama-server's -ot)")
     p.add_argument("--host", metavar="SNAPSHOT.json",
                    help="plan for the host of this `appliance hostcheck --json` (default: this host)")
-    p.add_argument("--rpc", metavar="HOST:PORT",
-                   help="plan with this `appliance worker`'s device as GPU0, its memory asked over llama.cpp's "
-                        "RPC protocol, as `serve --rpc` places layers (needs the RPC build; one worker)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,...]",
+                   help="plan with these `appliance worker`s' devices as GPU0, GPU1, ... (this host's GPUs after "
+                        "them), their memory asked over llama.cpp's RPC protocol, layers split over them as "
+                        "`serve --rpc` splits them (needs the RPC build)")
+    p.add_argument("--tensor-split", metavar="N,N,...",
+                   help="the GPUs' shares of the layers, as serve's (default: by each GPU's memory; without it "
+                        "and --rpc, the first GPU holds the layers, as serve's --main-gpu 0)")
     p.add_argument("--json", action="store_true", help="print the placement as JSON")
     p.set_defaults(func=run)
 
@@ -78,10 +82,25 @@ def _request(args: argparse.Namespace, m: ModelFacts, devices: list[Device]) -> 
     n_cpu_moe = m.n_layer if args.cpu_moe else args.n_cpu_moe
     if n_cpu_moe is not None and not 0 <= n_cpu_moe:
         raise BadInput("--n-cpu-moe must not be negative")
-    return FitRequest(n_ctx=args.n_ctx, n_slots=args.n_slots, kv_type=args.kv_type, n_ubatch=args.n_ubatch,
-                      flash_attn=args.flash_attn or args.kv_type != "f16",
-                      n_gpu_layers=ngl, n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
-                      overrides=parse_overrides(args.override_tensor, devices))
+    req = FitRequest(n_ctx=args.n_ctx, n_slots=args.n_slots, kv_type=args.kv_type, n_ubatch=args.n_ubatch,
+                     flash_attn=args.flash_attn or args.kv_type != "f16",
+                     n_gpu_layers=ngl, n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
+                     overrides=parse_overrides(args.override_tensor, devices),
+                     tensor_split=_split(args.tensor_split) if args.tensor_split else ())
+    try:
+        split_of(req, devices)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    return req
+
+
+def _split(text: str) -> tuple[float, ...]:
+    from ..endpoints import parse_split
+
+    try:
+        return parse_split(text)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
 
 
 def context(args: argparse.Namespace, m: ModelFacts) -> tuple[int, str]:
@@ -129,19 +148,18 @@ def host_devices(path: str | None) -> list[Device]:
         raise BadInput(f"--host {path}: not a hostcheck snapshot it can read: {e}") from None
 
 
-def _add_worker(args: argparse.Namespace) -> None:
-    """Register the worker's device in llama.cpp's registry, as serve does before it places."""
+def _workers(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """Register the workers' devices in llama.cpp's registry, as serve does before it places, and
+    say what each offers: (its address, free, total)."""
     from ..endpoints import parse_endpoints
 
     if args.host is not None:
         raise BadInput("--rpc plans for this host: give it without --host")
     try:
-        from ..engine.runners import ggml_rpc
+        from ..engine.runners import ggml_devices, ggml_rpc
 
-        endpoints = parse_endpoints(args.rpc)
-        if len(endpoints) != 1:
-            raise BadInput("--rpc takes one worker for now (no multi-device split yet)")
-        ggml_rpc.add_servers(endpoints)
+        ggml_rpc.add_servers(parse_endpoints(args.rpc))
+        return [(d.description, d.free, d.total) for d in ggml_devices.devices() if d.remote]
     except (ValueError, RuntimeError) as e:     # a bad address, no RPC build, no answer
         raise BadInput(str(e)) from None
 
@@ -172,11 +190,9 @@ def _model(args: argparse.Namespace) -> ModelFacts:
 def run(args: argparse.Namespace) -> int:
     try:
         m = _model(args)
-        if args.rpc:
-            _add_worker(args)
+        workers = _workers(args) if args.rpc else []
         devices = host_devices(args.host)
-        if args.rpc and not any("RPC0" in d.how for d in devices):
-            raise BadInput("--rpc beside a local GPU: the split over several devices is not planned yet")
+        devices = with_workers(devices, workers) if args.rpc or args.tensor_split else main_gpu_only(devices)
         args.n_ctx, how = context(args, m)
         req = _request(args, m, devices)
     except BadInput as e:

@@ -17,7 +17,7 @@ integrated GPU, or software on the CPU, which llama.cpp calls a discrete GPU) co
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 GIB = 1024**3
@@ -42,6 +42,7 @@ class Device:
     carve_out: int = 0        # unified: the dedicated (BIOS) part of the budget
     gtt: bool = False         # unified through amdgpu's GTT, whose limit is a kernel setting
     how: str = ""             # how the budget was found, for the report
+    remote: bool = False      # another machine's, through llama.cpp's RPC backend (no op offload)
 
 
 def _int(value: Any) -> int | None:
@@ -81,9 +82,12 @@ def from_snapshot(snap: dict) -> list[Device]:
 
 
 def _llama_gpus(llama: dict) -> list[Device]:
-    """The GPUs llama.cpp reported when hostcheck found no PCI one: each from its free memory."""
+    """The GPUs llama.cpp reported when hostcheck found no PCI one: each from its free memory
+    (not an RPC worker's: `with_workers` adds those)."""
     out: list[Device] = []
     for d in llama.get("devices") or []:
+        if str(d.get("name", "")).startswith("RPC"):
+            continue
         free, total = _int(d.get("free_bytes")), _int(d.get("total_bytes"))
         if d.get("kind") in ("gpu", "igpu") and free is not None and total:
             memory = "gtt" if d.get("kind") == "igpu" else "host" if d.get("host_memory") else "own"
@@ -92,22 +96,39 @@ def _llama_gpus(llama: dict) -> list[Device]:
     return out
 
 
-def _measured_gpu(name: str, memory: str, free: int, total: int, what: str = "") -> Device:
+def _measured_gpu(name: str, memory: str, free: int, total: int, what: str = "", remote: bool = False) -> Device:
     """A GPU's budget from its free memory (a small margin stays free). `memory`: "own" (a
     card's VRAM), "gtt" (an integrated GPU: host memory, mapped through amdgpu's GTT on AMD) or
     "host" (software on the CPU, such as lavapipe: host memory, no GTT)."""
     margin = max(total // 50, GIB // 4)
     host = "" if memory == "own" else ", host memory"
-    return Device(name, "gpu", max(free - margin, 0), unified=memory != "own", gtt=memory == "gtt",
+    return Device(name, "gpu", max(free - margin, 0), unified=memory != "own", gtt=memory == "gtt", remote=remote,
                   how=f"{what}{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB{host}, less {margin / GIB:.2f} GiB")
 
 
 def from_measured(host_total: int, host_available: int,
-                  gpus: list[tuple[str, str, int, int]]) -> list[Device]:
+                  gpus: list[tuple[str, str, int, int, bool]]) -> list[Device]:
     """Devices from what the running host reports: its memory (/proc/meminfo) and each GPU's
-    (planner name, memory: own | gtt | host, free, total) from llama.cpp's device registry. A
-    GPU's free memory already leaves out what the driver and other processes hold."""
+    (planner name, memory: own | gtt | host, free, total, remote) from llama.cpp's device
+    registry (remote: an RPC worker's, which reports its own free memory). A GPU's free memory
+    already leaves out what the driver and other processes hold."""
     budget = min(host_total - host_reserve(host_total), host_available)
     out = [Device("CPU", "cpu", budget, how=f"{host_available / GIB:.1f} GiB available of "
                                              f"{host_total / GIB:.1f} GiB, less the OS's share")]
-    return out + [_measured_gpu(name, memory, free, total) for name, memory, free, total in gpus]
+    return out + [_measured_gpu(name, memory, free, total, "RPC worker's " if remote else "", remote)
+                  for name, memory, free, total, remote in gpus]
+
+
+def main_gpu_only(devices: list[Device]) -> list[Device]:
+    """The CPU and the first GPU: where serve puts layers without a split (no --rpc or --tensor-split)."""
+    gpus = [d for d in devices if d.kind == "gpu"]
+    return [d for d in devices if d.kind != "gpu"] + gpus[:1]
+
+
+def with_workers(devices: list[Device], workers: list[tuple[str, int, int]]) -> list[Device]:
+    """This host's devices and RPC workers' (description, free, total), in llama.cpp's order for a
+    split: the workers' devices are GPU0, GPU1, ..., this host's GPUs follow them, renumbered."""
+    remote = [_measured_gpu(f"GPU{i}", "own", free, total, f"RPC worker {what}: ", remote=True)
+              for i, (what, free, total) in enumerate(workers)]
+    local = [replace(d, name=f"GPU{len(remote) + i}") for i, d in enumerate(d for d in devices if d.kind == "gpu")]
+    return [d for d in devices if d.kind != "gpu"] + remote + local

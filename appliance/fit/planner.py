@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .devices import GIB, Device
 from .model import TIED_OUTPUT, ModelFacts
 from .gguf_header import nbytes
@@ -44,6 +46,7 @@ class FitRequest:
     n_cpu_moe: int | None = None               # None: choose; the experts of layers < K in host memory
     overrides: tuple[tuple[str, str], ...] = ()  # (regex, device name), first match wins
     projector: tuple[int, bool] = (0, False)   # a vision projector's bytes, and whether it goes on the GPU
+    tensor_split: tuple[float, ...] = ()       # the GPUs' shares of the layers (default: by budget)
 
 
 
@@ -81,16 +84,18 @@ class Placement:
     n_gpu_layers: int
     n_cpu_moe: int
     n_cpu_ffn: int
-    gpu: str | None                            # the device layers go to (None: CPU only)
+    gpu: str | None                            # the first device layers go to (None: CPU only)
     where: dict[str, str]                      # tensor name -> device name
     use: dict[str, Use]                        # device name -> what it holds
     layers: dict[int, str]                     # layer -> device of its attention and KV
     overrides: tuple[tuple[str, str], ...]     # what to pass llama.cpp, the user's first
     notes: tuple[str, ...] = field(default=())
+    split: dict[str, float] = field(default_factory=dict)   # several GPUs: each one's share, as llama.cpp takes it
 
     def to_dict(self) -> dict:
         return {"fits": self.fits, "n_gpu_layers": self.n_gpu_layers, "n_cpu_moe": self.n_cpu_moe,
-                "n_cpu_ffn": self.n_cpu_ffn, "gpu": self.gpu, "kv_type": self.request.kv_type,
+                "n_cpu_ffn": self.n_cpu_ffn, "gpu": self.gpu,
+                "split": {g: round(x / sum(self.split.values()), 4) for g, x in self.split.items()}, "kv_type": self.request.kv_type,
                 "n_ctx": self.request.n_ctx, "n_slots": self.request.n_slots,
                 "overrides": [f"{p}={d}" for p, d in self.overrides], "notes": list(self.notes),
                 "devices": {name: {"weights": u.weights, "kv": u.kv, "compute": u.compute, "total": u.total,
@@ -155,15 +160,36 @@ def host_compute_bytes(m: ModelFacts, req: FitRequest) -> int:
 
 # -- one placement ----------------------------------------------------------------------------
 
-def _layer_device(m: ModelFacts, ngl: int, gpu: str | None) -> dict[int | None, str]:
+def _layer_device(m: ModelFacts, ngl: int, gpus: list[str], split: list[float]) -> dict[int | None, str]:
     """llama.cpp's rule (llama-model.cpp, `i_gpu_start = n_layer + 1 - n_gpu_layers`): the output
-    (key None) is layer n_layer, so `ngl` layers on the GPU are the output and the last ngl - 1."""
-    if gpu is None:
-        ngl = 0
+    (key None) is layer n_layer, so `ngl` layers on the GPUs are the output and the last ngl - 1;
+    across several GPUs, layer il goes to the first whose cumulative share of the split exceeds
+    (il - i_gpu_start) / ngl, computed in float32 as llama.cpp does."""
+    ngl = min(ngl, m.n_layer + 1) if gpus else 0
     first = m.n_layer + 1 - ngl
-    out: dict[int | None, str] = {i: gpu if i >= first else "CPU" for i in range(m.n_layer)}
-    out[None] = gpu if ngl >= 1 else "CPU"
+    bounds = np.cumsum(np.asarray(split or [1.0], dtype=np.float32), dtype=np.float32)
+    bounds = bounds / bounds[-1]
+
+    def device(il: int) -> str:
+        if il < first:
+            return "CPU"
+        k = int(np.searchsorted(bounds, np.float32(il - first) / np.float32(ngl), side="right"))
+        return gpus[min(k, len(gpus) - 1)]
+    out: dict[int | None, str] = {i: device(i) for i in range(m.n_layer)}
+    out[None] = device(m.n_layer)
     return out
+
+
+def split_of(req: FitRequest, devices: list[Device]) -> list[float]:
+    """The GPUs' shares of the layers: the user's --tensor-split, else each GPU's budget (as
+    llama.cpp's default split by free memory). The runner passes it to llama.cpp as it is."""
+    gpus = [d for d in devices if d.kind == "gpu"]
+    if req.tensor_split:
+        if len(req.tensor_split) != len(gpus) or min(req.tensor_split) < 0 or sum(req.tensor_split) <= 0:
+            raise ValueError(f"--tensor-split {','.join(f'{x:g}' for x in req.tensor_split)}: one non-negative "
+                             f"share per GPU ({', '.join(d.name for d in gpus) or 'none'}), not all zero")
+        return list(req.tensor_split)
+    return [float(max(d.budget, 1)) for d in gpus]
 
 
 def _overrides(m: ModelFacts, n_cpu_moe: int, n_cpu_ffn: int, user: tuple[tuple[str, str], ...]):
@@ -184,8 +210,10 @@ def _layers_regex(k: int, n_layer: int) -> str:
 def place(m: ModelFacts, req: FitRequest, devices: list[Device], ngl: int, n_cpu_moe: int,
           n_cpu_ffn: int) -> Placement:
     """One placement, exactly as llama.cpp would make it from these settings, and its sizes."""
-    gpu = next((d.name for d in devices if d.kind == "gpu"), None)
-    by_layer = _layer_device(m, ngl, gpu)
+    gpus = [d.name for d in devices if d.kind == "gpu"]
+    split = split_of(req, devices)
+    by_layer = _layer_device(m, ngl, gpus, split)
+    gpu = next((by_layer[i] for i in [*range(m.n_layer), None] if by_layer[i] != "CPU"), gpus[0] if gpus else None)
     overrides = _overrides(m, n_cpu_moe, n_cpu_ffn, req.overrides)
     compiled = [(re.compile(p), d) for p, d in overrides]
     where = {}
@@ -199,27 +227,33 @@ def place(m: ModelFacts, req: FitRequest, devices: list[Device], ngl: int, n_cpu
     use = _sizes(m, req, devices, where, by_layer)
     fits, notes = _check(use, devices)
     return Placement(fits, req, ngl if gpu else 0, n_cpu_moe, n_cpu_ffn, gpu, where, use,
-                     {i: by_layer[i] for i in range(m.n_layer)}, overrides, tuple(notes))
+                     {i: by_layer[i] for i in range(m.n_layer)}, overrides, tuple(notes),
+                     dict(zip(gpus, split)) if len(gpus) > 1 else {})
 
 
 def _sizes(m: ModelFacts, req: FitRequest, devices: list[Device], where: dict[str, str],
            by_layer: dict[int | None, str]) -> dict[str, Use]:
-    gpu = next((d.name for d in devices if d.kind == "gpu"), None)
+    gpus = [d for d in devices if d.kind == "gpu"]
+    # the local GPU llama.cpp's scheduler hands a big batch's ops to (an RPC device takes none)
+    offload = next((d.name for d in gpus if not d.remote), None)
+    first = gpus[0].name if gpus else None
     use = {}
     for d in devices:
         weights = {r: 0 for r in ("embed", "output", "attn", "ffn", "expert", "projector")}
         for t in m.tensors:
             if where[t.name] == d.name and not (t.name == TIED_OUTPUT and d.kind == "cpu"):
                 weights[t.role] += t.nbytes  # a tied output in host memory is the embedding's mmap
-        size, offload = req.projector    # mtmd puts the whole projector on one device (its buffers not counted)
-        weights["projector"] = size if (d.name == gpu) == (offload and gpu is not None) else 0
+        size, on_gpu = req.projector    # mtmd puts the whole projector on one device (its buffers not counted)
+        weights["projector"] = size if (d.name == first) == (on_gpu and first is not None) else 0
         kv = sum(kv_bytes(m, i, req) for i in range(m.n_layer) if by_layer[i] == d.name)
         has_layers = any(by_layer[i] == d.name for i in range(m.n_layer))
         has_output = by_layer[None] == d.name
-        if gpu is None:
+        if d.name == offload:                   # a GPU build: the big batches run on the GPU
+            compute = offload_compute_bytes(m, req, where)
+        elif d.kind == "cpu" and offload is not None:
+            compute = host_compute_bytes(m, req)
+        else:
             compute = compute_bytes(m, req, has_output, has_layers)
-        else:                                   # a GPU build: the big batches run on the GPU
-            compute = offload_compute_bytes(m, req, where) if d.name == gpu else host_compute_bytes(m, req)
         use[d.name] = Use(weights, kv, compute, d.budget)
     return use
 

@@ -178,7 +178,7 @@ def test_a_gpu_that_got_less_than_planned_is_noted():
     placement = plan(facts, FitRequest(n_ctx=512), [Device("CPU", "cpu", 8 * GIB), Device("GPU0", "gpu", 8 * GIB)])
     gpu = GgmlDevice(1, "Vulkan0", "llvmpipe", "gpu", 2 * GIB, 2 * GIB, 0, "GPU0", True)
     placed = RunnerPlacement(placement, facts, [dataclasses.replace(gpu, index=0, name="CPU", kind="cpu"), gpu],
-                             None, "Vulkan0")
+                             None, "Vulkan0", names={"GPU0": "Vulkan0"})
     use = placement.use["GPU0"]
     placed.record_allocations([f"load_tensors:      Vulkan0 model buffer size = {sum(use.weights.values()) / 2**20:.2f} MiB",
                                f"llama_kv_cache:      Vulkan0 KV buffer size = {use.kv / 2**20:.2f} MiB"])

@@ -37,12 +37,13 @@ def test_loopback_is_told_apart():
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("no.such.host.invalid")
 
 
-def test_serve_takes_one_worker_for_now():
-    assert EngineConfig(rpc="127.0.0.1:50052").rpc == "127.0.0.1:50052"
-    with pytest.raises(ValueError, match="one worker"):
-        EngineConfig(rpc="a:1,b:2")
+def test_serve_takes_several_workers_and_the_gpus_shares():
+    assert EngineConfig(rpc="a:1,b:2", tensor_split="3,1").rpc == "a:1,b:2"
     with pytest.raises(ValueError, match="HOST:PORT"):
         EngineConfig(rpc="nope")
+    for bad in ("3;1", "1,-1", "0,0", "nan,1", "inf"):
+        with pytest.raises(ValueError, match="--tensor-split"):
+            EngineConfig(tensor_split=bad)
 
 
 def test_the_worker_refuses_a_public_address_without_the_flag(capsys):
@@ -138,6 +139,38 @@ def test_layers_on_a_worker_give_the_local_greedy_tokens_as_planned(worker, laye
     assert abs(allocated["model"] - planned) <= max(planned // 20, 2**20), (allocated, planned)
 
 
+def allocated_on(placement: dict, device: str) -> dict:
+    return placement["allocated"].get(device, {})
+
+
+@pytest.mark.rpc
+@needs_rpc
+def test_layers_split_over_two_workers_give_the_local_greedy_tokens_as_planned(worker):
+    """CPU, RPC0 and RPC1 hold layers (20 of 31 on the workers: their split by memory, then 1:3):
+    the tokens are the local run's, and what llama.cpp allocated on each worker is what the
+    planner put there, for the model and for the KV."""
+    (ep0, _), (ep1, _) = worker(), worker()
+    got = head([["local", {"n_gpu_layers": "0"}],
+                ["split", {"rpc": f"{ep0},{ep1}", "n_gpu_layers": "20"}],
+                ["shares", {"rpc": f"{ep0},{ep1}", "n_gpu_layers": "all", "tensor_split": "1,3"}]])
+    for run in ("split", "shares"):
+        assert got[run]["tokens"] == got["local"]["tokens"], run
+        p = got[run]["placement"]
+        assert p["names"] == {"GPU0": "RPC0", "GPU1": "RPC1"}
+        assert [d["description"] for d in p["llama_devices"] if d["name"].startswith("RPC")] == [ep0, ep1]
+        for g, name in p["names"].items():
+            planned, have = p["devices"][g], allocated_on(p, name)
+            for kind, want in (("model", sum(planned["weights"].values())), ("KV", planned["kv"])):
+                assert want > 0 and abs(have[kind] - want) <= max(want // 20, 2**20), (run, g, kind, have, want)
+        assert not [n for n in p["notes"] if "allocated" in n], p["notes"]
+    kv = {run: [got[run]["placement"]["devices"][g]["kv"] for g in ("GPU0", "GPU1")] for run in ("split", "shares")}
+    layer = kv["shares"][0] // 8            # 1:3 over 31: layers 0-7 on RPC0, 8-29 and the output on RPC1
+    assert kv["shares"] == [8 * layer, 22 * layer]
+    # 20 by (nearly) equal free memory: layers 11-20 or 11-21 on RPC0, as the two workers' free memory
+    # rounds, and the rest with the output on RPC1
+    assert sum(kv["split"]) == 19 * layer and kv["split"][0] in (10 * layer, 11 * layer)
+
+
 @pytest.mark.rpc
 @needs_rpc
 def test_a_worker_that_does_not_answer_is_refused_with_its_address():
@@ -189,8 +222,8 @@ def test_the_server_names_the_worker_and_survives_losing_it(worker, tmp_path):
 def test_fit_rpc_refuses_what_it_cannot_plan(capsys):
     assert main(["fit", "--rpc", "127.0.0.1:1", "--host", "snap.json"]) == 2
     assert "without --host" in capsys.readouterr().err
-    assert main(["fit", "--rpc", "a:1,b:2"]) == 2
-    assert "one worker" in capsys.readouterr().err
+    assert main(["fit", "--tensor-split", "1,1"]) == 2       # a share per GPU, and this host has none
+    assert "one non-negative share per GPU" in capsys.readouterr().err
     assert main(["fit", "--rpc", "127.0.0.1:1"]) == 2    # no RPC build, or no worker there: said which
     assert ("-DGGML_RPC=on" if WHY else "127.0.0.1:1 does not answer") in capsys.readouterr().err
 

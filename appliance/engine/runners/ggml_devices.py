@@ -70,6 +70,7 @@ class GgmlDevice:
     buft: int                   # ggml_backend_buffer_type_t
     planner_name: str           # "CPU", "GPU0", ... (accelerators: their own name)
     host_memory: bool = False   # a GPU whose memory is the host's: integrated, or software on the CPU
+    handle: int = 0             # ggml_backend_dev_t
 
     @property
     def remote(self) -> bool:
@@ -94,7 +95,7 @@ def devices() -> list[GgmlDevice]:
         kind, name = KINDS.get(base.ggml_backend_dev_type(dev), "other"), base.ggml_backend_dev_name(dev).decode()
         out.append(GgmlDevice(i, name, (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
                               kind, free.value, total.value, base.ggml_backend_dev_buffer_type(dev),
-                              "CPU" if kind == "cpu" else name))
+                              "CPU" if kind == "cpu" else name, handle=dev))
     # llama.cpp lists a model's GPUs with the RPC workers' first (`main_gpu` counts them so)
     out.sort(key=lambda d: (d.kind != "cpu", not d.remote))
     gpus = [d for d in out if d.kind in ("gpu", "igpu")]
@@ -122,9 +123,12 @@ def llama_build():
     from hostcheck.advice import LlamaBuild, LlamaDevice
 
     L.llama_backend_init()
-    return LlamaBuild(L.__version__, bool(L.llama_supports_gpu_offload()),
+    devs = devices()
+    # llama_supports_gpu_offload is true for a build with the RPC backend alone: it has no GPU here
+    local_gpu = any(d.kind in ("gpu", "igpu") and not d.remote for d in devs)
+    return LlamaBuild(L.__version__, bool(L.llama_supports_gpu_offload()) and local_gpu,
                       tuple(LlamaDevice(d.name, d.description, d.free, d.total, d.kind, d.host_memory)
-                            for d in devices()))
+                            for d in devs))
 
 
 def find(name: str, devs: list[GgmlDevice]) -> GgmlDevice | None:
