@@ -73,14 +73,27 @@ def _hostcheck(args: argparse.Namespace) -> int:
             print(f"appliance hostcheck: cannot read --model {args.model}: {e.strerror or e}",
                   file=sys.stderr)
             return 2
+    workers = {}
+    if args.rpc:
+        from .endpoints import parse_endpoints
+        from .worker_facts import fetch_all
+
+        try:
+            workers = fetch_all(list(parse_endpoints(args.rpc)))
+        except ValueError as e:
+            print(f"appliance hostcheck: {e}", file=sys.stderr)
+            return 2
     snap = collect()
     llama = _llama_build()
     advice = check(snap, model_bytes=model_bytes, llama=llama)
     if args.json:
-        print(json.dumps(as_json(snap, advice, llama), indent=2))
+        print(json.dumps({**as_json(snap, advice, llama), **({"workers": workers} if args.rpc else {})}, indent=2))
     else:
         print(render(snap, advice, llama), end="")
-    return 0
+        for ep, facts in workers.items():
+            print(f"\n== RPC worker {ep} ==\n"
+                  + facts.get("text", f"its facts are unavailable: {facts.get('error')}\n"), end="")
+    return 0 if all("error" not in f for f in workers.values()) else 1
 
 
 def _llama_build():
@@ -111,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "does not expose are reported as unavailable, with the "
                                       "reason.")
     host.add_argument("--json", action="store_true", help="print the snapshot and advice as JSON")
+    host.add_argument("--rpc", metavar="HOST:PORT[,...]",
+                      help="also report these `appliance worker`s' hosts (each answers on its next port); "
+                           "exit status 1 when one does not answer")
     size = host.add_mutually_exclusive_group()
     size.add_argument("--model", metavar="PATH",
                       help="check that this model fits (GTT, VRAM, memory) by its size on disk")

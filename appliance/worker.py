@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
                    help="threads for the CPU device (default: half the cores, as rpc-server)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host: the protocol is unauthenticated, use a private link")
+    p.add_argument("--no-facts", action="store_true",
+                   help="do not answer GET /hostcheck on the next port (PORT + 1): this machine's "
+                        "hostcheck facts, which `appliance hostcheck --rpc` and bench's stored runs read")
     p.set_defaults(func=run)
 
 
@@ -65,11 +68,31 @@ def run(args: argparse.Namespace) -> int:
     for d in offered:
         print(f"appliance worker: offers {d.name} ({d.description}): {d.total // 2**20} MiB, "
               f"{d.free // 2**20} MiB free", flush=True)
+    if not args.no_facts:
+        _serve_facts(endpoint, offered, cache, args.threads)
     # llama.cpp's accept loop never returns to Python: let SIGINT and SIGTERM end the process
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ggml_rpc.start_server(endpoint, [d.index for d in offered], cache, args.threads)
     return _refuse(f"the RPC server at {endpoint} did not start (llama.cpp's reason is above)")
+
+
+def _serve_facts(endpoint, offered, cache: str | None, threads: int) -> None:
+    """This machine's hostcheck facts on the next port (worker_facts.py); a port in use is said
+    and the worker serves RPC without them."""
+    from . import worker_facts
+    from .engine.runners.ggml_devices import llama_build
+
+    at = worker_facts.facts_endpoint(endpoint)
+    worker = {"endpoint": str(endpoint), "cache": cache, "threads": threads,
+              "offers": [{"name": d.name, "description": d.description, "free": d.free, "total": d.total}
+                         for d in offered]}
+    try:
+        worker_facts.serve(at, worker, llama_build())
+    except (OSError, OverflowError) as e:     # in use, or no port after 65535
+        print(f"appliance worker: hostcheck facts not served at {at}: {getattr(e, 'strerror', None) or e}", flush=True)
+        return
+    print(f"appliance worker: hostcheck facts at http://{at}{worker_facts.PATH}", flush=True)
 
 
 def _offered(devs, names: list[str]):

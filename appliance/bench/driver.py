@@ -155,7 +155,7 @@ def _execute(store: Store, command: str, argv: Sequence[str], variants: list[Var
 
     settings = (variants[0].settings() if len(variants) == 1
                 else {v.label: v.settings() for v in variants})
-    snapshot = host_snapshot()
+    snapshot = host_snapshot(variants)
     run_id = store.start_run(["appliance", command, *argv], settings, claimed, kind=command)
     store.record_host(run_id, snapshot, {})
     print(f"appliance {command}: run {run_id}, {len(steps)} cells", file=sys.stderr)
@@ -228,7 +228,7 @@ def drive_soak(args: argparse.Namespace, argv: Sequence[str], cfg: config.Config
                              f"are ~950 tokens with their replies); the server has {variant.n_ctx}")
         claimed = claimed or served_model(variant)
         store = stack.enter_context(Store.open(db_path))
-        snapshot = host_snapshot()
+        snapshot = host_snapshot([variant])
         run_id = store.start_run(["appliance", "bench", *argv], variant.settings(), claimed, kind="soak")
         store.record_host(run_id, snapshot, {})
         print(f"appliance bench: run {run_id}, soak of {plan.minutes:g} min with {plan.clients} clients",

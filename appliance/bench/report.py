@@ -10,12 +10,13 @@ import csv
 import dataclasses
 import io
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..store import HostRecord, ResultCell, RunInfo, RunStatus, Store
 from . import soakreport
 from .energy_report import energy_lines
+from .report_host import host_lines
 from .results import (COMPARED, GIB, KIND_TITLES, CompareRow, Ratio, agent_against_cold, compare, modes_against_serial,
                       of_variant, served_against_raw, variants)
 from .rows import GAP_FLAG, Row, Stat, rows
@@ -187,7 +188,7 @@ def _conditions(info: RunInfo, host: HostRecord | None) -> list[str]:
               f"finished {info.finished_at or 'never'}",
               f"- command: `{' '.join(info.command)}`",
               f"- engine: {_settings(info.engine_settings)}",
-              *_host(host), *_peak_rss(host), ""]
+              *host_lines(host.snapshot if host else None), *_peak_rss(host), ""]
     return lines + _phases(host)
 
 
@@ -204,64 +205,6 @@ def _settings(settings: Mapping[str, Any]) -> str:
     def compact(v: Any) -> str:
         return json.dumps(v, separators=(",", ":")) if isinstance(v, (dict, list)) else str(v)
     return " ".join(f"{k}={compact(v)}" for k, v in sorted(settings.items())) or "none recorded"
-
-
-def _fact(d: Any, key: str, show: Callable[[Any], str] = str) -> str:
-    """A snapshot fact as hostcheck stores it: the value, or {"unavailable": reason}."""
-    value = d.get(key) if isinstance(d, Mapping) else None
-    if value is None:
-        return "unavailable"
-    if isinstance(value, Mapping) and "unavailable" in value:
-        return f"unavailable ({value['unavailable']})"
-    return show(value)
-
-
-def _gib(b: float) -> str:
-    return f"{b / GIB:.1f} GiB"
-
-
-def _watts(w: float) -> str:
-    return f"{w:.0f} W"
-
-
-def _host(host: HostRecord | None) -> list[str]:
-    if host is None:
-        return ["- host: unavailable (no snapshot stored with this run)"]
-    s = host.snapshot
-    cpu, mem, kernel, iommu = (s.get(k, {}) for k in ("cpu", "memory", "kernel", "iommu"))
-    cmdline = _fact(kernel, "cmdline", lambda c: f"`{c}`")
-    lines = [f"- host snapshot: {_fact(s, 'taken_at')}",
-             f"- CPU: {_fact(cpu, 'model')}, {_fact(cpu, 'physical_cores')} cores / "
-             f"{_fact(cpu, 'logical_cpus')} threads, governor {_fact(cpu, 'governor')}, "
-             f"driver {_fact(cpu, 'scaling_driver')}, boost "
-             f"{_fact(cpu, 'boost', lambda b: 'on' if b else 'off')}, max "
-             f"{_fact(cpu, 'max_mhz', lambda v: f'{v:.0f} MHz')}"
-             + (", virtual machine" if cpu.get("virtual_machine") else ""),
-             f"- memory: {_fact(mem, 'total_bytes', _gib)}, transparent huge pages "
-             f"{_fact(mem, 'thp_enabled')}",
-             f"- kernel: {_fact(kernel, 'release')} on {_fact(kernel, 'distribution')}",
-             f"- kernel command line: {cmdline}",
-             f"- IOMMU: {_fact(iommu, 'mode')}"]
-    return lines + _power(s.get("power", {})) + _gpus(s.get("gpu", {}))
-
-
-def _power(power: Mapping[str, Any]) -> list[str]:
-    lines = [f"- power {d.get('label', '?')} ({d.get('kind', '?')}): limit "
-             f"{_fact(d, 'cap_w', _watts)}, default {_fact(d, 'default_cap_w', _watts)}, min "
-             f"{_fact(d, 'min_cap_w', _watts)}, max {_fact(d, 'max_cap_w', _watts)}"
-             for d in power.get("domains", [])]
-    why = "; ".join(power.get("not_found", [])) or "not in the snapshot"
-    return lines or [f"- power limits: unavailable ({why})"]
-
-
-def _gpus(gpu: Mapping[str, Any]) -> list[str]:
-    lines = [f"- GPU: {g.get('vendor', '?')} {_fact(g, 'name')}, arch {_fact(g, 'arch')}, "
-             f"{_fact(g, 'unified', lambda u: 'unified memory' if u else 'dedicated VRAM')}, "
-             f"VRAM {_fact(g, 'vram_bytes', _gib)}, GTT {_fact(g, 'gtt_bytes', _gib)}, "
-             f"driver {_fact(g, 'driver')}, runtime {_fact(g, 'runtime')}"
-             for g in gpu.get("gpus", [])]
-    why = "; ".join(gpu.get("not_found", [])) or "not in the snapshot"
-    return lines or [f"- GPU: unavailable ({why})"]
 
 
 def _phases(host: HostRecord | None) -> list[str]:

@@ -295,10 +295,16 @@ def execute(store: Store, run_id: int, steps: Sequence[Step], progress: bool = T
     return Outcome(status, done, missing, error, failed)
 
 
-def host_snapshot() -> dict[str, Any]:
+def host_snapshot(variants: Sequence[Variant] = ()) -> dict[str, Any]:
+    """This host's snapshot, with the facts of every RPC worker a measured server holds layers on
+    (asked of each worker: worker_facts.py), under "workers"."""
     from hostcheck import collect
 
-    return collect().to_dict()
+    from ..worker_facts import fetch_all, remote_endpoints
+
+    snap = collect().to_dict()
+    workers = list(dict.fromkeys(ep for v in variants for ep in remote_endpoints(v.health or {})))
+    return {**snap, "workers": fetch_all(workers)} if workers else snap
 
 
 def peak_rss(variant: Variant) -> dict[str, int]:

@@ -185,11 +185,17 @@ def test_a_worker_that_does_not_answer_is_refused_with_its_address():
 
 @pytest.mark.rpc
 @needs_rpc
-def test_the_worker_says_what_it_offers(worker):
+def test_the_worker_says_what_it_offers_and_answers_for_its_host(worker):
+    from appliance import worker_facts
+
     ep, proc = worker()
+    facts = worker_facts.fetch(parse_endpoints(ep)[0])
+    assert facts["worker"]["endpoint"] == ep and [d["name"] for d in facts["worker"]["offers"]] == ["CPU"]
+    assert facts["snapshot"]["memory"]["total_bytes"] > 0 and facts["llama_cpp"]["devices"][0]["name"] == "CPU"
     proc.terminate()
     text = proc.communicate(timeout=10)[0]
     assert f"serving at {ep}" in text and "offers CPU" in text and "MiB free" in text
+    assert "hostcheck facts at http://127.0.0.1:" in text
 
 
 @pytest.mark.rpc
