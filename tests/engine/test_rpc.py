@@ -200,27 +200,43 @@ def test_the_worker_says_what_it_offers_and_answers_for_its_host(worker):
 
 @pytest.mark.rpc
 @needs_rpc
-def test_the_server_names_the_worker_and_survives_losing_it(worker, tmp_path):
+def test_a_server_over_two_workers_answers_as_the_local_one_and_survives_losing_one(worker, tmp_path):
+    """The appliance served over two workers (every layer on them): the local server's greedy
+    reply, every device reported; then a worker killed mid-stream is an engine_crashed error, the
+    server stays up and /health names the worker it cannot reach."""
     import requests
 
     from tests.web.conftest import running_server, wait_until
 
-    ep, proc = worker()
-    with running_server(tmp_path, "--rpc", ep, "--n-ctx", "512", "--n-slots", "1") as srv:
-        h = srv.health()
-        remote = [d for d in h["placement"]["llama_devices"] if d["name"] == "RPC0"]
-        assert remote and remote[0]["description"] == ep, h["placement"]
-        assert f"RPC0[{ep}]" in srv.log() or ep in srv.log()
-        body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
+    (ep0, _), (ep1, proc1) = worker(), worker()
+    chat = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 24, "temperature": 0}
+
+    def reply(srv) -> str:
+        r = requests.post(srv.url + "/v1/chat/completions", json=chat, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    with running_server(tmp_path, "--n-ctx", "512", "--n-slots", "1") as local:
+        want = reply(local)
+    with running_server(tmp_path, "--rpc", f"{ep0},{ep1}", "--n-gpu-layers", "all", "--n-ctx", "512",
+                        "--n-slots", "1") as srv:
+        p = srv.health()["placement"]
+        assert [(d["name"], d["description"]) for d in p["llama_devices"] if d["name"].startswith("RPC")] == \
+            [("RPC0", ep0), ("RPC1", ep1)]
+        assert p["names"] == {"GPU0": "RPC0", "GPU1": "RPC1"} and p["n_gpu_layers"] == 31
+        assert all(sum(p["devices"][g]["weights"].values()) > 0 for g in ("GPU0", "GPU1"))
+        assert f"RPC1 (RPC worker {ep1})" in srv.log()          # the start-up lines: what each holds
+        assert reply(srv) == want
+        body = {**chat, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
                 "stream": True}
         with requests.post(srv.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
             lines = r.iter_lines()
             next(lines)
-            proc.kill()
+            proc1.kill()
             rest = b"\n".join(ln for ln in lines if ln)
         assert b"engine_crashed" in rest, rest[-500:]   # llama.cpp aborts the engine; the request is told
         # the server stays up; the engine's restart is refused, and /health names the worker
-        said = wait_until(lambda: ep in requests.get(srv.url + "/health", timeout=5).json().get("reason", ""),
+        said = wait_until(lambda: ep1 in requests.get(srv.url + "/health", timeout=5).json().get("reason", ""),
                           timeout=30)
         assert said and srv.proc.poll() is None
 

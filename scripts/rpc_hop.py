@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""What the RPC hop costs (docs/several-machines.md, issue 52): the embedded model served by
+`appliance serve` with every layer on this host's CPU, on one `appliance worker`, and split over
+two, each configuration started in turn inside every round (rounds rotate the order), medians
+printed. Per configuration: the prefill rate and time of a ~P-token prompt and the decode rate
+of G greedy tokens (the server's timings), and the bytes the head sent to and got from its
+workers per decode step, from the workers' /proc/PID/io (rchar: read from the head, wchar:
+written to it) across a 1-token and a (G+1)-token reply to the same prompt, prompt cache off.
+
+    python scripts/rpc_hop.py --rounds 3 [--threads 1] [--prompt-tokens 512] [--gen 64]
+
+Every process computes with --threads threads (the head's CPU device and each worker's), so the
+local run and a split use the same cores; nothing else should run on the machine. Needs the RPC
+build (scripts/rpc_check.sh makes .venv-rpc).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+from appliance.compute_settings import thread_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, requests.RequestException):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not start")
+
+
+def start_worker(threads: int) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "appliance", "worker", "--port", str(port), "--threads", str(threads)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **thread_env("spin")})
+    wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.5).close() is None, "a worker")
+    return f"127.0.0.1:{port}", p
+
+
+def io_of(pid: int) -> tuple[int, int]:
+    """(rchar, wchar) of a process: every byte it read and wrote, its socket's included."""
+    fields = dict(line.split(": ") for line in open(f"/proc/{pid}/io").read().splitlines())
+    return int(fields["rchar"]), int(fields["wchar"])
+
+
+class Server:
+    def __init__(self, threads: int, rpc: list[str]) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        flags = ["--n-ctx", "2048", "--n-slots", "1", "--n-threads", str(threads), "--prompt-cache", "off",
+                 "--speculate", "off", "--plan", "off", "--cache-dir", tempfile.mkdtemp(prefix="rpc-hop-")]
+        if rpc:
+            flags += ["--rpc", ",".join(rpc), "--n-gpu-layers", "all"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", self.url.rsplit(":", 1)[1],
+                                      *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, **thread_env("spin")})
+        wait_for(lambda: requests.get(self.url + "/health", timeout=2).json().get("status") == "ok", "the server")
+
+    def chat(self, prompt: str, tokens: int) -> dict:
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": tokens,
+                "ignore_eos": True, "cache_prompt": False}
+        r = requests.post(self.url + "/v1/chat/completions", json=body, timeout=900)
+        r.raise_for_status()
+        return r.json()
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def measure(threads: int, workers: list[tuple[str, subprocess.Popen]], prompt: str, gen: int) -> dict[str, float]:
+    srv = Server(threads, [ep for ep, _ in workers])
+    try:
+        srv.chat("Hello", 4)                                  # warm
+        time.sleep(2)                                         # its idle work done
+        before = [io_of(p.pid) for _, p in workers]
+        one = srv.chat(prompt, 1)
+        middle = [io_of(p.pid) for _, p in workers]
+        full = srv.chat(prompt, gen + 1)
+        after = [io_of(p.pid) for _, p in workers]
+    finally:
+        srv.close()
+    t = full["timings"]
+    out = {"prompt_tokens": t["prompt_n"], "prefill_tok_s": t["prompt_per_second"], "prefill_ms": t["prompt_ms"],
+           "decode_tok_s": t["predicted_per_second"]}
+    if workers:     # the (G+1)-token reply less the 1-token one: G decode steps
+        to_w = sum((a[0] - m[0]) - (m[0] - b[0]) for b, m, a in zip(before, middle, after))
+        from_w = sum((a[1] - m[1]) - (m[1] - b[1]) for b, m, a in zip(before, middle, after))
+        out.update(bytes_to_workers_per_step=to_w / gen, bytes_from_workers_per_step=from_w / gen,
+                   one_token_reply_prompt_tokens=one["timings"]["prompt_n"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="about this many prompt tokens")
+    ap.add_argument("--gen", type=int, default=64)
+    args = ap.parse_args()
+    prompt = "The lighthouse keeper wrote in his log every night. " * max(1, args.prompt_tokens // 11)
+    workers = [start_worker(args.threads) for _ in range(2)]
+    configs = {"local CPU": [], "1 worker, all layers": workers[:1], "2 workers, all layers": workers}
+    got: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
+    try:
+        for r in range(args.rounds):
+            names = list(configs)[r % len(configs):] + list(configs)[:r % len(configs)]
+            for name in names:
+                got[name].append(measure(args.threads, configs[name], prompt, args.gen))
+                print(f"round {r + 1} {name}: {got[name][-1]}", file=sys.stderr, flush=True)
+    finally:
+        for _, p in workers:
+            p.kill()
+    keys = ["prompt_tokens", "prefill_tok_s", "prefill_ms", "decode_tok_s", "bytes_to_workers_per_step",
+            "bytes_from_workers_per_step"]
+    print("| run | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for name, runs in got.items():
+        cells = []
+        for k in keys:
+            vals = [x[k] for x in runs if k in x]
+            cells.append(f"{statistics.median(vals):,.1f} ({', '.join(f'{v:,.1f}' for v in vals)})" if vals else "-")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
