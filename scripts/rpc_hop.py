@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import requests
+from thread_wait_check import Server   # scripts/: `appliance serve` on a free port, its plan off
 
 from appliance.compute_settings import thread_env
 
@@ -62,39 +61,18 @@ def io_of(pid: int) -> tuple[int, int]:
     return int(fields["rchar"]), int(fields["wchar"])
 
 
-class Server:
-    def __init__(self, threads: int, rpc: list[str]) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        flags = ["--n-ctx", "2048", "--n-slots", "1", "--n-threads", str(threads), "--prompt-cache", "off",
-                 "--speculate", "off", "--plan", "off", "--cache-dir", tempfile.mkdtemp(prefix="rpc-hop-")]
-        if rpc:
-            flags += ["--rpc", ",".join(rpc), "--n-gpu-layers", "all"]
-        self.proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", self.url.rsplit(":", 1)[1],
-                                      *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, **thread_env("spin")})
-        wait_for(lambda: requests.get(self.url + "/health", timeout=2).json().get("status") == "ok", "the server")
-
-    def chat(self, prompt: str, tokens: int) -> dict:
-        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": tokens,
-                "ignore_eos": True, "cache_prompt": False}
-        r = requests.post(self.url + "/v1/chat/completions", json=body, timeout=900)
-        r.raise_for_status()
-        return r.json()
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
-
-
 def measure(threads: int, workers: list[tuple[str, subprocess.Popen]], prompt: str, gen: int) -> dict[str, float]:
-    srv = Server(threads, [ep for ep, _ in workers])
+    flags = ["--n-ctx", "2048", "--n-threads", str(threads), "--prompt-cache", "off", "--speculate", "off"]
+    if workers:
+        flags += ["--rpc", ",".join(ep for ep, _ in workers), "--n-gpu-layers", "all"]
+    srv = Server("spin", tuple(flags))
     try:
-        srv.chat("Hello", 4)                                  # warm
+        srv.chat(4, prompt="Hello")                           # warm
         time.sleep(2)                                         # its idle work done
         before = [io_of(p.pid) for _, p in workers]
-        one = srv.chat(prompt, 1)
+        one = srv.chat(1, ignore_eos=True, prompt=prompt)
         middle = [io_of(p.pid) for _, p in workers]
-        full = srv.chat(prompt, gen + 1)
+        full = srv.chat(gen + 1, ignore_eos=True, prompt=prompt)
         after = [io_of(p.pid) for _, p in workers]
     finally:
         srv.close()

@@ -71,12 +71,14 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, wait: str) -> None:
+    """`appliance serve` on a free port with one slot, its plan off (scripts/rpc_hop.py adds flags)."""
+
+    def __init__(self, wait: str, flags: tuple[str, ...] = ()) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.tmp = tempfile.mkdtemp(prefix="thread-wait-")
         env = {**loop_env("spin"), "APPLIANCE_PLAN": "off", "APPLIANCE_CACHE_DIR": self.tmp}
         self.proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", self.url.rsplit(":", 1)[1],
-                                      "--n-ctx", "4096", "--n-slots", "1", "--thread-wait", wait],
+                                      "--n-ctx", "4096", "--n-slots", "1", "--thread-wait", wait, *flags],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -88,8 +90,8 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError("the server did not start")
 
-    def chat(self, tokens: int, ignore_eos: bool = False) -> dict:
-        body = {"messages": [{"role": "user", "content": "Tell me about lighthouses. " * 20}], "temperature": 0,
+    def chat(self, tokens: int, ignore_eos: bool = False, prompt: str = "Tell me about lighthouses. " * 20) -> dict:
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0,
                 "max_tokens": tokens, "ignore_eos": ignore_eos, "cache_prompt": False}
         r = requests.post(self.url + "/v1/chat/completions", json=body, timeout=900)
         r.raise_for_status()
