@@ -107,7 +107,7 @@ def _niced_load() -> None:
 def built() -> bool:
     """Whether this machine has the kernels built (on disk or in this process): `load` is then
     quick, where a first build takes ~14 s."""
-    name = build_name()   # (no lock: load holds it for a whole build; a dict's read is atomic)
+    name = build_name()   # (no lock needed: a dict's read is atomic)
     return name in _loaded or any((cache_dir() / name).glob("*.so"))
 
 
@@ -126,9 +126,13 @@ def load() -> tuple[ModuleType | None, str]:
     if building is not None and building is not threading.current_thread():
         building.join()
     with _lock:
-        if name not in _loaded:
-            _loaded[name] = _build(name)
-        return _loaded[name]
+        if name in _loaded:
+            return _loaded[name]
+    # built without the lock, so that prefetch, built and ready never wait for a build (its flock
+    # makes a second concurrent build wait for the first, then load what it built)
+    result = _build(name)
+    with _lock:
+        return _loaded.setdefault(name, result)
 
 
 def _build(name: str) -> tuple[ModuleType | None, str]:
