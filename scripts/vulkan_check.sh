@@ -13,7 +13,9 @@
 # Settings (environment): VULKAN_VENV (.venv-vulkan), VULKAN_PREFIX (.vulkan-prefix),
 # VULKAN_OUT (test-artifacts/vulkan: logs and the table's JSON), VULKAN_REBUILD=1 builds
 # llama-cpp-python again even when the venv already has a Vulkan build, VULKAN_SETUP_ONLY=1
-# stops after the build, VULKAN_CHECKS=serve,moe runs only those checks (vulkan_checks.py --only).
+# stops after the build, VULKAN_CHECKS=serve,moe runs only those checks (vulkan_checks.py --only),
+# VULKAN_CMAKE_EXTRA adds to the build's CMAKE_ARGS (-DGGML_RPC=on: a worker beside lavapipe,
+# tests/engine/test_rpc.py's split over a worker and a local GPU; give it its own VULKAN_VENV).
 # The machine's own apt sources are never touched. Measured on a 2-core VM (docs/gpu.md): the
 # build 17 minutes, the tests and checks 27 (the greedy agreement check 23 of them).
 set -euo pipefail
@@ -79,7 +81,7 @@ EOF
 if [ "${VULKAN_REBUILD:-0}" = 1 ] || ! has_vulkan; then
   # pip's wheel cache ignores CMAKE_ARGS, and a find-links directory may hold a CPU wheel:
   # no cache, no binary, forced
-  CMAKE_ARGS="-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR=$PREFIX/usr/include" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+  CMAKE_ARGS="-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR=$PREFIX/usr/include ${VULKAN_CMAKE_EXTRA:-}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     "$VENV/bin/pip" install -q --no-cache-dir --force-reinstall --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON" \
     > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   SECONDS_OF[build]=$(( $(date +%s) - t ))

@@ -171,6 +171,41 @@ def test_layers_split_over_two_workers_give_the_local_greedy_tokens_as_planned(w
     assert sum(kv["split"]) == 19 * layer and kv["split"][0] in (10 * layer, 11 * layer)
 
 
+def _local_gpu() -> str | None:
+    """A GPU of this host's beside the RPC backend (lavapipe, in the venv VULKAN_CMAKE_EXTRA=-DGGML_RPC=on
+    bash scripts/vulkan_check.sh builds), else None."""
+    if WHY is not None:
+        return None
+    from appliance.engine.runners import ggml_devices
+
+    return next((d.name for d in ggml_devices.devices() if d.kind in ("gpu", "igpu") and not d.remote), None)
+
+
+LOCAL_GPU = _local_gpu()
+
+
+@pytest.mark.rpc
+@pytest.mark.vulkan
+@needs_rpc
+@pytest.mark.skipif(LOCAL_GPU is None, reason="no GPU of this host's beside the RPC backend (VULKAN_VENV=.venv-vkrpc "
+                    "VULKAN_CMAKE_EXTRA=-DGGML_RPC=on bash scripts/vulkan_check.sh builds one, with lavapipe)")
+def test_a_worker_and_a_local_gpu_share_the_layers_as_planned(worker):
+    """The worker's device first, this host's GPU after it, half the layers each: what llama.cpp
+    allocated on each is the plan (model and KV within 5%), and the local GPU, which takes the big
+    batches (op offload), holds the planned compute buffer (within 15%, as the Vulkan tests ask)."""
+    ep, _ = worker("--device", "CPU")
+    got = head([["split", {"rpc": ep, "n_gpu_layers": "all", "tensor_split": "1,1"}]])
+    p = got["split"]["placement"]
+    assert p["names"] == {"GPU0": "RPC0", "GPU1": LOCAL_GPU} and p["split"] == {"GPU0": 0.5, "GPU1": 0.5}
+    for g, name in p["names"].items():
+        planned, have = p["devices"][g], allocated_on(p, name)
+        for kind, want in (("model", sum(planned["weights"].values())), ("KV", planned["kv"])):
+            assert want > 0 and abs(have[kind] - want) <= max(want // 20, 2**20), (g, kind, have, want)
+    want, have = p["devices"]["GPU1"]["compute"], allocated_on(p, LOCAL_GPU)["compute"]
+    assert abs(have - want) <= want * 0.15, (have, want)
+    assert len(got["split"]["tokens"]) > 0
+
+
 @pytest.mark.rpc
 @needs_rpc
 def test_a_worker_that_does_not_answer_is_refused_with_its_address():
