@@ -4,8 +4,8 @@
 two, each configuration started in turn inside every round (rounds rotate the order), medians
 printed. Per configuration: the prefill rate and time of a ~P-token prompt and the decode rate
 of G greedy tokens (the server's timings), and the bytes the head sent to and got from its
-workers per decode step, from the workers' /proc/PID/io (rchar: read from the head, wchar:
-written to it) across a 1-token and a (G+1)-token reply to the same prompt, prompt cache off.
+workers per decode step, from the kernel's count on the workers' connections (`ss -ti`) across a
+1-token and a (G+1)-token reply to the same prompt, prompt cache off.
 
     python scripts/rpc_hop.py --rounds 3 [--threads 1] [--prompt-tokens 512] [--gen 64]
 
@@ -16,6 +16,7 @@ build (scripts/rpc_check.sh makes .venv-rpc).
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import socket
 import statistics
@@ -55,10 +56,14 @@ def start_worker(threads: int) -> tuple[str, subprocess.Popen]:
     return f"127.0.0.1:{port}", p
 
 
-def io_of(pid: int) -> tuple[int, int]:
-    """(rchar, wchar) of a process: every byte it read and wrote, its socket's included."""
-    fields = dict(line.split(": ") for line in open(f"/proc/{pid}/io").read().splitlines())
-    return int(fields["rchar"]), int(fields["wchar"])
+def tcp_bytes(port: int) -> tuple[int, int]:
+    """(bytes received, bytes sent) over the worker's established connections on `port`, as the
+    kernel counts them (`ss -ti`: tcp_info's bytes_received and bytes_sent; llama.cpp's RPC uses
+    send and recv, which /proc/PID/io does not count)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    got = [sum(int(m) for m in re.findall(rf"\b{key}:(\d+)", out)) for key in ("bytes_received", "bytes_sent")]
+    return got[0], got[1]
 
 
 def measure(threads: int, workers: list[tuple[str, subprocess.Popen]], prompt: str, gen: int) -> dict[str, float]:
@@ -69,21 +74,24 @@ def measure(threads: int, workers: list[tuple[str, subprocess.Popen]], prompt: s
     try:
         srv.chat(4, prompt="Hello")                           # warm
         time.sleep(2)                                         # its idle work done
-        before = [io_of(p.pid) for _, p in workers]
+        ports = [int(ep.rsplit(":", 1)[1]) for ep, _ in workers]
+        before = [tcp_bytes(port) for port in ports]
         one = srv.chat(1, ignore_eos=True, prompt=prompt)
-        middle = [io_of(p.pid) for _, p in workers]
+        middle = [tcp_bytes(port) for port in ports]
         full = srv.chat(gen + 1, ignore_eos=True, prompt=prompt)
-        after = [io_of(p.pid) for _, p in workers]
+        after = [tcp_bytes(port) for port in ports]
     finally:
         srv.close()
     t = full["timings"]
     out = {"prompt_tokens": t["prompt_n"], "prefill_tok_s": t["prompt_per_second"], "prefill_ms": t["prompt_ms"],
            "decode_tok_s": t["predicted_per_second"]}
-    if workers:     # the (G+1)-token reply less the 1-token one: G decode steps
+    if workers:     # the (G+1)-token reply less the 1-token one: G decode steps (received: from the head)
         to_w = sum((a[0] - m[0]) - (m[0] - b[0]) for b, m, a in zip(before, middle, after))
         from_w = sum((a[1] - m[1]) - (m[1] - b[1]) for b, m, a in zip(before, middle, after))
+        n = one["timings"]["prompt_n"]        # the 1-token reply: the prefill, and one step
         out.update(bytes_to_workers_per_step=to_w / gen, bytes_from_workers_per_step=from_w / gen,
-                   one_token_reply_prompt_tokens=one["timings"]["prompt_n"])
+                   bytes_to_workers_per_prompt_token=sum(m[0] - b[0] for b, m in zip(before, middle)) / n,
+                   bytes_from_workers_per_prompt_token=sum(m[1] - b[1] for b, m in zip(before, middle)) / n)
     return out
 
 
@@ -108,7 +116,7 @@ def main() -> None:
         for _, p in workers:
             p.kill()
     keys = ["prompt_tokens", "prefill_tok_s", "prefill_ms", "decode_tok_s", "bytes_to_workers_per_step",
-            "bytes_from_workers_per_step"]
+            "bytes_from_workers_per_step", "bytes_to_workers_per_prompt_token", "bytes_from_workers_per_prompt_token"]
     print("| run | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for name, runs in got.items():
