@@ -71,6 +71,21 @@ def test_a_build_without_rpc_refuses_the_worker_with_how_to_build_it(capsys):
 needs_rpc = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 
+def _local_gpu() -> str | None:
+    """A GPU of this host's beside the RPC backend (lavapipe, in the venv VULKAN_CMAKE_EXTRA=-DGGML_RPC=on
+    bash scripts/vulkan_check.sh builds), else None."""
+    if WHY is not None:
+        return None
+    from appliance.engine.runners import ggml_devices
+
+    return next((d.name for d in ggml_devices.devices() if d.kind in ("gpu", "igpu") and not d.remote), None)
+
+
+LOCAL_GPU = _local_gpu()
+# the CPU-only splits below: this host's GPU would join them (the local-GPU test covers that)
+cpu_only = pytest.mark.skipif(LOCAL_GPU is not None, reason=f"this host's {LOCAL_GPU} would join the split")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,6 +142,7 @@ def head(runs: list) -> dict:
 @pytest.mark.rpc
 @needs_rpc
 @pytest.mark.parametrize("layers", ["all", "15"])
+@cpu_only
 def test_layers_on_a_worker_give_the_local_greedy_tokens_as_planned(worker, layers):
     ep, proc = worker()
     got = head([["local", {"n_gpu_layers": "0"}], ["split", {"rpc": ep, "n_gpu_layers": layers}]])
@@ -145,6 +161,7 @@ def allocated_on(placement: dict, device: str) -> dict:
 
 @pytest.mark.rpc
 @needs_rpc
+@cpu_only
 def test_layers_split_over_two_workers_give_the_local_greedy_tokens_as_planned(worker):
     """CPU, RPC0 and RPC1 hold layers (20 of 31 on the workers: their split by memory, then 1:3):
     the tokens are the local run's, and what llama.cpp allocated on each worker is what the
@@ -171,17 +188,6 @@ def test_layers_split_over_two_workers_give_the_local_greedy_tokens_as_planned(w
     assert sum(kv["split"]) == 19 * layer and kv["split"][0] in (10 * layer, 11 * layer)
 
 
-def _local_gpu() -> str | None:
-    """A GPU of this host's beside the RPC backend (lavapipe, in the venv VULKAN_CMAKE_EXTRA=-DGGML_RPC=on
-    bash scripts/vulkan_check.sh builds), else None."""
-    if WHY is not None:
-        return None
-    from appliance.engine.runners import ggml_devices
-
-    return next((d.name for d in ggml_devices.devices() if d.kind in ("gpu", "igpu") and not d.remote), None)
-
-
-LOCAL_GPU = _local_gpu()
 
 
 @pytest.mark.rpc
@@ -225,16 +231,18 @@ def test_the_worker_says_what_it_offers_and_answers_for_its_host(worker):
 
     ep, proc = worker()
     facts = worker_facts.fetch(parse_endpoints(ep)[0])
-    assert facts["worker"]["endpoint"] == ep and [d["name"] for d in facts["worker"]["offers"]] == ["CPU"]
+    offers = LOCAL_GPU or "CPU"             # every GPU, else the CPU (rpc-server's choice)
+    assert facts["worker"]["endpoint"] == ep and [d["name"] for d in facts["worker"]["offers"]] == [offers]
     assert facts["snapshot"]["memory"]["total_bytes"] > 0 and facts["llama_cpp"]["devices"][0]["name"] == "CPU"
     proc.terminate()
     text = proc.communicate(timeout=10)[0]
-    assert f"serving at {ep}" in text and "offers CPU" in text and "MiB free" in text
+    assert f"serving at {ep}" in text and f"offers {offers}" in text and "MiB free" in text
     assert "hostcheck facts at http://127.0.0.1:" in text
 
 
 @pytest.mark.rpc
 @needs_rpc
+@cpu_only
 def test_a_server_over_two_workers_answers_as_the_local_one_and_survives_losing_one(worker, tmp_path):
     """The appliance served over two workers (every layer on them): the local server's greedy
     reply, every device reported; then a worker killed mid-stream is an engine_crashed error, the
