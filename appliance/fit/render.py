@@ -47,6 +47,10 @@ def render(m: ModelFacts, p: Placement) -> str:
     lines = [head, ("fits" if p.fits else "DOES NOT FIT") + f": n_gpu_layers={p.n_gpu_layers}"
              + (f", experts of the first {p.n_cpu_moe} layers in host memory" if p.n_cpu_moe else "")
              + (f", dense FFNs of the first {p.n_cpu_ffn} layers in host memory" if p.n_cpu_ffn else "")]
+    if p.split:
+        total = sum(p.split.values())
+        lines.append("  layer split: " + ", ".join(f"{g} {x / total:.0%}" for g, x in p.split.items())
+                     + (" (--tensor-split)" if r.tensor_split else " (by each device's memory)"))
     lines += _where_roles(m, p)
     cols = ("device", "attn", "ffn", "experts", "output", "embed", "KV", "compute", "total", "budget", "headroom")
     rows = [cols]

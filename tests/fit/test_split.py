@@ -10,6 +10,7 @@ from appliance.fit import devices as dev
 from appliance.fit import planner, shapes
 from appliance.fit.devices import GIB, Device
 from appliance.fit.planner import FitRequest, place, plan
+from appliance.fit.render import render
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,9 @@ def test_shares_split_the_layers_as_llama_cpp_does(llama8b):
     assert layers_on(p, "GPU0") == list(range(0, 9)) and layers_on(p, "GPU1") == list(range(9, 32))
     assert p.where["output.weight"] == "GPU1" and p.where["token_embd.weight"] == "CPU"
     assert p.to_dict()["split"] == {"GPU0": 0.25, "GPU1": 0.75} and p.gpu == "GPU0"
+    text = render(llama8b, p)
+    assert "layer split: GPU0 25%, GPU1 75% (--tensor-split)" in text
+    assert "attention + KV  layers 0-8 on GPU0" in text and "attention + KV  layers 9-31 on GPU1" in text
 
 
 def test_by_default_each_gpu_takes_layers_in_proportion_to_its_memory(llama8b):
