@@ -106,3 +106,16 @@ def test_workers_come_first_and_the_local_gpus_follow(hosts):
     assert [(d.name, d.remote) for d in both] == [("CPU", False), ("GPU0", True), ("GPU1", False)]
     assert both[2].budget == local[1].budget and "10.0.0.2:50052" in both[1].how
     assert dev.main_gpu_only(both) == both[:2]
+
+
+def test_a_splits_identity_is_its_layers_not_its_devices_free_memory(llama8b):
+    """The KV fingerprint of a split names the layers each device holds: free memory (the default
+    shares) differs at every start, and a restart must still find its prompt cache on disk."""
+    from appliance.engine.runners.placement import RunnerPlacement
+
+    def identity(budget0):
+        devices = [cpu(), Device("GPU0", "gpu", budget0, remote=True), Device("GPU1", "gpu", 30 * GIB)]
+        p = place(llama8b, FitRequest(n_ctx=4096), devices, 33, 0, 0)
+        return RunnerPlacement(p, llama8b, [], None, "RPC0", names={"GPU0": "RPC0", "GPU1": "Vulkan0"}).identity()
+    assert identity(30 * GIB) == identity(30 * GIB + 12345) != identity(10 * GIB)
+    assert "split=RPC0:17,Vulkan0:15" in identity(30 * GIB)     # il / 33 < 0.5 for il <= 16; the output on GPU1

@@ -25,7 +25,7 @@ from ...endpoints import parse_endpoints, parse_split
 from ...errors import ModelLoadError
 from ...fit.devices import from_measured
 from ...fit.model import ModelFacts, from_gguf
-from ...fit.planner import FitRequest, Placement, plan, projector_of, split_of
+from ...fit.planner import FitRequest, Placement, plan, projector_of
 from ...fit.render import render
 from ...rope import positions_of
 from . import ggml_devices
@@ -60,7 +60,10 @@ class RunnerPlacement:
         CPU kernels). Not the memory figures: they change from one start to the next."""
         devices = ",".join(f"{d.name}:{d.description}" for d in self.devices)
         overrides = ";".join(f"{p}={d}" for p, d in self.placement.overrides)
-        split = ",".join(f"{self.names.get(g, g)}:{x}" for g, x in self.placement.split.items())
+        # a split by the layers each device holds, not by its shares (by default each device's free
+        # memory, which changes from one start to the next)
+        split = ",".join(f"{self.names.get(g, g)}:{sum(1 for d in self.placement.layers.values() if d == g)}"
+                         for g in self.placement.split)
         return (f"devices={devices}|gpu={self.gpu}|n_gpu_layers={self.placement.n_gpu_layers}"
                 f"|overrides={overrides}" + (f"|split={split}" if split else ""))
 
@@ -202,10 +205,6 @@ def place_model(cfg: EngineConfig, model_path: Path, flash_attn: bool) -> Runner
     mem = psutil.virtual_memory()
     fit_devices = from_measured(mem.total, mem.available,
                                 [(f"GPU{i}", d.memory, d.free, d.total, d.remote) for i, d in enumerate(gpus)])
-    try:
-        split_of(req, fit_devices)
-    except ValueError as e:
-        raise ModelLoadError(str(e)) from None
     placement = plan(facts, req, fit_devices)
     text = render(facts, placement)
     if not placement.fits and (gpu or req.overrides or req.n_cpu_moe is not None):
