@@ -64,7 +64,8 @@ class Shapes:
     moe_formats: tuple[str | None, ...] = ()          # None: dense bf16 (the expert cache's pool)
 
 
-ALL_FORMATS = ("q4_0", "q4_1", "q8_0", "mxfp4", "nvfp4")
+ALL_FORMATS = ("q4_0", "q4_1", "q8_0", "mxfp4", "nvfp4", "q4_k", "q5_k", "q6_k")
+BLOCK_32_FORMATS = ALL_FORMATS[:5]   # the interpreter's tiny K of 128 holds no K-quant super-block
 _DECODE = wg.GemmConfig(block_m=16, block_n=64, block_k=128, split_k=4)     # 64 N-tiles x 4 splits
 _PREFILL = wg.GemmConfig(block_m=64, block_n=64, block_k=64)
 SHAPES = {
@@ -76,7 +77,7 @@ SHAPES = {
                     (32, 8, 128), torch.bfloat16, da.DecodeAttentionConfig(), (1, 512), 4096,
                     1 << 30, Repeats(2, 10, 3), ((128, 8, 2048, 768),), (1, 512), ("nvfp4", None)),
     # the interpreter: a few programs a call, float16 pools (it mishandles bfloat16)
-    "tiny": Shapes(((32, 128),), (1, 20), ALL_FORMATS,
+    "tiny": Shapes(((32, 128),), (1, 20), BLOCK_32_FORMATS,
                    wg.GemmConfig(block_m=16, block_n=32, block_k=64, split_k=2),
                    wg.GemmConfig(block_m=32, block_n=32, block_k=64), (1, 2), (40,), (4, 2, 16),
                    torch.float16, da.DecodeAttentionConfig(block_n=16, split_keys=32), (1, 3), 64,
@@ -106,6 +107,10 @@ def random_blocks(fmt: str, n: int, k: int, gen: torch.Generator, device: str) -
         b[..., 0] = ints(118, 126)
     if fmt == "nvfp4":                                    # UE4M3 exponents 2..8, never 0x7F
         b[..., 0:4] = (ints(2, 9, 4) << 3) | ints(0, 8, 4)
+    if fmt in ("q4_k", "q5_k"):                           # d, dmin: six-bit scales and mins multiply them
+        b[..., 0:2], b[..., 2:4] = f16(2 ** -12, 2 ** -10), f16(2 ** -12, 2 ** -10)
+    if fmt == "q6_k":                                     # d: signed eight-bit scales multiply it
+        b[..., 208:210] = f16(2 ** -14, 2 ** -12)
     return b.reshape(n, nb * f.nbytes)
 
 

@@ -11,10 +11,23 @@ K / B blocks, each block B consecutive inputs of one row, in `nbytes` bytes:
   q8_0     32  34     f16 d, 32 int8                             d * q
   mxfp4    32  17     E8M0 e, 16 B of nibbles                    E2M1(q) * 2^(e - 127)
   nvfp4    64  36     4 x UE4M3 s (one per 16), 32 B of nibbles  E2M1(q) * s[i // 16]
+  q4_k     256 144    f16 d, f16 dmin, 12 B of 6-bit scales      d sc[j] q - dmin m[j], j = i // 32
+                      and mins, 128 B of nibbles
+  q5_k     256 176    q4_k's, then 32 B of fifth bits before     the same, q of 5 bits
+                      the nibbles
+  q6_k     256 210    128 B of low nibbles, 64 B of bit pairs,   d sc[i // 16] (q - 32), q of 6 bits
+                      16 int8 scales, f16 d
 
 Nibbles: in q4_0, q4_1 and mxfp4, byte j holds element j (low nibble) and j + 16 (high). In
 nvfp4 each 16-element sub-block s owns bytes 8s .. 8s + 7: byte j holds element j (low) and
-j + 8 (high) of that sub-block. f16 scales are little-endian. E2M1 codes 0..15 are
+j + 8 (high) of that sub-block. In the K-quants (super-blocks of 256) sub-block j of 32
+(q4_k, q5_k) takes its nibbles from bytes 32 (j // 2) .. + 31, low for even j, high for odd,
+and its fifth bit (q5_k) from bit j of byte i % 32 of the high bits; its six-bit scale and
+min are ggml's get_scale_min_k4 (j < 4: scales[j] & 63 and scales[j + 4] & 63; else the low
+or high nibble of scales[j + 4] with the top two bits of scales[j - 4] or scales[j]). q6_k
+reads element i of half h = i // 128 (r = i % 128, quarter c = r // 32, l = r % 32) from the
+low (c < 2) or high nibble of byte 64 h + l + 32 (c % 2) and bits 2c, 2c + 1 of byte
+128 + 32 h + l. f16 scales are little-endian. E2M1 codes 0..15 are
 {0, 0.5, 1, 1.5, 2, 3, 4, 6} with bit 3 the sign; ggml stores them doubled as integers
 {0, 1, 2, 3, 4, 6, 8, 12} and halves the block scale instead, which is what these decoders
 do too (the products are exact either way). UE4M3 is E4M3 without a sign: exponent bits 6..3
@@ -41,7 +54,8 @@ class Format:
 
 FORMATS = {f.name: f for f in (
     Format("q4_0", 32, 18, 0), Format("q4_1", 32, 20, 1), Format("q8_0", 32, 34, 2),
-    Format("mxfp4", 32, 17, 3), Format("nvfp4", 64, 36, 4))}
+    Format("mxfp4", 32, 17, 3), Format("nvfp4", 64, 36, 4),
+    Format("q4_k", 256, 144, 5), Format("q5_k", 256, 176, 6), Format("q6_k", 256, 210, 7))}
 
 E2M1_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
@@ -106,11 +120,36 @@ def dequantize_torch(raw: torch.Tensor, fmt, k: int) -> torch.Tensor:
     elif fmt.name == "mxfp4":
         d = e8m0_half_table().to(raw.device)[b[..., 0].long()][..., None]
         w = d * doubled[_nibbles(b[..., 1:])]
-    else:  # nvfp4: four 16-value sub-blocks, each with its own scale and 8 bytes
+    elif fmt.name == "nvfp4":  # four 16-value sub-blocks, each with its own scale and 8 bytes
         s = ue4m3_table().to(raw.device)[b[..., :4].long()][..., None]           # [N, K/64, 4, 1]
         qs = b[..., 4:].reshape(n, k // 64, 4, 8)
         w = s * doubled[_nibbles(qs)]
+    elif fmt.name in ("q4_k", "q5_k"):
+        d, dmin = _f16(b[..., 0], b[..., 1])[..., None, None], _f16(b[..., 2], b[..., 3])[..., None, None]
+        sc, m = _scale_min_k4(b[..., 4:16])                                       # [N, K/256, 8] each
+        qs = b[..., -128:].reshape(n, k // 256, 4, 1, 32)
+        q = ((qs >> torch.tensor([0, 4], dtype=torch.uint8, device=raw.device).view(2, 1)) & 15).reshape(n, k // 256, 8, 32)
+        if fmt.name == "q5_k":
+            qh = b[..., 16:48].reshape(n, k // 256, 1, 32)
+            q = q | (((qh >> torch.arange(8, dtype=torch.uint8, device=raw.device).view(8, 1)) & 1) << 4)
+        w = (d * sc.float()[..., None]) * q.float() - dmin * m.float()[..., None]
+    else:  # q6_k
+        ql = b[..., :128].reshape(n, k // 256, 2, 1, 2, 32)                        # [.., half, lo/hi, c % 2, l]
+        low = ((ql >> torch.tensor([0, 4], dtype=torch.uint8, device=raw.device).view(2, 1, 1)) & 15).reshape(n, k // 256, 2, 4, 32)
+        qh = b[..., 128:192].reshape(n, k // 256, 2, 1, 32)
+        high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=raw.device).view(4, 1)) & 3
+        q = (low | (high << 4)).reshape(n, k // 256, 16, 16).float() - 32
+        d = _f16(b[..., 208], b[..., 209])[..., None]
+        w = (d * b[..., 192:208].contiguous().view(torch.int8).float())[..., None] * q
     return w.reshape(n, k)
+
+
+def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q4_k's and q5_k's 12 bytes [..., 12] -> six-bit scales and mins [..., 8] (ggml's get_scale_min_k4)."""
+    lo, hi = s[..., 0:4], s[..., 8:12]
+    sc = torch.cat((lo & 63, (hi & 15) | ((lo >> 6) << 4)), -1)
+    m = torch.cat((s[..., 4:8] & 63, (hi >> 4) | ((s[..., 4:8] >> 6) << 4)), -1)
+    return sc, m
 
 
 def nvfp4_modelopt_torch(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ decodes the W tile in registers straight from the bytes (each element finds its 
 scale and its nibble; nothing dequantized is ever written to memory), and accumulates one
 `tl.dot` in float32. Scales are decoded arithmetically, exactly: f16 from its two bytes by
 bitcast, E8M0 and UE4M3 by building the float32's bits. BLOCK_K is a multiple of the format's
-block, so a slice never splits a block; K past the matrix is masked to zero.
+block, or divides the K-quants' super-blocks of 256 (each element decodes from its own
+block's bytes either way); K past the matrix is masked to zero.
 
 With `split_k` > 1 the K loop is cut into that many contiguous ranges, each program writes its
 partial tile, and the partials are summed in a fixed order: deterministic, for decode shapes
@@ -53,8 +54,9 @@ class GemmConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two of at least 16, not {v}")
-        if self.block_k % fmt.block:
-            raise ValueError(f"block_k {self.block_k} must hold whole {fmt.name} blocks of {fmt.block}")
+        if self.block_k % fmt.block and not (fmt.block == 256 and 256 % self.block_k == 0):
+            raise ValueError(f"block_k {self.block_k} must hold whole {fmt.name} blocks of {fmt.block}"
+                             + (" or divide one" if fmt.block == 256 else ""))
         if self.split_k < 1 or self.dot not in DOT_TYPES:
             raise ValueError(f"split_k >= 1 and dot in {DOT_TYPES}; got {self.split_k}, {self.dot!r}")
 
@@ -85,6 +87,37 @@ def _e2m1_doubled(q):
 
 
 @jit
+def _decode_k(w_ptr, base, i, valid, FMT: tl.constexpr):
+    """`_decode` of the K-quants' super-blocks of 256 (formats.py has their layouts)."""
+    if FMT == 5 or FMT == 6:   # q4_k / q5_k: sub-block j of 32, six-bit scale and min
+        j = i // 32
+        d = _f16(tl.load(w_ptr + base, valid, 0), tl.load(w_ptr + base + 1, valid, 0))
+        dmin = _f16(tl.load(w_ptr + base + 2, valid, 0), tl.load(w_ptr + base + 3, valid, 0))
+        s_j = tl.load(w_ptr + base + 4 + j, valid, 0)
+        s_j4 = tl.load(w_ptr + base + 8 + j % 8, valid, 0)     # scales[j + 4] (j < 8 always)
+        s_jm4 = tl.load(w_ptr + base + 4 + j % 4, valid, 0)    # scales[j - 4] where j >= 4
+        sc = tl.where(j < 4, s_j & 63, (s_j4 & 15) | ((s_jm4 >> 6) << 4)).to(tl.float32)
+        m = tl.where(j < 4, s_j4 & 63, (s_j4 >> 4) | ((s_j >> 6) << 4)).to(tl.float32)
+        qs = 48 if FMT == 6 else 16
+        b = tl.load(w_ptr + base + qs + 32 * (j // 2) + i % 32, valid, 0)
+        q = (b >> (4 * (j % 2)).to(tl.uint8)) & 15
+        if FMT == 6:
+            h = tl.load(w_ptr + base + 16 + i % 32, valid, 0)
+            q = q | (((h >> j.to(tl.uint8)) & 1) << 4)
+        w = (d * sc) * q.to(tl.float32) - dmin * m
+    else:           # q6_k: half h of 128, quarter c of 32; a signed scale per 16
+        h, r = i // 128, i % 128
+        c, l = r // 32, r % 32
+        lo = tl.load(w_ptr + base + 64 * h + l + 32 * (c % 2), valid, 0)
+        hi = tl.load(w_ptr + base + 128 + 32 * h + l, valid, 0)
+        q = ((lo >> (4 * (c // 2)).to(tl.uint8)) & 15) | (((hi >> (2 * c).to(tl.uint8)) & 3) << 4)
+        sc = tl.load(w_ptr + base + 192 + i // 16, valid, 0).to(tl.int8, bitcast=True).to(tl.float32)
+        d = _f16(tl.load(w_ptr + base + 208, valid, 0), tl.load(w_ptr + base + 209, valid, 0))
+        w = (d * sc) * (q.to(tl.float32) - 32)
+    return w
+
+
+@jit
 def _decode(w_ptr, rn, kk, swn, N, K, FMT: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr):
     """The W tile [BLOCK_N, BLOCK_K] in float32, decoded from its blocks' bytes."""
     valid = (rn < N)[:, None] & (kk < K)[None, :]
@@ -109,6 +142,8 @@ def _decode(w_ptr, rn, kk, swn, N, K, FMT: tl.constexpr, QB: tl.constexpr, NB: t
         d = bits.to(tl.float32, bitcast=True)
         b = tl.load(w_ptr + base + 1 + i % 16, valid, 0)
         w = d * _e2m1_doubled((b >> (4 * (i // 16)).to(tl.uint8)) & 15)
+    elif FMT >= 5:  # the K-quants
+        w = _decode_k(w_ptr, base, i, valid, FMT)
     else:           # nvfp4: 4 UE4M3 scales, then 8 bytes per 16-value sub-block
         sub, j = i // 16, i % 16
         s = tl.load(w_ptr + base + sub, valid, 0).to(tl.uint32)

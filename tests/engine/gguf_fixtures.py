@@ -335,3 +335,17 @@ def write_garbage(path: os.PathLike[str] | str, kind: str = "truncated", seed: i
         raise ValueError(f"unknown garbage kind {kind!r}")
     path.write_bytes(data)
     return path
+
+
+def random_blocks(qtype: gguf.GGMLQuantizationType, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Raw blocks [n, row bytes] of an [n, k] matrix of `qtype` (Q4_0..Q8_0, Q4_K, Q5_K, Q6_K)
+    with random codes and scales: any bytes are a valid block but its f16 scales, set to small
+    positive values. For the K-quants, which gguf cannot quantize."""
+    rng = np.random.default_rng(seed)
+    per, size = gguf.constants.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
+    Q = gguf.GGMLQuantizationType
+    at = {Q.Q6_K: (208,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2)}.get(qtype, (0,))
+    for a in at:
+        raw[..., a:a + 2] = rng.uniform(0.001, 0.05, raw.shape[:-1]).astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(n, -1)

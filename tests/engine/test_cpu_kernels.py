@@ -21,7 +21,7 @@ from appliance.engine.runners.base import Span  # noqa: E402
 from appliance.engine.runners.torch import cpu_kernels  # noqa: E402
 from appliance.errors import ModelLoadError  # noqa: E402
 
-from .gguf_fixtures import write_tiny  # noqa: E402
+from .gguf_fixtures import random_blocks, write_tiny  # noqa: E402
 from .runner_kinds import make_runner  # noqa: E402
 
 N_CTX = 1100
@@ -241,22 +241,27 @@ def int4_matrix(qtype, n: int, k: int, seed: int):
     from appliance.engine.runners.torch import qlinear
     from appliance.engine.runners.torch.weights import QuantBlocks
 
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    blocks = QuantBlocks(gguf.quants.quantize(w, qtype), qtype, (n, k))
+    if qtype in (gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K):   # gguf cannot quantize them
+        blocks = QuantBlocks(random_blocks(qtype, n, k, seed), qtype, (n, k))
+    else:
+        w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+        blocks = QuantBlocks(gguf.quants.quantize(w, qtype), qtype, (n, k))
     lin = qlinear.Int4Linear(blocks, torch.bfloat16)
     codes, scale, zero = (qlinear.split_q8_0 if lin.doubled else qlinear.unpack)(blocks)
     # the weights the kernel holds: the file's codes, each group's scale and zero in bfloat16
     s, z = (torch.from_numpy(a).to(torch.bfloat16).double().numpy() for a in (scale, zero))
-    dense = (codes.astype(np.float64) - 8) * np.repeat(s, 32, 1) + np.repeat(z, 32, 1)
+    dense = (codes.astype(np.float64) - 8) * np.repeat(s, lin.group, 1) + np.repeat(z, lin.group, 1)
     if lin.doubled:
         dense = dense[:, :k] + dense[:, k:]
     return lin, torch.from_numpy(dense)
 
 
-@pytest.mark.parametrize("qtype_name,n,k", [("Q4_0", 48, 96), ("Q4_1", 64, 576), ("Q8_0", 32, 128)])
+@pytest.mark.parametrize("qtype_name,n,k", [("Q4_0", 48, 96), ("Q4_1", 64, 576), ("Q8_0", 32, 128),
+                                            ("Q5_0", 48, 96), ("Q5_1", 32, 576), ("Q5_K", 48, 512), ("Q6_K", 32, 768)])
 def test_the_int4_matmul_is_the_packed_matrix_times_x(int4, qtype_name, n, k):
     """Against float64 on the very weights it holds (the codes, bfloat16 scales and zeros):
-    only float32 sums apart; Q8_0 as its two int4 halves."""
+    only float32 sums apart; Q8_0 as its two int4 halves, Q5_x and Q6_K with their codes' fifth
+    and sixth bits from the second plane (Q6_K's scales per 16 weights)."""
     import gguf
 
     lin, dense = int4_matrix(getattr(gguf.GGMLQuantizationType, qtype_name), n, k, seed=4)
@@ -266,6 +271,9 @@ def test_the_int4_matmul_is_the_packed_matrix_times_x(int4, qtype_name, n, k):
     want = x.to(torch.bfloat16).double() @ dense.T
     assert got.dtype == torch.float32 and got.shape == (11, n)
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+    if lin.bits > 4:       # without the kernels: a bfloat16 copy of those weights
+        lin.use(None)
+        assert lin.layout == "dense" and ((lin(x).double() - want).norm() / want.norm()).item() < 0.01
 
 
 def test_an_int4_rows_bits_depend_on_that_row_alone(int4):
@@ -273,13 +281,14 @@ def test_an_int4_rows_bits_depend_on_that_row_alone(int4):
     thread or 2: the same bits, so a verify equals its steps and a prompt row its chunk."""
     import gguf
 
-    lin, _ = int4_matrix(gguf.GGMLQuantizationType.Q4_1, 96, 576, seed=6)
-    lin.use(int4)
-    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(7))
-    together = lin(x)
-    for rows in (1, 5, 9):
-        assert torch.equal(lin(x[:rows]), together[:rows])
-    rows_alone_equal_rows_together(lin, x)
+    for qtype, k in ((gguf.GGMLQuantizationType.Q4_1, 576), (gguf.GGMLQuantizationType.Q6_K, 512)):
+        lin, _ = int4_matrix(qtype, 96, k, seed=6)
+        lin.use(int4)
+        x = torch.randn(40, k, generator=torch.Generator().manual_seed(7))
+        together = lin(x)
+        for rows in (1, 5, 9):
+            assert torch.equal(lin(x[:rows]), together[:rows])
+        rows_alone_equal_rows_together(lin, x)
 
 
 def test_the_int4_matmul_refuses_what_it_cannot_read(int4):
@@ -291,6 +300,10 @@ def test_the_int4_matmul_refuses_what_it_cannot_read(int4):
         int4.int4_matmul(torch.zeros(2, 96, dtype=torch.bfloat16), lin.packed, lin.scales_zeros)
     with pytest.raises(RuntimeError, match="bfloat16"):
         int4.int4_matmul(torch.zeros(2, 64), lin.packed, lin.scales_zeros)
+    with pytest.raises(RuntimeError, match="4, 5 or 6 bits"):
+        int4.quant_matmul(torch.zeros(2, 64, dtype=torch.bfloat16), lin.packed, lin.packed, lin.scales_zeros, 3, 32)
+    with pytest.raises(RuntimeError, match="high must be"):   # a fifth bit's plane missing
+        int4.quant_matmul(torch.zeros(2, 64, dtype=torch.bfloat16), lin.packed, lin.packed, lin.scales_zeros, 1, 32)
 
 
 def test_the_runner_takes_the_kernels_by_default_and_ops_when_asked(tmp_path):

@@ -109,3 +109,35 @@ def test_gemm_configs_come_from_the_plan_and_misses_are_recorded(tmp_path):
                       {GemmKey("wgemm", "q8_0", 64, 128): {"1-16": GemmEntry(chosen, median_us=1.0, max_rel_err=0.0)}})
     plan.write_text(plan_mod.Plan(fingerprint={}, llamacpp={}, gemm=table.to_json()).to_json())
     assert TunedGemm(cfg, device)("q8_0", 64, 128, 3) == chosen
+
+
+def test_a_k_quant_file_keeps_its_blocks_on_the_kernel(tmp_path):
+    """A real Q4_K_M mix from llama.cpp's quantizer: its Q4_K and Q6_K matrices stay as the file's
+    blocks on `kernels.wgemm` (a layer's Q4_K Q and K beside its Q6_K V as a stack of both), and
+    the logits equal the dequantized runner's."""
+    from appliance.engine.runners.torch import qlinear
+    from appliance.quantize import llama_quantize
+
+    src = write_tiny(tmp_path / "f32.gguf", "llama", n_embd=256, n_head=4, n_ff=512)
+    path = tmp_path / "q4km.gguf"
+    llama_quantize(src, path, "q4_k_m")
+    cfg = EngineConfig(n_slots=1, n_ctx=64, torch_dtype="float32", torch_device=DEVICE)
+    on = make_runner("torch", EngineConfig(**{**cfg.__dict__, "torch_kernels": "triton"}), path)
+    off = make_runner("torch", EngineConfig(**{**cfg.__dict__, "torch_kernels": "off"}), path)
+    try:
+        fmts = set()
+        for b in on.model.blocks:
+            for m in (b.attn.wqkv, b.attn.wo, b.ffn.gate_up, b.ffn.down):
+                parts = m.parts if isinstance(m, qlinear.StackedLinear) else [m]
+                assert all(isinstance(p, qlinear.BlockLinear) for p in parts), type(m)
+                fmts |= {p.fmt for p in parts}
+        assert {"q4_k", "q6_k"} <= fmts
+        assert any(isinstance(b.attn.wqkv, qlinear.StackedLinear) for b in on.model.blocks)
+        ids = tuple(range(100, 120))
+        a = on.forward([Span(0, ids, 0, len(ids))])[0]
+        b = off.forward([Span(0, ids, 0, len(ids))])[0]
+        assert np.abs(a - b).max() < 1e-4 * np.abs(b).max()
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+    finally:
+        on.close()
+        off.close()

@@ -14,6 +14,7 @@ import torch
 
 from kernels import INTERPRET, available, bench, bench_cases
 from kernels import wgemm as wg
+from kernels.bench_cases import BLOCK_32_FORMATS
 from kernels.formats import FORMATS, dequantize_torch
 
 needs_interpreter = pytest.mark.skipif(not (INTERPRET and available("cpu")),
@@ -61,7 +62,7 @@ def test_cpu_run_json_has_the_fields(tiny_run):
     assert "interpreter" in report["timing"]
     assert report["limit"]["source"] == "measured" and report["limit"]["gb_s"] > 0
     kernels = {e["kernel"] for e in report["entries"]}
-    assert kernels == {f"wgemm {f}" for f in FORMATS} | {"dense bf16", "decode_attention", "rms_norm",
+    assert kernels == {f"wgemm {f}" for f in BLOCK_32_FORMATS} | {"dense bf16", "decode_attention", "rms_norm",
                                                          "qk_norm_rope", "moe_gemm q8_0", "moe_gemm f32"}
     for e in report["entries"]:
         assert set(e) == ENTRY_FIELDS
@@ -161,8 +162,9 @@ def test_copy_measurement_counts_read_and_write():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_random_blocks_decode_to_finite_values(fmt):
-    raw = bench_cases.random_blocks(fmt, 8, 128, torch.Generator().manual_seed(0), "cpu")
-    w = dequantize_torch(raw, fmt, 128)
+    k = max(128, FORMATS[fmt].block)
+    raw = bench_cases.random_blocks(fmt, 8, k, torch.Generator().manual_seed(0), "cpu")
+    w = dequantize_torch(raw, fmt, k)
     assert torch.isfinite(w).all() and w.abs().max() > 0 and w.std() > 0
 
 

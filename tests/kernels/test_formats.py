@@ -30,15 +30,19 @@ def test_decoder_equals_gguf_on_quantized_blocks(name, n, k):
     assert np.array_equal(bits(got), bits(quants.dequantize(raw, T[name.upper()])))
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "q8_0"])
+F16_AT = {"q8_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}   # each block's f16 scales
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "q8_0", "q4_k", "q5_k", "q6_k"])
 def test_decoder_equals_gguf_on_random_bytes(name):
     """Random bytes reach scale values a quantizer rarely writes (E8M0 extremes, UE4M3 with bit
-    7 set, subnormals, 0x7F); f16-scaled q8_0 with its scale bytes kept finite."""
+    7 set, subnormals, 0x7F, every six-bit K-quant scale and min, every bit of the K-quants'
+    high planes); f16 scales kept finite (gguf cannot quantize the K-quants: this is their test)."""
     fmt = FORMATS[name]
     k = fmt.block * 5
     raw = np.random.default_rng(1).integers(0, 256, (9, row_bytes(fmt, k)), dtype=np.uint8)
-    if name == "q8_0":  # keep every f16 scale finite (exponent bits not all ones)
-        raw.reshape(9, 5, 34)[..., 1] &= 0x7B
+    for at in F16_AT.get(name, ()):   # keep every f16 scale finite (exponent bits not all ones)
+        raw.reshape(9, 5, fmt.nbytes)[..., at + 1] &= 0x7B
     got = dequantize_torch(torch.from_numpy(raw), name, k).numpy()
     ref = quants.dequantize(raw, T[name.upper()])
     assert np.array_equal(bits(got), bits(ref))
@@ -47,7 +51,7 @@ def test_decoder_equals_gguf_on_random_bytes(name):
 def test_format_lookup_and_refusals():
     assert format_of(T.NVFP4) is FORMATS["nvfp4"] and format_of("Q4_1") is FORMATS["q4_1"]
     with pytest.raises(ValueError, match="no kernel format"):
-        format_of("q4_k")
+        format_of("q2_k")
     with pytest.raises(ValueError, match="multiple"):
         row_bytes(FORMATS["nvfp4"], 96)
     with pytest.raises(ValueError, match="uint8"):

@@ -79,7 +79,7 @@ def _doc_with(i: int, **change) -> dict:
     ({"median_us": float("nan")}, "finite numbers"),
     ({"num_warps": 3}, "num_warps"),
     ({"dot": "fp8"}, "dot in"),
-    ({"fmt": "q5_k"}, "no kernel format"),
+    ({"fmt": "q2_k"}, "no kernel format"),
     ({"k": 100}, "multiple of"),
     ({"measured": {}}, "unknown \\['measured'\\]"),
     ({"split_k": "2"}, "must be integers"),

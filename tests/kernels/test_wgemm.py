@@ -16,6 +16,8 @@ from kernels import INTERPRET  # noqa: E402
 from kernels.formats import FORMATS, quantize_nvfp4_torch  # noqa: E402
 from kernels.wgemm import GemmConfig, wgemm, wgemm_torch  # noqa: E402
 
+from ..engine.gguf_fixtures import random_blocks  # noqa: E402
+
 DEVICE = "cpu" if INTERPRET else "cuda"
 needs_device = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
                                   reason="no GPU and not under TRITON_INTERPRET=1")
@@ -23,10 +25,15 @@ pytestmark = needs_device
 gpu = pytest.mark.gpu
 
 
+K_QUANTS = ("q4_k", "q5_k", "q6_k")   # gguf cannot quantize them: random codes and scales
+
+
 def blocks(name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.from_numpy(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32))
     if name == "nvfp4":
         return w, quantize_nvfp4_torch(w)
+    if name in K_QUANTS:
+        return w, torch.from_numpy(random_blocks(gguf.GGMLQuantizationType[name.upper()], n, k, seed))
     return w, torch.from_numpy(quants.quantize(w.numpy(), gguf.GGMLQuantizationType[name.upper()]))
 
 
@@ -38,8 +45,9 @@ CONFIGS = [GemmConfig(block_m=16, block_n=32, block_k=64),
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_kernel_equals_reference(name, m, n, k):
-    if k % FORMATS[name].block:
-        k = k // 64 * 64
+    block = FORMATS[name].block
+    if k % block:
+        k = max(block, k // 64 * 64 // block * block)
     _, raw = blocks(name, n, k)
     x = torch.randn(m, k)
     ref = wgemm_torch(x, raw, name, k)
@@ -55,9 +63,9 @@ def test_decode_in_registers_is_gguf_bit_for_bit(name):
     """x = I gives y = W^T exactly (one nonzero term per sum): the kernel's decode of every
     block, scales included, equals gguf's dequantization (a sum of zeros is +0 where gguf's
     d * 0 can be -0: equal as numbers, every nonzero value equal to the bit)."""
-    k = 128
+    k = max(128, FORMATS[name].block)
     _, raw = blocks(name, 24, k, seed=3)
-    cfg = GemmConfig(block_m=64, block_n=32, block_k=64, dot="fp32")   # IEEE float32 dots
+    cfg = GemmConfig(block_m=64, block_n=32, block_k=64, dot="fp32")   # IEEE float32 dots (a K-quant's 256 in 4 slices)
     y = wgemm(torch.eye(k).to(DEVICE), raw.to(DEVICE), name, k, cfg).cpu()
     ref = quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[name.upper()])
     got = y.T.numpy()
@@ -101,7 +109,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="power of two"):
         wgemm(x, raw, "q4_1", 64, GemmConfig(block_n=48))
     with pytest.raises(ValueError, match="no kernel format"):
-        wgemm(x, raw, "q5_k", 64)
+        wgemm(x, raw, "q2_k", 64)
 
 
 @gpu

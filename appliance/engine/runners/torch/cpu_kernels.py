@@ -42,7 +42,7 @@ import torch
 
 from ....errors import ModelLoadError
 from . import model as M
-from .qlinear import Int4Linear
+from .qlinear import Int4Linear, StackedLinear
 
 log = logging.getLogger("appliance.torch")
 
@@ -261,9 +261,11 @@ def int4_layout(setting: str) -> str:
 
 
 def int4_linears(model) -> list[Int4Linear]:
-    """The model's int4 matrices: attention, feed-forward (or router) and output."""
+    """The model's int4 matrices: attention, feed-forward (or router) and output (a
+    `StackedLinear`'s parts each)."""
     owners = [model] + [o for b in model.blocks for o in (b.attn, b.ffn)]
-    return [v for o in owners for v in vars(o).values() if isinstance(v, Int4Linear)]
+    found = [v for o in owners for v in vars(o).values() if isinstance(v, (Int4Linear, StackedLinear))]
+    return [p for v in found for p in (v.parts if isinstance(v, StackedLinear) else [v]) if isinstance(p, Int4Linear)]
 
 
 def use(model, k: CpuKernels | None) -> None:

@@ -224,6 +224,7 @@ class TorchRunner(TextMethods):
 
     def _attention_settings(self) -> dict:
         return {"cpu_kernels": self.cpu_kernels, "attention": self.attention, "int4_matmul": self.int4_matmul,
+                "int4_kept": qlinear.summary(cpu_kernels.int4_linears(self.model)),
                 **({"cpu_kernels_note": self.cpu_kernels_note} if self.cpu_kernels_note else {})}
 
     def _expert_settings(self) -> dict:
@@ -250,7 +251,7 @@ class TorchRunner(TextMethods):
         attention path of short spans feed the next layer's K and V)."""
         s = self.info.settings
         parts = [self.info.fingerprint, f"n_ctx={self.info.n_ctx}", f"kv={s['kv_type']}",
-                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "kernels", "cpu_kernels", "attention",
+                 *(f"{k}={s[k]}" for k in ("torch", "dtype", "device", "int4", "int4_kept", "kernels", "cpu_kernels", "attention",
                                            "int4_matmul", "n_batch", "n_threads")), self.args.rope.identity()]
         c = self.model.experts
         if c is not None and not c.same_memory and c.compute != "device":

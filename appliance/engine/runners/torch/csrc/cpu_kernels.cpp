@@ -291,6 +291,13 @@ void rms_rows(const float* x, int64_t x_stride, const float* w, int64_t c_dim, f
 // one-row step's bits, and a prompt row its bits in any chunk. Measured against torch's
 // _weight_int4pack_mm_for_cpu on this model's shapes (2 threads): about half its time at 1 row
 // and at 512.
+//
+// Wider codes (Q5_0/Q5_1/Q5_K: 5 bits, Q6_K: 6 bits) take HB more bits per code from a second
+// plane, HB * 64 bytes a group: chunk c of 32 bytes holds pair vector c * (8 / HB) + i in bits
+// [i HB, (i + 1) HB) of each byte; they widen into bits 4.. of the same bfloat16 (128 + q is
+// exact up to q = 127). With G16 (Q6_K's scales are per 16 weights) a group has two halves,
+// pairs 0-7 and 8-15, each with its own 16 scales and zeros: 64 bfloat16 a group (s, z of the
+// first half, then of the second) and the input sums per 16.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 constexpr bool INT4_NATIVE = true;
 constexpr int INT4_ROWS = 8;   // input rows served by one dequantized group before the next rows
@@ -299,9 +306,38 @@ inline __m512 bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
-void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8_t* pk, const uint16_t* sz,
-               const float* sa, int64_t groups, float* y, int64_t n, int64_t col0) {
+template <int HB>
+inline void widen_high(const uint8_t* h, __m512i* w) {
+  if constexpr (HB > 0) {
+    constexpr int per = 8 / HB;
+    const __m512i mask = _mm512_set1_epi16(static_cast<int16_t>(((1 << HB) - 1) << 4));
+    for (int c = 0; c < 2 * HB; ++c) {
+      const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 32 * c)));
+      for (int i = 0; i < per; ++i) {
+        const int shift = 4 - i * HB;
+        const __m512i moved = shift >= 0 ? _mm512_slli_epi16(x, shift) : _mm512_srli_epi16(x, -shift);
+        w[c * per + i] = _mm512_ternarylogic_epi32(moved, mask, w[c * per + i], 0xEA);   // (moved & mask) | w
+      }
+    }
+  }
+}
+
+inline __m512 pair_dots(const __m512i* w, const int32_t* ar, int p0, int p1) {
+  __m512 d0 = _mm512_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+  for (int p = p0; p < p1; p += 4) {
+    d0 = _mm512_dpbf16_ps(d0, (__m512bh)w[p], (__m512bh)_mm512_set1_epi32(ar[p]));
+    d1 = _mm512_dpbf16_ps(d1, (__m512bh)w[p + 1], (__m512bh)_mm512_set1_epi32(ar[p + 1]));
+    d2 = _mm512_dpbf16_ps(d2, (__m512bh)w[p + 2], (__m512bh)_mm512_set1_epi32(ar[p + 2]));
+    d3 = _mm512_dpbf16_ps(d3, (__m512bh)w[p + 3], (__m512bh)_mm512_set1_epi32(ar[p + 3]));
+  }
+  return _mm512_add_ps(_mm512_add_ps(d0, d1), _mm512_add_ps(d2, d3));
+}
+
+template <int HB, bool G16>
+void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8_t* pk, const uint8_t* hi,
+               const uint16_t* sz, const float* sa, int64_t groups, float* y, int64_t n, int64_t col0) {
   const __m512i low = _mm512_set1_epi16(0x000F), magic = _mm512_set1_epi16(0x4300);
+  constexpr int SZ = G16 ? 64 : 32, HALVES = G16 ? 2 : 1;
   __m512 acc[INT4_ROWS];
   for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -312,31 +348,38 @@ void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8
       w[2 * j] = _mm512_ternarylogic_epi32(x, low, magic, 0xEA);                          // (x & 15) | 0x4300
       w[2 * j + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 4), low, magic, 0xEA);
     }
-    const __m512 s = bf16x16(sz + g * 32), z = bf16x16(sz + g * 32 + 16);
+    widen_high<HB>(hi + g * 64 * HB, w);
+    const __m512 s = bf16x16(sz + g * SZ), z = bf16x16(sz + g * SZ + 16);
     const __m512 off = _mm512_fmadd_ps(_mm512_set1_ps(-136.0f), s, z);
-    for (int r = 0; r < nr; ++r) {
-      const int32_t* ar = reinterpret_cast<const int32_t*>(a + (m0 + r) * k + g * 32);   // the inputs in pairs
-      __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
-      for (int p = 0; p < 16; p += 4) {
-        p0 = _mm512_dpbf16_ps(p0, (__m512bh)w[p], (__m512bh)_mm512_set1_epi32(ar[p]));
-        p1 = _mm512_dpbf16_ps(p1, (__m512bh)w[p + 1], (__m512bh)_mm512_set1_epi32(ar[p + 1]));
-        p2 = _mm512_dpbf16_ps(p2, (__m512bh)w[p + 2], (__m512bh)_mm512_set1_epi32(ar[p + 2]));
-        p3 = _mm512_dpbf16_ps(p3, (__m512bh)w[p + 3], (__m512bh)_mm512_set1_epi32(ar[p + 3]));
+    if constexpr (!G16) {
+      for (int r = 0; r < nr; ++r) {
+        const int32_t* ar = reinterpret_cast<const int32_t*>(a + (m0 + r) * k + g * 32);   // the inputs in pairs
+        acc[r] = _mm512_fmadd_ps(pair_dots(w, ar, 0, 16), s, acc[r]);
+        acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(sa[(m0 + r) * groups + g]), acc[r]);
       }
-      const __m512 dot = _mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3));
-      acc[r] = _mm512_fmadd_ps(dot, s, acc[r]);
-      acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(sa[(m0 + r) * groups + g]), acc[r]);
+    } else {
+      const __m512 s2 = bf16x16(sz + g * SZ + 32), z2 = bf16x16(sz + g * SZ + 48);
+      const __m512 off2 = _mm512_fmadd_ps(_mm512_set1_ps(-136.0f), s2, z2);
+      for (int r = 0; r < nr; ++r) {
+        const int32_t* ar = reinterpret_cast<const int32_t*>(a + (m0 + r) * k + g * 32);
+        const float* sums = sa + (m0 + r) * groups * HALVES + g * HALVES;
+        acc[r] = _mm512_fmadd_ps(pair_dots(w, ar, 0, 8), s, acc[r]);
+        acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(sums[0]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(pair_dots(w, ar, 8, 16), s2, acc[r]);
+        acc[r] = _mm512_fmadd_ps(off2, _mm512_set1_ps(sums[1]), acc[r]);
+      }
     }
   }
   for (int r = 0; r < nr; ++r) _mm512_storeu_ps(y + (m0 + r) * n + col0, acc[r]);
 }
 
-// each row's sum of each group of 32 inputs, in a fixed order
-void group_sums(const uint16_t* a, int64_t m, int64_t k, float* out) {
-  const int64_t groups = k / 32;
+// each row's sum of each group of `width` (32 or 16) inputs, in a fixed order
+void group_sums(const uint16_t* a, int64_t m, int64_t k, int64_t width, float* out) {
+  const int64_t groups = k / width;
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < groups; ++g) {
-      const __m512 v = _mm512_add_ps(bf16x16(a + r * k + g * 32), bf16x16(a + r * k + g * 32 + 16));
+      const __m512 v = width == 32 ? _mm512_add_ps(bf16x16(a + r * k + g * 32), bf16x16(a + r * k + g * 32 + 16))
+                                   : bf16x16(a + r * k + g * 16);
       vf x;
       std::memcpy(&x, &v, sizeof x);
       out[r * groups + g] = hsum(x);
@@ -351,34 +394,47 @@ constexpr int INT4_ROWS = 8;
 
 inline float bf16_value(uint16_t h) { const uint32_t u = static_cast<uint32_t>(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 
-void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8_t* pk, const uint16_t* sz,
-               const float* sa, int64_t groups, float* y, int64_t n, int64_t col0) {
+template <int HB, bool G16>
+void int4_tile(const uint16_t* a, int64_t k, int64_t m0, int64_t nr, const uint8_t* pk, const uint8_t* hi,
+               const uint16_t* sz, const float* sa, int64_t groups, float* y, int64_t n, int64_t col0) {
+  constexpr int SZ = G16 ? 64 : 32, HALVES = G16 ? 2 : 1;
   for (int r = 0; r < nr; ++r)
     for (int c = 0; c < 16; ++c) {
       float acc = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* b = pk + g * 256;
-        float dot = 0.0f;
+        float dot[2] = {0.0f, 0.0f};
         for (int p = 0; p < 16; ++p)      // pair p: its byte holds the codes of pairs 2j and 2j + 1
           for (int t = 0; t < 2; ++t) {
             const uint8_t byte = b[32 * (p / 2) + 2 * c + t];
-            const int q = p % 2 ? byte >> 4 : byte & 15;
-            dot += (128.0f + static_cast<float>(q)) * bf16_value(a[(m0 + r) * k + g * 32 + 2 * p + t]);
+            int q = p % 2 ? byte >> 4 : byte & 15;
+            if (HB > 0) {
+              const int per = HB > 0 ? 8 / HB : 1;
+              const uint8_t hb = hi[g * 64 * HB + 32 * (p / per) + 2 * c + t];
+              q |= ((hb >> ((p % per) * HB)) & ((1 << HB) - 1)) << 4;
+            }
+            dot[G16 && p >= 8] += (128.0f + static_cast<float>(q)) * bf16_value(a[(m0 + r) * k + g * 32 + 2 * p + t]);
           }
-        const float s = bf16_value(sz[g * 32 + c]), z = bf16_value(sz[g * 32 + 16 + c]);
-        acc = std::fma(dot, s, acc);
-        acc = std::fma(std::fma(-136.0f, s, z), sa[(m0 + r) * groups + g], acc);
+        for (int h = 0; h < HALVES; ++h) {
+          const float s = bf16_value(sz[g * SZ + 32 * h + c]), z = bf16_value(sz[g * SZ + 32 * h + 16 + c]);
+          acc = std::fma(dot[h], s, acc);
+          acc = std::fma(std::fma(-136.0f, s, z), sa[(m0 + r) * groups * HALVES + g * HALVES + h], acc);
+        }
       }
       y[(m0 + r) * n + col0 + c] = acc;
     }
 }
 
-void group_sums(const uint16_t* a, int64_t m, int64_t k, float* out) {
-  const int64_t groups = k / 32;
+void group_sums(const uint16_t* a, int64_t m, int64_t k, int64_t width, float* out) {
+  const int64_t groups = k / width;
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < groups; ++g) {
-      vf lo = load(a + r * k + g * 32), hi = load(a + r * k + g * 32 + 16);
-      out[r * groups + g] = hsum(lo + hi);
+      if (width == 32) {
+        vf lo = load(a + r * k + g * 32), hi = load(a + r * k + g * 32 + 16);
+        out[r * groups + g] = hsum(lo + hi);
+      } else {
+        out[r * groups + g] = hsum(load(a + r * k + g * 16));
+      }
     }
 }
 #endif
@@ -495,30 +551,47 @@ at::Tensor attend_span(at::Tensor& qkv, const at::Tensor& rot, int64_t rope_dim,
 }
 
 
-// x [M, K] bfloat16 (contiguous), packed [N / 16, K / 32, 256] uint8 and sz [N / 16, K / 32, 2, 16]
-// bfloat16 from qlinear.pack_tiles -> x W^T, [M, N] float32. Fast on AVX512-BF16 (int4_native()).
-at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz) {
+// x [M, K] bfloat16 (contiguous), packed [N / 16, K / 32, 256] uint8, high [N / 16, K / 32, 64 hbits]
+// uint8 (empty for hbits 0) and sz [N / 16, K / 32, 2 or 4 (group 16), 16] bfloat16 from
+// qlinear.pack_tiles -> x W^T, [M, N] float32. Fast on AVX512-BF16 (int4_native()).
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& high, const at::Tensor& sz,
+                        int64_t hbits, int64_t group) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.size(1) % 32 == 0,
               "int4_matmul: x must be [M, K] bfloat16 on the CPU, contiguous, K a multiple of 32");
+  TORCH_CHECK((hbits == 0 || hbits == 1 || hbits == 2) && (group == 32 || group == 16),
+              "int4_matmul: codes of 4, 5 or 6 bits in groups of 32 or 16");
   const int64_t m = x.size(0), k = x.size(1), groups = k / 32, tiles = packed.size(0), n = tiles * 16;
+  const int64_t halves = group == 16 ? 2 : 1;
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.size(1) == groups &&
               packed.size(2) == 256, "int4_matmul: packed must be [N / 16, K / 32, 256] uint8 for x's K");
   TORCH_CHECK(sz.dim() == 4 && sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.size(0) == tiles &&
-              sz.size(1) == groups && sz.size(2) == 2 && sz.size(3) == 16, "int4_matmul: sz must be [N / 16, K / 32, 2, 16] bfloat16");
+              sz.size(1) == groups && sz.size(2) == 2 * halves && sz.size(3) == 16,
+              "int4_matmul: sz must be [N / 16, K / 32, 2 (4 for groups of 16), 16] bfloat16");
+  TORCH_CHECK(hbits == 0 || (high.dim() == 3 && high.scalar_type() == at::kByte && high.is_contiguous() &&
+                             high.size(0) == tiles && high.size(1) == groups && high.size(2) == 64 * hbits),
+              "int4_matmul: high must be [N / 16, K / 32, 64 * hbits] uint8");
   at::Tensor y = at::empty({m, n}, x.options().dtype(at::kFloat));
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  std::vector<float> sums(m * groups);
-  group_sums(xp, m, k, sums.data());
+  std::vector<float> sums(m * groups * halves);
+  group_sums(xp, m, k, 32 / halves, sums.data());
   const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const uint8_t* hp = hbits ? high.data_ptr<uint8_t>() : nullptr;
   const uint16_t* szp = reinterpret_cast<const uint16_t*>(sz.data_ptr());
   float* yp = y.data_ptr<float>();
+  auto tile = hbits == 0 ? (halves == 2 ? &int4_tile<0, true> : &int4_tile<0, false>)
+            : hbits == 1 ? (halves == 2 ? &int4_tile<1, true> : &int4_tile<1, false>)
+                         : (halves == 2 ? &int4_tile<2, true> : &int4_tile<2, false>);
   at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t)
       for (int64_t m0 = 0; m0 < m; m0 += INT4_ROWS)
-        int4_tile(xp, k, m0, std::min<int64_t>(INT4_ROWS, m - m0), pk + t * groups * 256, szp + t * groups * 32,
-                  sums.data(), groups, yp, n, t * 16);
+        tile(xp, k, m0, std::min<int64_t>(INT4_ROWS, m - m0), pk + t * groups * 256, hp ? hp + t * groups * 64 * hbits : nullptr,
+             szp + t * groups * 32 * halves, sums.data(), groups, yp, n, t * 16);
   });
   return y;
+}
+
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz) {
+  return quant_matmul(x, packed, at::Tensor(), sz, 0, 32);
 }
 
 bool int4_native() { return INT4_NATIVE; }
@@ -529,6 +602,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_", &rope_, "RoPE in place (CPU)");
   m.def("attend_span", &attend_span, "a short span's RoPE, KV store and attention in one call (CPU)");
   m.def("int4_matmul", &int4_matmul, "x W^T, W int4 in tiles of 16 rows (qlinear.pack_tiles), each output alone (CPU)");
+  m.def("quant_matmul", &quant_matmul, "int4_matmul for codes of 5 or 6 bits (a second plane) and scales per 16 (CPU)");
   m.def("int4_native", &int4_native, "whether int4_matmul runs on AVX512-BF16 (else a slow portable loop)");
   m.def("swiglu", &swiglu, "silu(gate) * up row by row (CPU), float32 or bfloat16 out");
 }
