@@ -34,7 +34,7 @@ from ....fit.devices import GIB, Device
 from ....fit.experts import ExpertPlan, plan_experts
 from .fused import Fused
 from .graphs import DecodeGraphs
-from . import cpu_kernels, experts, hf, hf_vocab, model as model_mod, qlinear
+from . import build, cpu_kernels, experts, hf, hf_vocab, model as model_mod, qlinear
 from .kv import KVPool
 from .weights import GGUFWeights
 
@@ -145,7 +145,7 @@ class TorchRunner(TextMethods):
         # packed while the kernels build, for them (or for torch's kernel while ops serve)
         setting = "ops" if self.kernels_pending else cfg.torch_cpu_kernels
         int4 = cpu_kernels.int4_layout(setting) if self.int4 else False
-        self.model = model_mod.load(weights, args, self.dtype, self.device, int4=int4, offload=offload,
+        self.model = build.load(weights, args, self.dtype, self.device, int4=int4, offload=offload,
                                     gemm=self.gemm,
                                     fused=Fused(args.spec.rope, args.rope_dim, args.n_head, args.head_dim,
                                                 args.eps) if self.kernels else None)
