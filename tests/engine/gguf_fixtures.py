@@ -26,9 +26,13 @@ from appliance.models import embedded_model_path
 ARCH = "llama"
 GGUF_MAGIC = b"GGUF"
 
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "mixtral")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "mixtral", "gemma3")
 _FILE_ARCH = {"mixtral": "llama"}          # llama.cpp runs Mixtral as llama with experts
-_QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
+_QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe", "gemma3"})
+# gemma3: every other layer slides over this many positions (not a multiple of the torch
+# runner's 64-key blocks), rotating with its own base; the others rotate with 1e6, as Gemma 3's;
+# final logits soft-capped (Gemma 2's, which gemma3's loader reads too)
+GEMMA_WINDOW, GEMMA_SOFTCAP = 40, 60.0
 _MOE_ARCHS = frozenset({"qwen3moe", "mixtral"})
 
 # Weight scales of write_tiny. With N(0, 0.02) weights every block adds almost nothing to the
@@ -172,7 +176,12 @@ def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: st
     w.add_head_count(d.n_head)
     w.add_head_count_kv(d.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5 if d.arch in ("llama", "mixtral") else 1e-6)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(1e6 if d.arch == "gemma3" else 10000.0)
+    if d.arch == "gemma3":
+        w.add_uint32("gemma3.attention.sliding_window", GEMMA_WINDOW)
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 2)   # layer il slides where il % 2 < 1
+        w.add_float32("gemma3.rope.freq_base_swa", 10000.0)
+        w.add_float32("gemma3.final_logit_softcapping", GEMMA_SOFTCAP)
     w.add_rope_dimension_count(d.head_dim)
     # without key_length llama.cpp takes head_dim = n_embd / n_head
     if d.arch in _QK_NORM_ARCHS or d.head_dim * d.n_head != d.n_embd:
@@ -208,6 +217,8 @@ def _attn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.nd
     if d.arch in _QK_NORM_ARCHS:  # RMSNorm over each head's head_dim, before RoPE
         yield p + "attn_q_norm.weight", init.norm(d.head_dim)
         yield p + "attn_k_norm.weight", init.norm(d.head_dim)
+    if d.arch == "gemma3":        # RMSNorm of the attention's output, before the residual
+        yield p + "post_attention_norm.weight", init.norm(d.n_embd)
 
 
 def _ffn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.ndarray]]:
@@ -217,6 +228,8 @@ def _ffn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.nda
         yield p + "ffn_gate.weight", init.rand(d.n_ff, d.n_embd)
         yield p + "ffn_up.weight", init.rand(d.n_ff, d.n_embd)
         yield p + "ffn_down.weight", init.rand(d.n_embd, d.n_ff)
+        if d.arch == "gemma3":
+            yield p + "post_ffw_norm.weight", init.norm(d.n_embd)
         return
     # numpy (PyTorch) order; GGUF reverses it to ggml's {n_embd, n_ff, n_expert} etc.
     yield p + "ffn_gate_inp.weight", init.rand(d.n_expert, d.n_embd)

@@ -3,6 +3,7 @@ differences from llama (`ARCHS`) and the sizes, read from the GGUF's metadata (`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ....config import EngineConfig
@@ -16,6 +17,8 @@ class ArchSpec:
     rope: str               # "norm": rotate adjacent pairs; "neox": pairs half a head apart
     qk_norm: bool = False   # RMSNorm over each head's Q and K before RoPE (qwen3, qwen3moe)
     norm_topk: bool = True  # renormalise the top-k router weights to sum to one
+    gemma: bool = False     # embeddings x sqrt(D); RMSNorm after attention and after the FFN
+                            # too; GELU (tanh) gate; sliding-window layers (gemma3)
 
 
 # keyed by general.architecture; Mixtral is "llama" with experts
@@ -24,6 +27,7 @@ ARCHS = {
     "qwen2": ArchSpec(rope="neox"),
     "qwen3": ArchSpec(rope="neox", qk_norm=True),
     "qwen3moe": ArchSpec(rope="neox", qk_norm=True),
+    "gemma3": ArchSpec(rope="neox", qk_norm=True, gemma=True),
 }
 
 
@@ -46,6 +50,15 @@ class ModelArgs:
     n_expert: int = 0
     n_expert_used: int = 0
     expert_ff: int = 0
+    attn_scale: float = 0.0         # Q's scale before attention; 0: 1 / sqrt(head_dim)
+    swa: int = 0                    # the sliding window (positions a key stays visible), 0: none
+    swa_layers: tuple[bool, ...] = ()   # which layers slide (they rotate with rope_base_swa)
+    rope_base_swa: float = 10000.0
+    softcap: float = 0.0            # final logits cap * tanh(logits / cap); 0: none
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
 
     def served(self, cfg: EngineConfig, path) -> tuple[int, ModelArgs]:
         """(positions per slot, these args with the rotation) `cfg`'s --n-ctx and --rope-* serve."""
@@ -86,4 +99,24 @@ class ModelArgs:
             rope_dim=int(m("rope.dimension_count", head_dim)), rope=n_ctx_rope[1], rope_model=rope_model,
             n_ctx_train=int(m("context_length", 2048)), n_vocab=int(w.blocks("token_embd.weight").shape[0]),
             n_expert=n_expert, n_expert_used=int(m("expert_used_count", 0)),
-            expert_ff=int(m("expert_feed_forward_length", ff)) if n_expert else 0)
+            expert_ff=int(m("expert_feed_forward_length", ff)) if n_expert else 0,
+            **(_gemma(m, int(m("block_count")), dim, n_head, head_dim) if ARCHS[arch].gemma else {}))
+
+
+def _gemma(m, n_layer: int, dim: int, n_head: int, head_dim: int) -> dict:
+    """gemma3's extras as llama.cpp reads them (models/gemma3.cpp, llama-hparams.cpp): a window
+    from attention.sliding_window (0: none); layer il slides where il % pattern < pattern - 1
+    (attention.sliding_window_pattern, 6 by default, or one flag a layer); sliding layers rotate
+    with rope.freq_base_swa (10,000 by default) and no position scaling; the 27B (62 layers)
+    scales Q by 1 / sqrt(D / H), the others by 1 / sqrt(head_dim)."""
+    swa = int(m("attention.sliding_window", 0))
+    pattern = m("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        layers = tuple(bool(p) for p in pattern)[:n_layer]
+    else:
+        p = int(pattern)
+        layers = tuple(p == 0 or il % p < p - 1 for il in range(n_layer))
+    return {"swa": swa, "swa_layers": layers if swa > 0 else (False,) * n_layer,
+            "rope_base_swa": float(m("rope.freq_base_swa", 10000.0)),
+            "softcap": float(m("final_logit_softcapping", 0.0)),
+            "attn_scale": 1.0 / math.sqrt(dim / n_head) if n_layer == 62 else 1.0 / math.sqrt(head_dim)}

@@ -3,6 +3,7 @@ a kernel reads them as stored (`qlinear`), MoE experts on the grouped kernel or 
 expert cache (`experts`), the architecture's extras (`args.ArchSpec`)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -48,7 +49,8 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
                                   kernels=gemm is not None)
             moes.append(ffn)
         else:
-            ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim))
+            ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim),
+                      gelu=a.spec.gemma)
         blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim), vec(f"{p}.ffn_norm.weight", a.dim)))
     out_name = "output.weight" if w.has("output.weight") else "token_embd.weight"   # tied in small models
     output, embed = qlinear.output_and_embedding(w.blocks(out_name), w.blocks("token_embd.weight"), (a.n_vocab, a.dim),
@@ -56,10 +58,24 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
     output = output or Linear(embed if out_name == "token_embd.weight" else mat(out_name, a.n_vocab, a.dim))
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
-    for b in blocks if fused is not None else ():   # norms, Q/K and decode attention on the kernels
-        b.norm, b.norm_ffn, b.attn.fused = fused.rms_norm, fused.rms_norm, fused
+    for b in blocks if fused is not None else ():   # norms, Q/K and decode attention on the kernels (one rotation, no window: not gemma's)
+        b.norm, b.norm_ffn, b.attn.fused = fused.rms_norm, fused.rms_norm, None if a.spec.gemma else fused
+    _gemma(model, vec, device) if a.spec.gemma else None
     model.experts = _expert_cache(moes, host, offload, device, grouped=gemm is not None)
     return model
+
+
+def _gemma(model: Transformer, vec, device) -> None:
+    """gemma3's extras: each block's norms of its attention's and its FFN's outputs, the window
+    of its sliding layers, and their rotation (rope.freq_base_swa, positions unscaled: llama.cpp's
+    get_rope_freq_base / get_rope_freq_scale for a sliding layer)."""
+    a = model.args
+    for i, b in enumerate(model.blocks):
+        b.post = (vec(f"blk.{i}.post_attention_norm.weight", a.dim), vec(f"blk.{i}.post_ffw_norm.weight", a.dim))
+        b.attn.window = a.swa if a.swa_layers[i] else 0
+    if any(a.swa_layers):
+        swa = dataclasses.replace(a, rope=dataclasses.replace(a.rope, freq_base=a.rope_base_swa, freq_scale=1.0))
+        model.rope_swa = Rope(swa, None, device)
 
 
 def _expert_cache(moes: Sequence[MoE], host: list, offload: experts.OffloadSpec | None, device,

@@ -276,12 +276,14 @@ def use(model, k: CpuKernels | None) -> None:
     for lin in int4_linears(model):
         lin.use(k.mod if k is not None and k.int4 else None)
     model.final_norm = M.rms_norm if k is None else k.rms_norm
-    model.rope.cpu = k
+    for rope in (model.rope, model.rope_swa):
+        if rope is not None:
+            rope.cpu = k
     for b in model.blocks:
         b.norm = M.rms_norm if k is None else k.norm_operand
         b.norm_ffn = M.rms_norm if k is None else (k.norm_operand if isinstance(b.ffn, M.MLP) else k.rms_norm)
-        b.attn.cpu = None if k is None else k.attend
+        b.attn.cpu = None if k is None or b.attn.window else k.attend   # the kernel has no window
         # the one-call span (RoPE, KV store, attention) where no Q/K norm sits between
         b.attn.span = k if k is not None and k.attend is not None and b.attn.q_norm is None else None
         if isinstance(b.ffn, M.MLP):
-            b.ffn.act = None if k is None else k.swiglu
+            b.ffn.act = None if k is None or b.ffn.gelu else k.swiglu

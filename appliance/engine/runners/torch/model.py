@@ -1,4 +1,4 @@
-"""The transformer, in one file: llama (SmolLM2, Llama 3, Mixtral), qwen2, qwen3, qwen3moe.
+"""The transformer, in one file: llama (SmolLM2, Llama 3, Mixtral), qwen2, qwen3, qwen3moe, gemma3.
 
 Read top to bottom: RMSNorm, RoPE (both kinds), attention over the slot's KV, the SwiGLU MLP,
 the MoE block and the model (its loading is in `build.py`; the config from GGUF metadata and
@@ -102,6 +102,7 @@ class Attention:
         self.args, self.layer = args, layer
         self.wqkv, self.wo = wqkv, wo             # wqkv: Q, K and V stacked, one matmul
         self.q_norm, self.k_norm = q_norm, k_norm
+        self.window = 0                           # a sliding-window layer's window (gemma3), else 0
         self.fused = None                         # fused.Fused: the kernels' Q/K and decode attention
         self.cpu = None                           # cpu_kernels' attention: short spans on a CPU
         self.span = None                          # cpu_kernels.CpuKernels: ... with RoPE and the KV store
@@ -137,7 +138,7 @@ class Attention:
             keys, values = kv.claim(self.layer, s.slot, s.start, s.n)
             rows = slice(s.row, s.row + s.n)
             outs.append(self.span.attend_span(qkv[rows], rot[rows], keys, values, s.start, rope.dim,
-                                              rope.kind != "norm", self.args.n_head, 1.0 / math.sqrt(self.args.head_dim)))
+                                              rope.kind != "norm", self.args.n_head, self.args.scale))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def step(self, x: torch.Tensor, rot: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -162,7 +163,7 @@ class Attention:
         t, length = q.shape[0], keys.shape[1]
         if self.fused is None:
             if self.cpu is not None and t <= DECODE_ROWS:   # each row over exactly its own keys
-                return self.cpu(q.contiguous(), keys, values, start, 1.0 / math.sqrt(self.args.head_dim))
+                return self.cpu(q.contiguous(), keys, values, start, self.args.scale)
             return self._attend_rows(q, start, kv, slot)
         if t <= DECODE_ROWS:
             return self.fused.attend_rows(q, start, kv.k, kv.v, self.layer, slot)
@@ -170,7 +171,7 @@ class Attention:
                 <= torch.arange(start, start + t, device=q.device)[:, None])  # start .. start+t-1
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None].to(keys.dtype), keys[None], values[None], attn_mask=mask,
-            scale=1.0 / math.sqrt(self.args.head_dim), enable_gqa=self.args.n_head != self.args.n_head_kv)
+            scale=self.args.scale, enable_gqa=self.args.n_head != self.args.n_head_kv)
         return o[0].transpose(0, 1).reshape(t, -1).float()               # [T, H*E]
 
     def _attend_rows(self, q: torch.Tensor, start: int, kv: KVPool, slot: int) -> torch.Tensor:
@@ -207,7 +208,7 @@ class Attention:
         dtype = torch.float32 if small else keys.dtype
         rows = max(m, MIN_ROWS) if small else padded_rows(m)
         # q: [T, H, E] -> [G, per * T, E]: each KV head's query heads, row-major by head then token
-        qg = F.pad((q * (1.0 / math.sqrt(a.head_dim))).view(t, g, per, a.head_dim).permute(1, 2, 0, 3)
+        qg = F.pad((q * a.scale).view(t, g, per, a.head_dim).permute(1, 2, 0, 3)
                    .reshape(g, m, a.head_dim).to(dtype), (0, 0, 0, rows - m))            # [G, rows, E]
         if small:
             keys, values = keys.float(), values.float()
@@ -219,6 +220,9 @@ class Attention:
         tail = min(KEY_BLOCK, length)     # row i sees positions <= start + i
         hidden = _hidden(start - (length - tail), tail, t, q.device)
         scores[:, :m].view(g, per, t, length)[..., length - tail:].masked_fill_(hidden, float("-inf"))
+        if self.window and start + t - 1 >= self.window:   # ... and > start + i - window (llama.cpp's SWA)
+            slid = _hidden(start - self.window, length, t, q.device).logical_not()
+            scores[:, :m].view(g, per, t, length).masked_fill_(slid, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)              # [G, rows, L]
         o = torch.bmm(probs if small else probs.to(values.dtype), values)[:, :m].float()
         return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
@@ -231,15 +235,16 @@ def _hidden(first: int, tail: int, t: int, device) -> torch.Tensor:
 
 
 class MLP:
-    def __init__(self, gate_up: Linear, down: Linear) -> None:
+    def __init__(self, gate_up: Linear, down: Linear, gelu: bool = False) -> None:
         self.gate_up, self.down = gate_up, down   # gate_up: the two stacked, one matmul
+        self.gelu = gelu                          # GELU's tanh form gates (gemma), else SiLU
         self.act = None                           # cpu_kernels' SwiGLU: [N, 2F] -> [N, F] in one call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.act is not None:
             return self.down(self.act(self.gate_up(x)))
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
 class MoE:
@@ -273,10 +278,13 @@ class Block:
         self.args, self.attn, self.ffn, self.attn_norm, self.ffn_norm = args, attn, ffn, attn_norm, ffn_norm
         self.norm = rms_norm                      # or the kernels' (fused.Fused.rms_norm, cpu_kernels)
         self.norm_ffn = rms_norm                  # ... before the feed-forward
+        self.post: tuple[torch.Tensor, torch.Tensor] | None = None   # gemma's norms of each output
 
     def __call__(self, x, segs, rope, rot, kv) -> torch.Tensor:
-        h = x + self.attn(self.norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
-        return h + self.ffn(self.norm_ffn(h, self.ffn_norm, self.args.eps))
+        a = self.attn(self.norm(x, self.attn_norm, self.args.eps), segs, rope, rot, kv)
+        h = x + (a if self.post is None else rms_norm(a, self.post[0], self.args.eps))
+        f = self.ffn(self.norm_ffn(h, self.ffn_norm, self.args.eps))
+        return h + (f if self.post is None else rms_norm(f, self.post[1], self.args.eps))
 
     def step(self, x, rot, positions, slots, kv) -> torch.Tensor:
         h = x + self.attn.step(self.norm(x, self.attn_norm, self.args.eps), rot, positions, slots, kv)
@@ -290,17 +298,26 @@ class Transformer:
         self.norm, self.output, self.rope = norm, output, rope
         self.final_norm = rms_norm                        # or cpu_kernels'
         self.experts: experts.ExpertCache | None = None   # expert offload, when on
+        self.rope_swa: Rope | None = None                 # the sliding-window layers' rotation (gemma3)
+        # gemma scales the embeddings by sqrt(D), in float32 as llama.cpp's ggml_scale
+        self.embed_scale = float(torch.tensor(args.dim, dtype=torch.float32).sqrt()) if args.spec.gemma else None
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segs: Sequence[Segment],
                 logit_rows: torch.Tensor, kv: KVPool) -> torch.Tensor:
         """tokens, positions: [N]; logit_rows: the rows whose logits are wanted -> [R, V] float32."""
         x = self.embed[tokens].float()                                      # [N, D]
-        rot = self.rope.tables(positions)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        ropes = [(self.rope, self.rope.tables(positions))]
+        if self.rope_swa is not None:
+            ropes.append((self.rope_swa, self.rope_swa.tables(positions)))
         for block in self.blocks:
-            x = block(x, segs, self.rope, rot, kv)
-        x = self.final_norm(x[logit_rows], self.norm, self.args.eps)        # [R, D]
-        return self.output(x)                                               # [R, V]
+            rope, rot = ropes[1 if block.attn.window and self.rope_swa is not None else 0]
+            x = block(x, segs, rope, rot, kv)
+        x = self.output(self.final_norm(x[logit_rows], self.norm, self.args.eps))   # [R, V]
+        cap = self.args.softcap
+        return x if not cap else torch.tanh(x * (1.0 / cap)) * cap
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: KVPool) -> torch.Tensor:

@@ -154,7 +154,7 @@ class TorchRunner(TextMethods):
             log.info("expert cache: %s (copy %.2f GB/s measured)", self.expert_plan.reason,
                      self.model.experts.copy_gb_per_s)
         self._choose_cpu_kernels(cfg.torch_cpu_kernels)
-        graphs = graph_mode(cfg.torch_graphs, self.kernels, bool(args.n_expert), self.device)
+        graphs = graph_mode(cfg.torch_graphs, self.kernels, bool(args.n_expert) or args.spec.gemma, self.device)
         self.kv = KVPool(args.n_layer, cfg.n_slots, n_ctx, args.n_head_kv, args.head_dim,
                          self.kv_dtype, self.device, spare=1 if graphs != "off" else 0)
         self.graphs = (DecodeGraphs(self.model, self.kv, cfg.n_slots, self.device, capture=graphs == "capture")
@@ -350,7 +350,8 @@ class TorchRunner(TextMethods):
 
 def graph_mode(setting: str, kernels: bool, moe: bool, device: torch.device) -> str:
     """"capture" (CUDA graphs), "eager" (the same fixed-shape step, uncaptured) or "off": graphs
-    need the kernels and a dense model, and capture needs a CUDA device."""
+    need the kernels and a dense model of one rotation and no window (`moe` otherwise), and
+    capture needs a CUDA device."""
     if setting == "off" or not kernels or moe:
         return "off"
     if setting == "eager":
