@@ -26,14 +26,16 @@ from appliance.models import embedded_model_path
 ARCH = "llama"
 GGUF_MAGIC = b"GGUF"
 
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "mixtral", "gemma3")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "mixtral", "gemma3", "gpt-oss")
 _FILE_ARCH = {"mixtral": "llama"}          # llama.cpp runs Mixtral as llama with experts
 _QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe", "gemma3"})
-# gemma3: every other layer slides over this many positions (not a multiple of the torch
-# runner's 64-key blocks), rotating with its own base; the others rotate with 1e6, as Gemma 3's;
-# final logits soft-capped (Gemma 2's, which gemma3's loader reads too)
+# gemma3 and gpt-oss: every other layer slides over this many positions (not a multiple of the
+# torch runner's 64-key blocks); gemma3's rotate with their own base, the others with 1e6, as
+# Gemma 3's; gemma3's final logits soft-capped (Gemma 2's, which gemma3's loader reads too).
+# gpt-oss: biased Q/K/V/output, router and experts, a sink logit per head, head_dim twice
+# n_embd / n_head (as its 64 x 64 heads on 2,880)
 GEMMA_WINDOW, GEMMA_SOFTCAP = 40, 60.0
-_MOE_ARCHS = frozenset({"qwen3moe", "mixtral"})
+_MOE_ARCHS = frozenset({"qwen3moe", "mixtral", "gpt-oss"})
 
 # Weight scales of write_tiny. With N(0, 0.02) weights every block adds almost nothing to the
 # embedding and the logits are nearly flat (top-1 decided by noise), so an engine compared
@@ -126,7 +128,7 @@ def tiny_dims(arch: str, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
     if n_head % n_head_kv:
         raise ValueError("n_head must be a multiple of n_head_kv")
     if head_dim is None:
-        head_dim = 2 * n_embd // n_head if arch in _QK_NORM_ARCHS else n_embd // n_head
+        head_dim = 2 * n_embd // n_head if arch in _QK_NORM_ARCHS | {"gpt-oss"} else n_embd // n_head
     # qwen2 sizes attn_output as {n_embd, n_embd}: it cannot have any other head_dim
     if arch == "qwen2" and head_dim * n_head != n_embd:
         raise ValueError("qwen2 needs head_dim == n_embd / n_head")
@@ -172,11 +174,13 @@ def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: st
     # expert key (feed_forward_length / expert_used_count) turns back into n_ff, and which an
     # engine that sizes experts from the wrong key trips over. Mixtral (arch llama) has no
     # expert key: its experts are feed_forward_length wide.
-    w.add_feed_forward_length(d.n_ff * d.n_expert_used if d.arch == "qwen3moe" else d.n_ff)
+    w.add_feed_forward_length(d.n_ff * d.n_expert_used if d.arch in ("qwen3moe", "gpt-oss") else d.n_ff)
     w.add_head_count(d.n_head)
     w.add_head_count_kv(d.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5 if d.arch in ("llama", "mixtral") else 1e-6)
-    w.add_rope_freq_base(1e6 if d.arch == "gemma3" else 10000.0)
+    w.add_rope_freq_base({"gemma3": 1e6, "gpt-oss": 150000.0}.get(d.arch, 10000.0))
+    if d.arch == "gpt-oss":
+        w.add_uint32("gpt-oss.attention.sliding_window", GEMMA_WINDOW)   # pattern 2 by default
     if d.arch == "gemma3":
         w.add_uint32("gemma3.attention.sliding_window", GEMMA_WINDOW)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)   # layer il slides where il % 2 < 1
@@ -190,10 +194,11 @@ def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: st
     if d.n_expert:
         w.add_expert_count(d.n_expert)
         w.add_expert_used_count(d.n_expert_used)
-        if d.arch == "qwen3moe":
+        if d.arch in ("qwen3moe", "gpt-oss"):
             w.add_expert_feed_forward_length(d.n_ff)
     w.add_vocab_size(d.n_vocab)
-    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{quant}"] if quant else gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{quant}" + ("_MOE" if quant == "MXFP4" else "")] if quant
+                    else gguf.LlamaFileType.ALL_F32)
     overrides = {} if add_bos is None else {"tokenizer.ggml.add_bos_token": add_bos}
     for key, value, vtype, sub in tokenizer_fields():
         if key not in overrides:
@@ -211,9 +216,12 @@ def _attn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.nd
     yield p + "attn_norm.weight", init.norm(d.n_embd)
     for t, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
         yield p + f"attn_{t}.weight", init.rand(rows, d.n_embd)
-        if d.arch == "qwen2":  # optional in llama.cpp, but every Qwen2 checkpoint has them
+        if d.arch in ("qwen2", "gpt-oss"):  # optional in llama.cpp, but every Qwen2 checkpoint has them
             yield p + f"attn_{t}.bias", init.rand(rows, std=_BIAS_STD)
     yield p + "attn_output.weight", init.rand(d.n_embd, q_dim)
+    if d.arch == "gpt-oss":
+        yield p + "attn_output.bias", init.rand(d.n_embd, std=_BIAS_STD)
+        yield p + "attn_sinks.weight", init.rand(d.n_head, std=1.0)
     if d.arch in _QK_NORM_ARCHS:  # RMSNorm over each head's head_dim, before RoPE
         yield p + "attn_q_norm.weight", init.norm(d.head_dim)
         yield p + "attn_k_norm.weight", init.norm(d.head_dim)
@@ -223,7 +231,7 @@ def _attn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.nd
 
 def _ffn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.ndarray]]:
     p = f"blk.{i}."
-    yield p + "ffn_norm.weight", init.norm(d.n_embd)
+    yield p + ("post_attention_norm.weight" if d.arch == "gpt-oss" else "ffn_norm.weight"), init.norm(d.n_embd)
     if not d.n_expert:
         yield p + "ffn_gate.weight", init.rand(d.n_ff, d.n_embd)
         yield p + "ffn_up.weight", init.rand(d.n_ff, d.n_embd)
@@ -236,6 +244,10 @@ def _ffn_tensors(d: TinyDims, init: _Init, i: int) -> Iterator[tuple[str, np.nda
     yield p + "ffn_gate_exps.weight", init.rand(d.n_expert, d.n_ff, d.n_embd)
     yield p + "ffn_up_exps.weight", init.rand(d.n_expert, d.n_ff, d.n_embd)
     yield p + "ffn_down_exps.weight", init.rand(d.n_expert, d.n_embd, d.n_ff)
+    if d.arch == "gpt-oss":
+        yield p + "ffn_gate_inp.bias", init.rand(d.n_expert, std=_BIAS_STD)
+        for n, width in (("gate", d.n_ff), ("up", d.n_ff), ("down", d.n_embd)):
+            yield p + f"ffn_{n}_exps.bias", init.rand(d.n_expert, width, std=_BIAS_STD)
 
 
 def tiny_tensors(d: TinyDims, *, seed: int = 0, weight_std: float | None = None,
@@ -306,7 +318,13 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
 
 
 def _add_tensor(w: gguf.GGUFWriter, name: str, data: np.ndarray, quant: str | None) -> None:
-    """One tensor as F32 or, for a matrix under `quant`, quantized by gguf (see write_tiny)."""
+    """One tensor as F32 or, for a matrix under `quant`, quantized by gguf (see write_tiny);
+    MXFP4: the experts only, as gpt-oss's files hold them."""
+    if quant == "MXFP4":
+        kind = gguf.GGMLQuantizationType.MXFP4
+        w.add_tensor(name, *((quantize(data, kind),) if name.endswith("_exps.weight") else (data,)),
+                     **({"raw_dtype": kind} if name.endswith("_exps.weight") else {}))
+        return
     if quant is None or data.ndim != 2 or "_exps" in name:
         w.add_tensor(name, data)
         return

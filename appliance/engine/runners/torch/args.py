@@ -19,6 +19,9 @@ class ArchSpec:
     norm_topk: bool = True  # renormalise the top-k router weights to sum to one
     gemma: bool = False     # embeddings x sqrt(D); RMSNorm after attention and after the FFN
                             # too; GELU (tanh) gate; sliding-window layers (gemma3)
+    oai: bool = False       # gpt-oss: attention sinks, biased experts with the clamped SwiGLU,
+                            # router bias, sliding-window layers; its pre-FFN norm is
+                            # post_attention_norm
 
 
 # keyed by general.architecture; Mixtral is "llama" with experts
@@ -28,6 +31,7 @@ ARCHS = {
     "qwen3": ArchSpec(rope="neox", qk_norm=True),
     "qwen3moe": ArchSpec(rope="neox", qk_norm=True),
     "gemma3": ArchSpec(rope="neox", qk_norm=True, gemma=True),
+    "gpt-oss": ArchSpec(rope="neox", oai=True),
 }
 
 
@@ -53,7 +57,7 @@ class ModelArgs:
     attn_scale: float = 0.0         # Q's scale before attention; 0: 1 / sqrt(head_dim)
     swa: int = 0                    # the sliding window (positions a key stays visible), 0: none
     swa_layers: tuple[bool, ...] = ()   # which layers slide (they rotate with rope_base_swa)
-    rope_base_swa: float = 10000.0
+    rope_base_swa: float = 0.0      # the sliding layers' rotation base; 0: the others' rotation
     softcap: float = 0.0            # final logits cap * tanh(logits / cap); 0: none
 
     @property
@@ -100,23 +104,28 @@ class ModelArgs:
             n_ctx_train=int(m("context_length", 2048)), n_vocab=int(w.blocks("token_embd.weight").shape[0]),
             n_expert=n_expert, n_expert_used=int(m("expert_used_count", 0)),
             expert_ff=int(m("expert_feed_forward_length", ff)) if n_expert else 0,
-            **(_gemma(m, int(m("block_count")), dim, n_head, head_dim) if ARCHS[arch].gemma else {}))
+            **_extras(ARCHS[arch], m, int(m("block_count")), dim, n_head, head_dim))
 
 
-def _gemma(m, n_layer: int, dim: int, n_head: int, head_dim: int) -> dict:
-    """gemma3's extras as llama.cpp reads them (models/gemma3.cpp, llama-hparams.cpp): a window
-    from attention.sliding_window (0: none); layer il slides where il % pattern < pattern - 1
-    (attention.sliding_window_pattern, 6 by default, or one flag a layer); sliding layers rotate
-    with rope.freq_base_swa (10,000 by default) and no position scaling; the 27B (62 layers)
-    scales Q by 1 / sqrt(D / H), the others by 1 / sqrt(head_dim)."""
+def _extras(spec: ArchSpec, m, n_layer: int, dim: int, n_head: int, head_dim: int) -> dict:
+    """gemma3's and gpt-oss's extras as llama.cpp reads them (models/gemma3.cpp,
+    models/openai-moe.cpp, llama-hparams.cpp): a window from attention.sliding_window; layer il
+    slides where il % pattern < pattern - 1 (attention.sliding_window_pattern, by default 6 for
+    gemma3 and 2 for gpt-oss, or one flag a layer). gemma3's sliding layers rotate with
+    rope.freq_base_swa (10,000 by default) and positions unscaled, gpt-oss's as the others
+    unless rope.freq_base_swa says; gemma3's 27B (62 layers) scales Q by 1 / sqrt(D / H)."""
+    if not (spec.gemma or spec.oai):
+        return {}
     swa = int(m("attention.sliding_window", 0))
-    pattern = m("attention.sliding_window_pattern", 6)
+    pattern = m("attention.sliding_window_pattern", 6 if spec.gemma else 2)
     if isinstance(pattern, list):
         layers = tuple(bool(p) for p in pattern)[:n_layer]
     else:
         p = int(pattern)
         layers = tuple(p == 0 or il % p < p - 1 for il in range(n_layer))
-    return {"swa": swa, "swa_layers": layers if swa > 0 else (False,) * n_layer,
-            "rope_base_swa": float(m("rope.freq_base_swa", 10000.0)),
-            "softcap": float(m("final_logit_softcapping", 0.0)),
-            "attn_scale": 1.0 / math.sqrt(dim / n_head) if n_layer == 62 else 1.0 / math.sqrt(head_dim)}
+    extras = {"swa": swa, "swa_layers": layers if swa > 0 else (False,) * n_layer,
+              "rope_base_swa": float(m("rope.freq_base_swa", 10000.0 if spec.gemma else 0.0))}
+    if spec.gemma:
+        extras.update(softcap=float(m("final_logit_softcapping", 0.0)),
+                      attn_scale=1.0 / math.sqrt(dim / n_head) if n_layer == 62 else 1.0 / math.sqrt(head_dim))
+    return extras

@@ -4,10 +4,12 @@ expert cache (`experts`), the architecture's extras (`args.ArchSpec`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import torch
 
+from ....errors import ModelLoadError
 from . import experts, grouped, qlinear
 from .model import MLP, Attention, Block, Linear, ModelArgs, MoE, Rope, Transformer
 from .weights import GGUFWeights
@@ -16,15 +18,13 @@ from .weights import GGUFWeights
 def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool | str = False,
          offload: experts.OffloadSpec | None = None, gemm: qlinear.GemmChoice | None = None,
          fused=None) -> Transformer:
-    """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32).
-    Kept quantized: with `int4` Q4_0/Q4_1/Q8_0 (`qlinear.Int4Linear`, a str its layout), with `gemm` every kernel format
-    (`qlinear.BlockLinear`); `fused` (`fused.Fused`): norms, Q/K and decode attention on the
-    kernels; `offload`: routed experts in host memory behind one `experts.ExpertCache`."""
+    """Build the model from the file, tensor by tensor (matrices in `dtype`, norms in float32), kept
+    quantized where `qlinear.kept` can (`int4`: a str, the layout; `gemm`: the Triton kernels'); `fused`:
+    norms, Q/K and decode attention on the kernels; `offload`: experts behind one `experts.ExpertCache`."""
     def mat(name: str, *shape: int) -> torch.Tensor:
         return w.load(name, shape, dtype, device)
 
-    def vec(name: str, n: int) -> torch.Tensor:
-        return w.load(name, (n,), torch.float32, device)
+    vec = functools.partial(_vec, w, device)
 
     def lin(names: str | Sequence[str], n_in: int, *n_outs: int) -> Linear | qlinear.Int4Linear | qlinear.BlockLinear:
         """One matmul for matrices that share their input, stacked along the output."""
@@ -51,30 +51,41 @@ def load(w: GGUFWeights, args: ModelArgs, dtype: torch.dtype, device, int4: bool
         else:
             ffn = MLP(lin([f"{p}.ffn_gate", f"{p}.ffn_up"], a.dim, a.ff, a.ff), lin(f"{p}.ffn_down", a.ff, a.dim),
                       gelu=a.spec.gemma)
-        blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim), vec(f"{p}.ffn_norm.weight", a.dim)))
+        blocks.append(Block(a, attn, ffn, vec(f"{p}.attn_norm.weight", a.dim),   # gpt-oss's pre-FFN norm: post_attention_norm
+                            vec(f"{p}.{'post_attention' if a.spec.oai else 'ffn'}_norm.weight", a.dim)))
     out_name = "output.weight" if w.has("output.weight") else "token_embd.weight"   # tied in small models
     output, embed = qlinear.output_and_embedding(w.blocks(out_name), w.blocks("token_embd.weight"), (a.n_vocab, a.dim),
                                                  dtype, device, int4, lambda: mat("token_embd.weight", a.n_vocab, a.dim))
     output = output or Linear(embed if out_name == "token_embd.weight" else mat(out_name, a.n_vocab, a.dim))
     factors = vec("rope_freqs.weight", a.rope_dim // 2) if w.has("rope_freqs.weight") else None
     model = Transformer(a, embed, blocks, vec("output_norm.weight", a.dim), output, Rope(a, factors, device))
-    for b in blocks if fused is not None else ():   # norms, Q/K and decode attention on the kernels (one rotation, no window: not gemma's)
-        b.norm, b.norm_ffn, b.attn.fused = fused.rms_norm, fused.rms_norm, None if a.spec.gemma else fused
-    _gemma(model, vec, device) if a.spec.gemma else None
+    plain = not (a.spec.gemma or a.spec.oai)   # one rotation, no window, no sinks: the fused attention's
+    for b in blocks if fused is not None else ():   # norms, Q/K and decode attention on the kernels
+        b.norm, b.norm_ffn, b.attn.fused = fused.rms_norm, fused.rms_norm, fused if plain else None
+    _extras(model, vec, device)
     model.experts = _expert_cache(moes, host, offload, device, grouped=gemm is not None)
     return model
 
 
-def _gemma(model: Transformer, vec, device) -> None:
-    """gemma3's extras: each block's norms of its attention's and its FFN's outputs, the window
-    of its sliding layers, and their rotation (rope.freq_base_swa, positions unscaled: llama.cpp's
-    get_rope_freq_base / get_rope_freq_scale for a sliding layer)."""
+def _vec(w: GGUFWeights, device, name: str, n: int) -> torch.Tensor:
+    return w.load(name, (n,), torch.float32, device)
+
+
+def _extras(model: Transformer, vec, device) -> None:
+    """gemma3's and gpt-oss's extras: the window of each sliding layer and their rotation
+    (gemma3: rope.freq_base_swa, positions unscaled, as llama.cpp's get_rope_freq_base /
+    get_rope_freq_scale give a sliding layer; gpt-oss: the others' unless the file names a base);
+    gemma3's norms of its attention's and FFN's outputs; gpt-oss's attention sinks."""
     a = model.args
-    for i, b in enumerate(model.blocks):
-        b.post = (vec(f"blk.{i}.post_attention_norm.weight", a.dim), vec(f"blk.{i}.post_ffw_norm.weight", a.dim))
+    for i, b in enumerate(model.blocks if a.spec.gemma or a.spec.oai else ()):
         b.attn.window = a.swa if a.swa_layers[i] else 0
-    if any(a.swa_layers):
-        swa = dataclasses.replace(a, rope=dataclasses.replace(a.rope, freq_base=a.rope_base_swa, freq_scale=1.0))
+        if a.spec.gemma:
+            b.post = (vec(f"blk.{i}.post_attention_norm.weight", a.dim), vec(f"blk.{i}.post_ffw_norm.weight", a.dim))
+        if a.spec.oai:
+            b.attn.sinks = vec(f"blk.{i}.attn_sinks.weight", a.n_head)
+    if any(a.swa_layers) and (a.spec.gemma or a.rope_base_swa not in (0.0, a.rope.freq_base)):
+        rope = dataclasses.replace(a.rope, freq_base=a.rope_base_swa)
+        swa = dataclasses.replace(a, rope=dataclasses.replace(rope, freq_scale=1.0) if a.spec.gemma else rope)
         model.rope_swa = Rope(swa, None, device)
 
 
@@ -97,8 +108,17 @@ def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer
     the file's blocks where their format allows, on the grouped kernel), or appended to `host`
     for an expert cache (pinned beside a CUDA device, for asynchronous copies)."""
     x, f, d = a.n_expert, a.expert_ff, a.dim
-    router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device))
+    bias = f"{p}.ffn_gate_inp.bias"
+    router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device),
+                    w.load(bias, (x,), torch.float32, device) if w.has(bias) else None)
     names = [f"{p}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
+    if a.spec.oai:   # biased experts, gpt-oss's SwiGLU: resident, through torch ops
+        if host is not None:
+            raise ModelLoadError(f"{w.path}: expert offload does not serve gpt-oss's experts yet (--expert-cache off)")
+        exps = tuple(w.load(n, s, dtype, device) for n, s in zip(names, ((x, f, d), (x, f, d), (x, d, f))))
+        biases = tuple(w.load(f"{p}.ffn_{n}_exps.bias", s, torch.float32, device)
+                       for n, s in (("gate", (x, f)), ("up", (x, f)), ("down", (x, d))))
+        return MoE(a, router, *exps, layer=layer, biases=biases)
     if host is None and kernels:
         mats = grouped.block_mats(*(w.blocks(n) for n in names), d, f, device)
         if mats is not None:

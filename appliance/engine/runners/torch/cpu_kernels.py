@@ -282,8 +282,9 @@ def use(model, k: CpuKernels | None) -> None:
     for b in model.blocks:
         b.norm = M.rms_norm if k is None else k.norm_operand
         b.norm_ffn = M.rms_norm if k is None else (k.norm_operand if isinstance(b.ffn, M.MLP) else k.rms_norm)
-        b.attn.cpu = None if k is None or b.attn.window else k.attend   # the kernel has no window
+        plain = not b.attn.window and b.attn.sinks is None              # the kernels have no window, no sinks
+        b.attn.cpu = k.attend if k is not None and plain else None
         # the one-call span (RoPE, KV store, attention) where no Q/K norm sits between
-        b.attn.span = k if k is not None and k.attend is not None and b.attn.q_norm is None else None
+        b.attn.span = k if k is not None and k.attend is not None and b.attn.q_norm is None and plain else None
         if isinstance(b.ffn, M.MLP):
             b.ffn.act = None if k is None or b.ffn.gelu else k.swiglu

@@ -1,4 +1,5 @@
-"""The transformer, in one file: llama (SmolLM2, Llama 3, Mixtral), qwen2, qwen3, qwen3moe, gemma3.
+"""The transformer, in one file: llama (SmolLM2, Llama 3, Mixtral), qwen2, qwen3, qwen3moe,
+gemma3, gpt-oss.
 
 Read top to bottom: RMSNorm, RoPE (both kinds), attention over the slot's KV, the SwiGLU MLP,
 the MoE block and the model (its loading is in `build.py`; the config from GGUF metadata and
@@ -102,7 +103,8 @@ class Attention:
         self.args, self.layer = args, layer
         self.wqkv, self.wo = wqkv, wo             # wqkv: Q, K and V stacked, one matmul
         self.q_norm, self.k_norm = q_norm, k_norm
-        self.window = 0                           # a sliding-window layer's window (gemma3), else 0
+        self.window = 0                           # a sliding-window layer's window (gemma3, gpt-oss), else 0
+        self.sinks: torch.Tensor | None = None    # gpt-oss: each head's logit in its softmax's denominator [H]
         self.fused = None                         # fused.Fused: the kernels' Q/K and decode attention
         self.cpu = None                           # cpu_kernels' attention: short spans on a CPU
         self.span = None                          # cpu_kernels.CpuKernels: ... with RoPE and the KV store
@@ -223,7 +225,11 @@ class Attention:
         if self.window and start + t - 1 >= self.window:   # ... and > start + i - window (llama.cpp's SWA)
             slid = _hidden(start - self.window, length, t, q.device).logical_not()
             scores[:, :m].view(g, per, t, length).masked_fill_(slid, float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)              # [G, rows, L]
+        if self.sinks is None:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)          # [G, rows, L]
+        else:   # a sink column: each row's head's logit, in the normalisation only
+            sink = F.pad(self.sinks.view(g, per, 1).expand(g, per, t).reshape(g, m, 1), (0, 0, 0, rows - m))
+            probs = torch.softmax(torch.cat((scores, sink.to(scores.dtype)), -1), dim=-1, dtype=torch.float32)[..., :length]
         o = torch.bmm(probs if small else probs.to(values.dtype), values)[:, :m].float()
         return o.view(g, per, t, a.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
@@ -247,14 +253,28 @@ class MLP:
         return self.down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
+def swiglu_oai(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+               biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """gpt-oss's expert, llama.cpp's ggml_swiglu_oai (alpha 1.702, limit 7): g = min(h gate^T +
+    b_g, 7), u = clamp(h up^T + b_u, -7, 7), out = (g sigmoid(1.702 g) (u + 1)) down^T + b_d; the
+    matmuls in the weights' dtype, the rest in float32, rows padded as `swiglu`'s."""
+    m = h.shape[0]
+    h = pad_rows(h)
+    g = (F.linear(h, gate)[:m].float() + biases[0]).clamp(max=7.0)
+    u = (F.linear(h, up)[:m].float() + biases[1]).clamp(-7.0, 7.0)
+    a = g * torch.sigmoid(1.702 * g) * (u + 1.0)
+    return F.linear(pad_rows(a.to(down.dtype)), down)[:m].float() + biases[2]
+
+
 class MoE:
     """Top-k routing over X experts (softmax router, as llama.cpp's build_moe_ffn); the experts
     all resident (on the grouped kernel with the kernels on), or in an `experts.ExpertCache`."""
 
     def __init__(self, args: ModelArgs, router: Linear, gate: torch.Tensor | None, up: torch.Tensor | None,
                  down: torch.Tensor | None, layer: int = 0, offload: experts.ExpertCache | None = None,
-                 kernel: grouped.GroupedExperts | None = None) -> None:
+                 kernel: grouped.GroupedExperts | None = None, biases: tuple | None = None) -> None:
         self.args, self.router, self.offload, self.kernel = args, router, offload, kernel
+        self.biases = biases                              # gpt-oss: gate, up, down biases [X, F], [X, F], [X, D]
         self.layer = layer                                # its index among the model's MoE layers
         self.gate, self.up, self.down = gate, up, down    # [X, F, D], [X, F, D], [X, D, F]; else None
 
@@ -268,6 +288,9 @@ class MoE:
         if self.kernel is not None:                                        # the grouped kernel
             return self.kernel(x, chosen, weights)
         groups = experts.group_by_expert(chosen, self.args.n_expert)
+        if self.biases is not None:
+            return experts.moe_ffn(x, weights, groups, lambda e, h: swiglu_oai(
+                h.to(self.gate.dtype), self.gate[e], self.up[e], self.down[e], tuple(b[e] for b in self.biases)))
         return experts.moe_ffn(x, weights, groups, lambda e, h: experts.swiglu(
             h.to(self.gate.dtype), self.gate[e], self.up[e], self.down[e]))
 

@@ -202,7 +202,8 @@ class TorchRunner(TextMethods):
         if self.kernels_pending:
             self.cpu_kernels, self.cpu_kernels_note = "building", BUILDING
         self.int4_matmul = ("cpp" if k is not None and k.int4 else "torch") if self.int4 else "off"
-        self.attention = "cpp" if k is not None and k.attend is not None else ("fused" if self.kernels else "ops")
+        cpp = k is not None and any(b.attn.cpu is not None for b in self.model.blocks)   # not a window's, not sinks'
+        self.attention = "cpp" if cpp else ("fused" if self.kernels else "ops")
 
     def upgrade_ready(self) -> bool:
         """Whether `upgrade` has something to do: a deferred build of the kernels is done."""
