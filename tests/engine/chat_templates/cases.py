@@ -4,7 +4,8 @@ The .jinja files beside this one are copies of llama.cpp's models/templates/ (fr
 llama.cpp of llama-cpp-python 0.3.36's sdist), which holds them as the models' repositories
 publish them. `llama_server.json` is what llama.cpp's own code (common_chat_templates_init and
 common_chat_templates_apply, as llama-server calls them) made of each case, written by
-scripts/llama_template_render/expected.py; today's date in it is DATE_STRING / DATETIME.
+scripts/llama_template_render/expected.py; today's date in it is DATE_STRING / DATETIME, and
+ISO_DATE where a template asks strftime_now("%Y-%m-%d") (Mistral Small 3.2).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ HERE = Path(__file__).parent
 EXPECTED = HERE / "llama_server.json"
 # what llama-server puts in a template's context for today (common_chat_extra_context)
 DATE_STRING, DATETIME = "{date_string}", "{datetime}"
+ISO_DATE = "{iso_date}"   # a template's own strftime_now("%Y-%m-%d")
 # SmolLM2's vocabulary, which the tiny GGUF fixtures carry: the bos_token and eos_token a template sees
 BOS, EOS = "<|im_start|>", "<|im_end|>"
 
