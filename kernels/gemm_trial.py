@@ -29,7 +29,8 @@ def candidates(fmt, dot: str = "bf16", small: bool = False) -> list[GemmConfig]:
     replaced by the decode winner's anyway. The dot type is not searched: it is a precision
     choice, not a speed knob. `small`: three configs for interpreter runs (tests)."""
     f = format_of(fmt)
-    ks = [bk for bk in (128, 64, 256) if bk % f.block == 0]
+    ks = [bk for bk in (128, 64, 256) if bk % f.block == 0 or (f.block == 256 and 256 % bk == 0)]   # a K-quant's
+    # super-block of 256 may span several slices
     if small:
         lo, hi = min(ks), sorted(ks)[1]
         return [GemmConfig(16, 32, lo, 1, 4, 3, dot), GemmConfig(16, 64, hi, 2, 4, 3, dot),
@@ -77,11 +78,16 @@ def timer(device: str | torch.device, runs: int | None = None, warmup: int | Non
 
 
 def quantized_weight(fmt, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """A random N(0, 1) [N, K] matrix quantized by the format's quantizer -> raw rows on CPU."""
+    """A random N(0, 1) [N, K] matrix quantized by the format's quantizer -> raw rows on CPU (the
+    K-quants, which gguf cannot quantize: random codes and scales, `bench_cases.random_blocks`)."""
     f = format_of(fmt)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
     if f.name == "nvfp4":
         return quantize_nvfp4_torch(w).contiguous()
+    if f.block == 256:
+        from .bench_cases import random_blocks
+
+        return random_blocks(f.name, n, k, torch.Generator().manual_seed(seed), "cpu").contiguous()
     import gguf  # numpy quantizers, bit for bit llama.cpp's
 
     raw = gguf.quants.quantize(w.numpy(), getattr(gguf.GGMLQuantizationType, f.name.upper()))

@@ -143,7 +143,7 @@ def test_tune_gemm_interpreted_end_to_end_writes_entries_the_loader_accepts(tmp_
     out = tmp_path / "appliance" / "plan.json"
     plan_mod.save(PLAN, out)                                      # another GPU's entries; llama.cpp's are kept
     key = GemmKey("wgemm", "q4_0", 64, 128)
-    untunable = {"op": "wgemm", "fmt": "q5_k", "n": 64, "k": 256, "bucket": "1-16"}   # no kernel for q5_k
+    untunable = {"op": "wgemm", "fmt": "q2_k", "n": 64, "k": 256, "bucket": "1-16"}   # no kernel for q2_k
     llama_miss = {"backend": "llama.cpp", "model": "77:new", "depth": 4096}
     for miss in (key.miss("17-64"), untunable, llama_miss):
         plan_mod.record_miss(out, miss)
