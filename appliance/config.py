@@ -27,11 +27,11 @@ class EngineConfig:
 
     model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     model_alias: str | None = opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
-    engine: str = opt("llamacpp", "model runner: llamacpp, torch (the own runner) or auto (tune --engines decides)")
+    engine: str = opt("auto", "model runner: llamacpp, torch (the own runner) or auto (llama.cpp unless tune --engines chose torch)")
     torch_dtype: str = opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
-    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4_0/Q4_1/Q4_K 4-bit, Q8_0 8-bit (the CPU kernels' "
-                           "int4 matmul with AVX512-BF16, else torch's int4 kernel; off: dequantize them)")
+    torch_int4: bool = opt(True, "torch runner on a CPU in bfloat16: keep Q4-Q8 and K-quant weights at their stored bits (the "
+                           "CPU kernels' int4 matmul with AVX512-BF16; else torch's int4 kernel, Q4/Q8 only; off: dequantize)")
     torch_device: str = opt("auto", "torch runner: device, auto | cpu | cuda | cuda:N")
     torch_kernels: str = opt("auto", "torch runner: auto | triton | off. GGUF block weights (Q4_0, Q4_1, "
                              "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
@@ -159,9 +159,9 @@ class EngineConfig:
 
         parse_setting(self.expert_cache)  # raises for a value that is no count, auto or off
         _require(self.expert_compute in COMPUTE, "expert_compute must be auto, cpu or device")
-        _require(self.engine != "llamacpp" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
-                 "--expert-cache and --expert-compute apply to the torch runner (llama.cpp: --n-cpu-moe, "
-                 "--override-tensor)")
+        _require(self.engine == "torch" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
+                 "--expert-cache and --expert-compute apply to the torch runner, --engine torch (llama.cpp: "
+                 "--n-cpu-moe, --override-tensor)")
         _require(self.speculate in ("auto", "lookup", "draft", "mtp", "off"), "speculate must be auto, lookup, draft, mtp or off")
         _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
         _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")

@@ -151,8 +151,9 @@ def _plan_here(tmp_path, **settings) -> tuple[str, object]:
 
 
 def test_apply_fills_only_the_settings_left_at_their_defaults(tmp_path):
+    # (startup resolves --engine auto, the default, before it applies the plan: engine_choice.py)
     path, model = _plan_here(tmp_path)
-    cfg, resolved = plan_mod.apply(EngineConfig(plan=path, n_ctx=1024, prefill_chunk=256, n_ubatch=64), model)
+    cfg, resolved = plan_mod.apply(EngineConfig(plan=path, engine="llamacpp", n_ctx=1024, prefill_chunk=256, n_ubatch=64), model)
     assert resolved.status == "used" and resolved.choice["n_threads_batch"] == 5
     assert (cfg.n_threads, cfg.n_threads_batch, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn) == (3, 5, 256, 64, True)
     assert cfg.n_ctx == 1024 and cfg.prefill_chunk == 256
@@ -160,7 +161,7 @@ def test_apply_fills_only_the_settings_left_at_their_defaults(tmp_path):
 
 def test_apply_raises_n_batch_to_the_prefill_chunk(tmp_path):
     path, model = _plan_here(tmp_path)
-    cfg, _ = plan_mod.apply(EngineConfig(plan=path), model)     # the default chunk, 512
+    cfg, _ = plan_mod.apply(EngineConfig(plan=path, engine="llamacpp"), model)     # the default chunk, 512
     assert cfg.n_batch == 512 and cfg.n_ubatch == 128
     assert plan_mod.fill_defaults(EngineConfig(prefill_chunk=64), LlamaCppSettings(1, 1, 32, 32, False)).n_batch == 64
 
@@ -174,8 +175,8 @@ def test_apply_leaves_the_config_alone_when_off_another_engine_or_a_miss(tmp_pat
     assert cfg == torch_cfg and resolved.status == "off" and "torch" in resolved.reason
     other = tmp_path / "other.gguf"
     other.write_bytes(b"another model")
-    cfg, resolved = plan_mod.apply(EngineConfig(plan=path), other)
-    assert cfg == EngineConfig(plan=path) and resolved.status == "miss"
+    cfg, resolved = plan_mod.apply(EngineConfig(plan=path, engine="llamacpp"), other)
+    assert cfg == EngineConfig(plan=path, engine="llamacpp") and resolved.status == "miss"
 
 
 def test_choose_takes_the_lowest_score_and_gives_near_ties_to_the_earlier_candidate():
