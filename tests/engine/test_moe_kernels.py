@@ -108,3 +108,22 @@ def test_offload_on_the_kernel_equals_resident_on_the_kernel(files):
                 offload.close()
     finally:
         resident.close()
+
+
+def test_gpt_oss_mxfp4_experts_on_the_kernel_match_the_dequantized_runner(tmp_path):
+    """gpt-oss's experts as its files hold them (MXFP4) stay blocks on the grouped kernel, with
+    their biases and clamped SwiGLU between its two launches (each padded pair's expert from
+    its tile); against the runner with them dequantized through torch ops."""
+    path = write_tiny(tmp_path / "gpt-oss.gguf", "gpt-oss", n_layer=2, n_expert=8, n_expert_used=2, quant="MXFP4")
+    on, off = runner(path, "triton"), runner(path, "off")
+    try:
+        assert all(b.ffn.kernel is not None and b.ffn.kernel.mats.fmt == "mxfp4" for b in on.model.blocks)
+        assert all(b.ffn.kernel.mats.biases is not None for b in on.model.blocks)
+        for a, b in zip(forwards(on), forwards(off)):
+            assert np.abs(a - b).max() < TOL * np.abs(b).max()
+            if INTERPRET:
+                assert (a.argmax(-1) == b.argmax(-1)).all()
+        assert check_exact(on, 1, IDS[:30], k=6).exact
+    finally:
+        on.close()
+        off.close()

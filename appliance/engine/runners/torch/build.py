@@ -112,22 +112,20 @@ def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer
     router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device),
                     w.load(bias, (x,), torch.float32, device) if w.has(bias) else None)
     names = [f"{p}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
-    if a.spec.oai:   # biased experts, gpt-oss's SwiGLU: resident, through torch ops
-        if host is not None:
-            raise ModelLoadError(f"{w.path}: expert offload does not serve gpt-oss's experts yet (--expert-cache off)")
-        exps = tuple(w.load(n, s, dtype, device) for n, s in zip(names, ((x, f, d), (x, f, d), (x, d, f))))
-        biases = tuple(w.load(f"{p}.ffn_{n}_exps.bias", s, torch.float32, device)
-                       for n, s in (("gate", (x, f)), ("up", (x, f)), ("down", (x, d))))
-        return MoE(a, router, *exps, layer=layer, biases=biases)
+    biases = tuple(w.load(f"{p}.ffn_{n}_exps.bias", s, torch.float32, device)   # gpt-oss's, with its SwiGLU
+                   for n, s in (("gate", (x, f)), ("up", (x, f)), ("down", (x, d)))) if a.spec.oai else None
+    if biases is not None and host is not None:
+        raise ModelLoadError(f"{w.path}: expert offload does not serve gpt-oss's experts yet (--expert-cache off)")
     if host is None and kernels:
-        mats = grouped.block_mats(*(w.blocks(n) for n in names), d, f, device)
+        mats = grouped.block_mats(*(w.blocks(n) for n in names), d, f, device, biases)
         if mats is not None:
             return MoE(a, router, None, None, None, layer=layer, kernel=grouped.GroupedExperts(mats, x))
     on = "cpu" if host is not None else device
     exps = tuple(w.load(n, s, dtype, on) for n, s in zip(names, ((x, f, d), (x, f, d), (x, d, f))))
     if host is None and kernels:
-        return MoE(a, router, None, None, None, layer=layer, kernel=grouped.GroupedExperts(grouped.ExpertMats.dense(*exps), x))
+        return MoE(a, router, None, None, None, layer=layer,
+                   kernel=grouped.GroupedExperts(grouped.ExpertMats.dense(*exps, biases=biases), x))
     if host is None:
-        return MoE(a, router, *exps, layer=layer)
+        return MoE(a, router, *exps, layer=layer, biases=biases)
     host.append(tuple(t.pin_memory() for t in exps) if torch.device(device).type == "cuda" else exps)
     return MoE(a, router, None, None, None, layer=layer)

@@ -41,15 +41,16 @@ class ExpertMats:
     fmt: str | None          # the blocks' kernel format; None: dense
     dim: int
     ff: int
+    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None   # gpt-oss: gate, up [X, F], down [X, D]
 
     @classmethod
-    def dense(cls, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> "ExpertMats":
-        return cls(torch.cat((gate, up), 1), down, None, gate.shape[2], gate.shape[1])
+    def dense(cls, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, biases=None) -> "ExpertMats":
+        return cls(torch.cat((gate, up), 1), down, None, gate.shape[2], gate.shape[1], biases)
 
 
-def block_mats(gate, up, down, dim: int, ff: int, device) -> ExpertMats | None:
+def block_mats(gate, up, down, dim: int, ff: int, device, biases=None) -> ExpertMats | None:
     """gate, up, down as `weights.QuantBlocks` [X, F, D], [X, F, D], [X, D, F] kept as their
-    blocks when all three share a kernel format, else None."""
+    blocks when all three share a kernel format, else None (`biases`: gpt-oss's)."""
     names = {b.qtype.name.lower() for b in (gate, up, down)}
     fmt = names.pop() if len(names) == 1 and all(b.scale is None for b in (gate, up, down)) else None
     if fmt not in FORMATS or dim % FORMATS[fmt].block or ff % FORMATS[fmt].block:
@@ -59,7 +60,7 @@ def block_mats(gate, up, down, dim: int, ff: int, device) -> ExpertMats | None:
     def raw(b, rows: int) -> torch.Tensor:
         return torch.from_numpy(np.array(b.data).reshape(x, rows, -1))   # a copy: the map is read-only
     gate_up = torch.cat((raw(gate, ff), raw(up, ff)), 1).to(device)
-    return ExpertMats(gate_up, raw(down, dim).to(device), fmt, dim, ff)
+    return ExpertMats(gate_up, raw(down, dim).to(device), fmt, dim, ff, biases)
 
 
 def host_groups(chosen: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,8 +78,19 @@ def pair_outputs(x: torch.Tensor, mats: ExpertMats, rows: np.ndarray, counts: np
     sit in `mats` -> [P, D] float32 in the pairs' order."""
     r = route(rows, counts, index, CONFIG.block_m, x.device)
     h = moe_gemm(x, mats.gate_up, r, mats.fmt, mats.dim, CONFIG)                   # [T*16, 2F]
-    a = F.silu(h[:, :mats.ff]) * h[:, mats.ff:]
-    return moe_gemm(a, mats.down, r.identity(), mats.fmt, mats.ff, CONFIG)[r.pairs]   # [P, D]
+    if mats.biases is None:
+        a = F.silu(h[:, :mats.ff]) * h[:, mats.ff:]
+        return moe_gemm(a, mats.down, r.identity(), mats.fmt, mats.ff, CONFIG)[r.pairs]   # [P, D]
+    e = r.tiles.long().repeat_interleave(r.block_m)      # gpt-oss: each padded pair's expert, for its biases
+    a = oai_glu(h[:, :mats.ff] + mats.biases[0][e], h[:, mats.ff:] + mats.biases[1][e])
+    return (moe_gemm(a, mats.down, r.identity(), mats.fmt, mats.ff, CONFIG) + mats.biases[2][e])[r.pairs]
+
+
+def oai_glu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's gate, llama.cpp's ggml_swiglu_oai (alpha 1.702, limit 7), float32: g = min(g, 7),
+    u = clamp(u, -7, 7) -> g sigmoid(1.702 g) (u + 1)."""
+    g, u = g.clamp(max=7.0), u.clamp(-7.0, 7.0)
+    return g * torch.sigmoid(1.702 * g) * (u + 1.0)
 
 
 def combine(y: torch.Tensor, rows: np.ndarray, which: np.ndarray, weights: torch.Tensor) -> torch.Tensor:

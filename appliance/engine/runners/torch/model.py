@@ -16,7 +16,6 @@ X experts, F MLP width, V vocabulary, L positions of a slot's KV in use.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -260,9 +259,7 @@ def swiglu_oai(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     matmuls in the weights' dtype, the rest in float32, rows padded as `swiglu`'s."""
     m = h.shape[0]
     h = pad_rows(h)
-    g = (F.linear(h, gate)[:m].float() + biases[0]).clamp(max=7.0)
-    u = (F.linear(h, up)[:m].float() + biases[1]).clamp(-7.0, 7.0)
-    a = g * torch.sigmoid(1.702 * g) * (u + 1.0)
+    a = grouped.oai_glu(F.linear(h, gate)[:m].float() + biases[0], F.linear(h, up)[:m].float() + biases[1])
     return F.linear(pad_rows(a.to(down.dtype)), down)[:m].float() + biases[2]
 
 
