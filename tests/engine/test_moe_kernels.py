@@ -62,6 +62,16 @@ def forwards(r) -> list[np.ndarray]:
     return out
 
 
+def assert_kernel_matches(on, off) -> None:
+    """Every logit row of `forwards` on the kernel against the runner without it; exact steps."""
+    for a, b in zip(forwards(on), forwards(off)):
+        # the kernel's sums against torch's matmuls, in other orders (and bf16 products on a GPU)
+        assert np.abs(a - b).max() < TOL * np.abs(b).max()
+        if INTERPRET:
+            assert (a.argmax(-1) == b.argmax(-1)).all()
+    assert check_exact(on, 1, IDS[:30], k=6).exact
+
+
 def test_block_experts_on_the_kernel_match_the_dequantized_runner(files):
     _, q8 = files
     on, off = runner(q8, "triton"), runner(q8, "off")
@@ -70,12 +80,7 @@ def test_block_experts_on_the_kernel_match_the_dequantized_runner(files):
         assert all(k is not None and k.mats.fmt == "q8_0" for k in kernels)      # the file's blocks
         assert all(k.mats.gate_up.dtype.is_floating_point is False for k in kernels)
         assert all(b.ffn.kernel is None for b in off.model.blocks)
-        for a, b in zip(forwards(on), forwards(off)):
-            # the kernel's sums against torch's matmuls, in other orders (and bf16 products on a GPU)
-            assert np.abs(a - b).max() < TOL * np.abs(b).max()
-            if INTERPRET:
-                assert (a.argmax(-1) == b.argmax(-1)).all()
-        assert check_exact(on, 1, IDS[:30], k=6).exact
+        assert_kernel_matches(on, off)
     finally:
         on.close()
         off.close()
@@ -119,11 +124,7 @@ def test_gpt_oss_mxfp4_experts_on_the_kernel_match_the_dequantized_runner(tmp_pa
     try:
         assert all(b.ffn.kernel is not None and b.ffn.kernel.mats.fmt == "mxfp4" for b in on.model.blocks)
         assert all(b.ffn.kernel.mats.biases is not None for b in on.model.blocks)
-        for a, b in zip(forwards(on), forwards(off)):
-            assert np.abs(a - b).max() < TOL * np.abs(b).max()
-            if INTERPRET:
-                assert (a.argmax(-1) == b.argmax(-1)).all()
-        assert check_exact(on, 1, IDS[:30], k=6).exact
+        assert_kernel_matches(on, off)
     finally:
         on.close()
         off.close()
