@@ -38,7 +38,7 @@ SLOTS = 5                                  # of N_LAYER x N_EXPERT = 16 experts
 IDS = [(i * 37) % 4000 + 5 for i in range(260)]
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3moe", "mixtral", "gpt-oss"])
 def moe(request, tmp_path_factory):
     path = write_tiny(tmp_path_factory.mktemp("moe") / f"{request.param}.gguf", request.param,
                       n_layer=N_LAYER, n_expert=N_EXPERT, n_expert_used=N_USED)

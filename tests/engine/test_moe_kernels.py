@@ -86,11 +86,14 @@ def test_block_experts_on_the_kernel_match_the_dequantized_runner(files):
         off.close()
 
 
-def test_offload_on_the_kernel_equals_resident_on_the_kernel(files):
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_offload_on_the_kernel_equals_resident_on_the_kernel(files, tmp_path, arch):
     """Dense float32 experts (the F32 file): a 10-slot pool for 16 experts through the grouped
     kernel equals every expert resident on it bit for bit when the misses are copied in
-    (`device`); misses computed on the host (`cpu`) take torch's matmul for their pairs."""
-    src, _ = files
+    (`device`); misses computed on the host (`cpu`) take torch's matmul for their pairs.
+    gpt-oss: each slot's biases copied with its matrices."""
+    src = files[0] if arch == "qwen3moe" else write_tiny(tmp_path / "gpt-oss.gguf", arch, n_layer=2, n_expert=8,
+                                                         n_expert_used=2)
     resident = runner(src, "triton")
     try:
         assert all(b.ffn.kernel is not None and b.ffn.kernel.mats.fmt is None for b in resident.model.blocks)

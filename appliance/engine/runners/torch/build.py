@@ -9,7 +9,6 @@ from typing import Sequence
 
 import torch
 
-from ....errors import ModelLoadError
 from . import experts, grouped, qlinear
 from .model import MLP, Attention, Block, Linear, ModelArgs, MoE, Rope, Transformer
 from .weights import GGUFWeights
@@ -95,7 +94,8 @@ def _expert_cache(moes: Sequence[MoE], host: list, offload: experts.OffloadSpec 
     if offload is None or not moes:
         return None
     cache = experts.ExpertCache(host, offload.slots, torch.device(device), offload.compute, offload.policy,
-                                offload.costs, offload.n_seq, grouped=grouped)
+                                offload.costs, offload.n_seq, grouped=grouped,
+                                biases=[m.biases for m in moes] if moes[0].biases is not None else None)
     for moe in moes:
         moe.offload = cache
     return cache
@@ -114,8 +114,6 @@ def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer
     names = [f"{p}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
     biases = tuple(w.load(f"{p}.ffn_{n}_exps.bias", s, torch.float32, device)   # gpt-oss's, with its SwiGLU
                    for n, s in (("gate", (x, f)), ("up", (x, f)), ("down", (x, d)))) if a.spec.oai else None
-    if biases is not None and host is not None:
-        raise ModelLoadError(f"{w.path}: expert offload does not serve gpt-oss's experts yet (--expert-cache off)")
     if host is None and kernels:
         mats = grouped.block_mats(*(w.blocks(n) for n in names), d, f, device, biases)
         if mats is not None:
@@ -128,4 +126,6 @@ def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer
     if host is None:
         return MoE(a, router, *exps, layer=layer, biases=biases)
     host.append(tuple(t.pin_memory() for t in exps) if torch.device(device).type == "cuda" else exps)
-    return MoE(a, router, None, None, None, layer=layer)
+    if biases is not None:   # the cache copies a slot's biases with its matrices: host copies of them
+        biases = tuple(b.to("cpu").pin_memory() if torch.device(device).type == "cuda" else b.to("cpu") for b in biases)
+    return MoE(a, router, None, None, None, layer=layer, biases=biases)

@@ -49,10 +49,10 @@ import torch.nn.functional as F
 
 from ...stats import ExpertStats
 from . import grouped as grouped_mod
+from .expert_policy import DECAY, POLICIES  # noqa: F401  (DECAY re-exported)
 from .rows import pad_rows
 
 COMPUTE_MODES = ("auto", "cpu", "device")
-DECAY = 0.9          # per call of a layer: a score halves in about 7 forwards
 HYSTERESIS = 1.25    # a promotion needs this much more value than the resident it replaces
 PROMOTE = 2          # promotions per layer call, bounding copy traffic in decode
 
@@ -63,6 +63,16 @@ def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Te
     m = h.shape[0]
     h = pad_rows(h)
     return F.linear(F.silu(F.linear(h, gate)) * F.linear(h, up), down)[:m]
+
+
+def swiglu_oai(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+               biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """gpt-oss's expert (`swiglu` with llama.cpp's ggml_swiglu_oai, `grouped.oai_glu`): biased
+    gate, up and down; the matmuls in the weights' dtype, the rest in float32, rows padded."""
+    m = h.shape[0]
+    h = pad_rows(h)
+    a = grouped_mod.oai_glu(F.linear(h, gate)[:m].float() + biases[0], F.linear(h, up)[:m].float() + biases[1])
+    return F.linear(pad_rows(a.to(down.dtype)), down)[:m].float() + biases[2]
 
 
 def group_by_expert(chosen: torch.Tensor, n_expert: int,
@@ -93,45 +103,6 @@ def moe_ffn(x: torch.Tensor, weights: torch.Tensor, groups: tuple[torch.Tensor, 
         y = expert(e, x[rows[r]])
         out.index_add_(0, rows[r], y.float() * weights[rows[r], which[r], None])
     return out
-
-
-# -- value --------------------------------------------------------------------------------------
-
-class FrequencyPolicy:
-    """An expert's value: the rows routed to it, decayed per call of its layer."""
-
-    name = "frequency"
-
-    def __init__(self, n_layer: int, n_expert: int, decay: float = DECAY) -> None:
-        self.decay = decay
-        self.score = np.zeros((n_layer, n_expert))
-
-    def observe(self, layer: int, counts: np.ndarray) -> None:
-        self.score[layer] *= self.decay
-        self.score[layer] += counts
-
-    def value(self, layer: int, expert: int) -> float:
-        return float(self.score[layer, expert])
-
-
-class RecencyPolicy:
-    """Least recently used, for comparison: an expert's value is when it was last routed to."""
-
-    name = "recency"
-
-    def __init__(self, n_layer: int, n_expert: int) -> None:
-        self.clock = 0
-        self.score = np.zeros((n_layer, n_expert))
-
-    def observe(self, layer: int, counts: np.ndarray) -> None:
-        self.clock += 1
-        self.score[layer][counts > 0] = self.clock
-
-    def value(self, layer: int, expert: int) -> float:
-        return float(self.score[layer, expert])
-
-
-POLICIES = {"frequency": FrequencyPolicy, "recency": RecencyPolicy}
 
 
 # -- cost ---------------------------------------------------------------------------------------
@@ -192,7 +163,7 @@ class ExpertCache:
     def __init__(self, host: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], slots: int,
                  device: torch.device, compute: str = "auto", policy: str = "frequency",
                  costs: ExpertCosts | None = None, n_seq: int = 1, promote: int = PROMOTE,
-                 hysteresis: float = HYSTERESIS, grouped: bool = False) -> None:
+                 hysteresis: float = HYSTERESIS, grouped: bool = False, biases: Sequence[tuple] | None = None) -> None:
         if compute not in COMPUTE_MODES:
             raise ValueError(f"expert compute must be one of {', '.join(COMPUTE_MODES)}, not {compute!r}")
         self.host = list(host)                        # per layer (gate, up, down), host memory
@@ -203,6 +174,10 @@ class ExpertCache:
         self.pool = (torch.empty((self.slots, 2 * self.ff, gate.shape[2]), dtype=gate.dtype, device=device),
                      torch.empty((self.slots, *down.shape[1:]), dtype=down.dtype, device=device))
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in (gate, up, down))
+        # gpt-oss: per layer its experts' gate, up, down biases (host), and each slot's on the device
+        self.biases = list(biases) if biases is not None else None
+        self.pool_biases = (tuple(torch.empty((self.slots, b.shape[1]), device=device) for b in self.biases[0])
+                            if self.biases is not None else None)
         self.policy = POLICIES[policy](self.n_layer, self.n_expert)
         self.slot_of = np.full((self.n_layer, self.n_expert), -1)
         self.owner: list[tuple[int, int] | None] = [None] * self.slots     # slot -> (layer, expert)
@@ -244,7 +219,8 @@ class ExpertCache:
             if slot < 0:
                 return self._host_compute(layer, e, h)
             self._await(slot)
-            return swiglu(h, self.pool[0][slot, :self.ff], self.pool[0][slot, self.ff:], self.pool[1][slot])
+            return self._swiglu(h, self.pool[0][slot, :self.ff], self.pool[0][slot, self.ff:], self.pool[1][slot],
+                                self.pool_biases, slot)
         out = moe_ffn(x, weights, groups, expert)
         self._promote(layer, used)
         return out
@@ -267,7 +243,7 @@ class ExpertCache:
         on = slots >= 0
         at = np.concatenate([np.arange(start[e], start[e + 1]) for e in np.flatnonzero(on)] or [np.zeros(0, int)])
         if len(at):
-            mats = grouped_mod.ExpertMats(self.pool[0], self.pool[1], None, x.shape[1], self.ff)
+            mats = grouped_mod.ExpertMats(self.pool[0], self.pool[1], None, x.shape[1], self.ff, self.pool_biases)
             y[torch.from_numpy(at).to(x.device)] = grouped_mod.pair_outputs(
                 x, mats, rows[at], np.where(on, counts, 0), np.maximum(slots, 0))
         for e in np.flatnonzero(~on & (counts > 0)).tolist():
@@ -284,9 +260,15 @@ class ExpertCache:
     def _host_compute(self, layer: int, e: int, h: torch.Tensor) -> torch.Tensor:
         gate, up, down = self.host[layer]
         self.counters.host_rows += h.shape[0]
+        biases = self.biases[layer] if self.biases is not None else None
         if self.same_memory:
-            return swiglu(h, gate[e], up[e], down[e])
-        return swiglu(h.to("cpu"), gate[e], up[e], down[e]).to(self.device, non_blocking=True)
+            return self._swiglu(h, gate[e], up[e], down[e], biases, e)
+        return self._swiglu(h.to("cpu"), gate[e], up[e], down[e], biases, e).to(self.device, non_blocking=True)
+
+    @staticmethod
+    def _swiglu(h, gate, up, down, biases, at: int) -> torch.Tensor:
+        """`swiglu`, or gpt-oss's with the biases at row `at` of `biases` (an expert's or a slot's)."""
+        return swiglu(h, gate, up, down) if biases is None else swiglu_oai(h, gate, up, down, tuple(b[at] for b in biases))
 
     def _account(self, layer: int, ch: np.ndarray) -> None:
         hit = self.slot_of[layer][ch] >= 0                                 # [N, k]
@@ -334,8 +316,10 @@ class ExpertCache:
 
     def _copy(self, layer: int, e: int, slot: int) -> None:
         gate, up, down = self.host[layer]
-        for dst, src in ((self.pool[0][slot, :self.ff], gate), (self.pool[0][slot, self.ff:], up),
-                         (self.pool[1][slot], down)):
+        pairs = [(self.pool[0][slot, :self.ff], gate), (self.pool[0][slot, self.ff:], up), (self.pool[1][slot], down)]
+        if self.biases is not None:
+            pairs += [(pool[slot], host) for pool, host in zip(self.pool_biases, self.biases[layer])]
+        for dst, src in pairs:
             dst.copy_(src[e], non_blocking=not self.same_memory)
 
     def _await(self, slot: int) -> None:

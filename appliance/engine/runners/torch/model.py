@@ -252,17 +252,6 @@ class MLP:
         return self.down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
-def swiglu_oai(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-               biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """gpt-oss's expert, llama.cpp's ggml_swiglu_oai (alpha 1.702, limit 7): g = min(h gate^T +
-    b_g, 7), u = clamp(h up^T + b_u, -7, 7), out = (g sigmoid(1.702 g) (u + 1)) down^T + b_d; the
-    matmuls in the weights' dtype, the rest in float32, rows padded as `swiglu`'s."""
-    m = h.shape[0]
-    h = pad_rows(h)
-    a = grouped.oai_glu(F.linear(h, gate)[:m].float() + biases[0], F.linear(h, up)[:m].float() + biases[1])
-    return F.linear(pad_rows(a.to(down.dtype)), down)[:m].float() + biases[2]
-
-
 class MoE:
     """Top-k routing over X experts (softmax router, as llama.cpp's build_moe_ffn); the experts
     all resident (on the grouped kernel with the kernels on), or in an `experts.ExpertCache`."""
@@ -286,7 +275,7 @@ class MoE:
             return self.kernel(x, chosen, weights)
         groups = experts.group_by_expert(chosen, self.args.n_expert)
         if self.biases is not None:
-            return experts.moe_ffn(x, weights, groups, lambda e, h: swiglu_oai(
+            return experts.moe_ffn(x, weights, groups, lambda e, h: experts.swiglu_oai(
                 h.to(self.gate.dtype), self.gate[e], self.up[e], self.down[e], tuple(b[e] for b in self.biases)))
         return experts.moe_ffn(x, weights, groups, lambda e, h: experts.swiglu(
             h.to(self.gate.dtype), self.gate[e], self.up[e], self.down[e]))
