@@ -16,9 +16,8 @@ from gguf import quants  # noqa: E402
 from kernels import INTERPRET  # noqa: E402
 from kernels.formats import FORMATS, dequantize_torch, quantize_nvfp4_torch  # noqa: E402
 from kernels.moe_gemm import moe_gemm, moe_gemm_torch, route  # noqa: E402
+from kernels.bench_cases import random_blocks  # noqa: E402
 from kernels.wgemm import GemmConfig  # noqa: E402
-
-from ..engine.gguf_fixtures import random_blocks  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
@@ -35,7 +34,7 @@ def stacked(name: str | None, x: int, n: int, k: int, seed: int = 0) -> torch.Te
         return torch.stack([quantize_nvfp4_torch(torch.from_numpy(m)) for m in w])
     qt = gguf.GGMLQuantizationType[name.upper()]
     if FORMATS[name].block == 256:   # the K-quants, which gguf cannot quantize: random codes and scales
-        return torch.stack([torch.from_numpy(random_blocks(qt, n, k, seed + e)) for e in range(x)])
+        return torch.stack([random_blocks(name, n, k, torch.Generator().manual_seed(seed + e), "cpu") for e in range(x)])
     return torch.stack([torch.from_numpy(quants.quantize(m, qt)) for m in w])
 
 

@@ -14,9 +14,8 @@ from gguf import quants  # noqa: E402
 
 from kernels import INTERPRET  # noqa: E402
 from kernels.formats import FORMATS, quantize_nvfp4_torch  # noqa: E402
+from kernels.bench_cases import random_blocks  # noqa: E402
 from kernels.wgemm import GemmConfig, wgemm, wgemm_torch  # noqa: E402
-
-from ..engine.gguf_fixtures import random_blocks  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 needs_device = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
@@ -33,7 +32,7 @@ def blocks(name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torc
     if name == "nvfp4":
         return w, quantize_nvfp4_torch(w)
     if name in K_QUANTS:
-        return w, torch.from_numpy(random_blocks(gguf.GGMLQuantizationType[name.upper()], n, k, seed))
+        return w, random_blocks(name, n, k, torch.Generator().manual_seed(seed), "cpu")
     return w, torch.from_numpy(quants.quantize(w.numpy(), gguf.GGMLQuantizationType[name.upper()]))
 
 

@@ -112,20 +112,20 @@ def _moe(w: GGUFWeights, a: ModelArgs, p: str, dtype: torch.dtype, device, layer
     router = Linear(w.load(f"{p}.ffn_gate_inp.weight", (x, d), torch.float32, device),
                     w.load(bias, (x,), torch.float32, device) if w.has(bias) else None)
     names = [f"{p}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
-    biases = tuple(w.load(f"{p}.ffn_{n}_exps.bias", s, torch.float32, device)   # gpt-oss's, with its SwiGLU
+    on = "cpu" if host is not None else device   # an expert cache copies a slot's biases with its matrices
+    biases = tuple(w.load(f"{p}.ffn_{n}_exps.bias", s, torch.float32, on)   # gpt-oss's, with its SwiGLU
                    for n, s in (("gate", (x, f)), ("up", (x, f)), ("down", (x, d)))) if a.spec.oai else None
+    pinned = host is not None and torch.device(device).type == "cuda"   # for asynchronous copies
     if host is None and kernels:
         mats = grouped.block_mats(*(w.blocks(n) for n in names), d, f, device, biases)
         if mats is not None:
             return MoE(a, router, None, None, None, layer=layer, kernel=grouped.GroupedExperts(mats, x))
-    on = "cpu" if host is not None else device
     exps = tuple(w.load(n, s, dtype, on) for n, s in zip(names, ((x, f, d), (x, f, d), (x, d, f))))
     if host is None and kernels:
         return MoE(a, router, None, None, None, layer=layer,
                    kernel=grouped.GroupedExperts(grouped.ExpertMats.dense(*exps, biases=biases), x))
     if host is None:
         return MoE(a, router, *exps, layer=layer, biases=biases)
-    host.append(tuple(t.pin_memory() for t in exps) if torch.device(device).type == "cuda" else exps)
-    if biases is not None:   # the cache copies a slot's biases with its matrices: host copies of them
-        biases = tuple(b.to("cpu").pin_memory() if torch.device(device).type == "cuda" else b.to("cpu") for b in biases)
+    host.append(tuple(t.pin_memory() for t in exps) if pinned else exps)
+    biases = tuple(b.pin_memory() for b in biases) if pinned and biases is not None else biases
     return MoE(a, router, None, None, None, layer=layer, biases=biases)

@@ -327,18 +327,23 @@ def kept(blocks: Sequence[QuantBlocks], shapes: Sequence[tuple[int, int]], dtype
             if len(runs) == 1:
                 return Int4Linear(runs[0], dtype, bias, layout=_layout(int4))
             return StackedLinear([Int4Linear(r, dtype, layout=_layout(int4)) for r in runs], shapes[0][1], bias)
-    fmts = [block_format(b) for b in blocks]
-    if gemm is None or None in fmts:
+    if gemm is None or any(block_format(b) is None for b in blocks):
         return None
-    if len(set(fmts)) == 1:
+    runs = _group(blocks, block_format)
+    if len(runs) == 1:
         return BlockLinear(blocks, device, bias, gemm)
-    runs = [[blocks[0]]]
-    for prev, b in zip(blocks, blocks[1:]):
-        if block_format(b) == block_format(prev):
+    return StackedLinear([BlockLinear(r, device, None, gemm) for r in runs], shapes[0][1], bias)
+
+
+def _group(blocks: Sequence[QuantBlocks], key: Callable) -> list[list[QuantBlocks]]:
+    """Consecutive matrices with the same `key` together."""
+    runs: list[list[QuantBlocks]] = []
+    for b in blocks:
+        if runs and key(runs[-1][0]) == key(b):
             runs[-1].append(b)
         else:
             runs.append([b])
-    return StackedLinear([BlockLinear(r, device, None, gemm) for r in runs], shapes[0][1], bias)
+    return runs
 
 
 def _runs(blocks: Sequence[QuantBlocks], layout: str) -> list[list[QuantBlocks]] | None:
@@ -347,12 +352,7 @@ def _runs(blocks: Sequence[QuantBlocks], layout: str) -> list[list[QuantBlocks]]
     ok = SUPPORTED + (Q8_0,) + (tuple(WIDE) if layout == "tiles" else ())
     if any(b.qtype not in ok for b in blocks):
         return None
-    runs: list[list[QuantBlocks]] = []
-    for b in blocks:
-        if runs and form(runs[-1][0].qtype) == form(b.qtype):
-            runs[-1].append(b)
-        else:
-            runs.append([b])
+    runs = _group(blocks, lambda b: form(b.qtype))
     return runs if all(sum(b.shape[0] for b in r) % 16 == 0 for r in runs) else None
 
 
