@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from .tune_score import NEAR_TIE
+from .tune_score import NEAR_TIE, medians_of
 
 ENGINES = ("llamacpp", "torch")
 
@@ -51,12 +51,35 @@ def choose_engine(scores: Mapping[str, Mapping[int, float]]) -> tuple[str, str]:
                         f"{1 - NEAR_TIE:.2f}x to be chosen)")
 
 
+def as_served(runs: Sequence[tuple[Any, Mapping]], candidate: int, depth: int) -> dict | None:
+    """One engine's medians at a depth from tune's runs with speculation as serve runs it
+    (tune._measure_speculation: (Measurement, raw_run.speculative_run's account) each), with
+    what the speculation did: its mode, drafted tokens accepted, tokens committed per forward;
+    None if not measured."""
+    mine = [(m, a) for m, a in runs if m.candidate == candidate and m.depth == depth]
+    medians = medians_of([m for m, _ in mine], candidate, depth)
+    if medians is None:
+        return None
+    proposed, accepted = sum(a.get("proposed", 0) for _, a in mine), sum(a.get("accepted", 0) for _, a in mine)
+    steps, tokens = sum(a.get("steps", 0) for _, a in mine), sum(a.get("tokens", 0) for _, a in mine)
+    modes = sorted({a.get("mode", "off") for _, a in mine})
+    return {**medians, "speculation": {"mode": "/".join(modes), "reason": mine[0][1].get("reason", ""),
+                                       "proposed": proposed, "accepted": accepted,
+                                       "tokens_per_step": round(tokens / steps, 3) if steps else 1.0}}
+
+
 def render(model: str, rows: list[tuple[int, str, dict]], chosen: str, why: str) -> str:
-    """The engine table tune prints: depth, engine, its medians and score."""
+    """The engine table tune prints: depth, engine, its medians and score, with the speculation
+    each ran (as `serve --speculate auto` would: lookup where its verify is exact, else off)."""
     lines = [f"## Engine for {model}: {chosen}", "", why, "",
-             "| depth | engine | prefill tok/s | decode tok/s | score s |", "|---|---|---|---|---|"]
+             "each engine decoding with the speculation serve runs on it (--speculate auto)", "",
+             "| depth | engine | speculation | accepted | tokens/step | prefill tok/s | decode tok/s | score s |",
+             "|---|---|---|---|---|---|---|---|"]
     for d, engine, m in rows:
-        lines.append(f"| {d:,} | {engine} | {m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} |")
+        sp = m.get("speculation") or {}
+        acc = f"{sp['accepted']}/{sp['proposed']}" if sp.get("proposed") else "-"
+        lines.append(f"| {d:,} | {engine} | {sp.get('mode', 'off')} | {acc} | {sp.get('tokens_per_step', 1.0):.2f} | "
+                     f"{m['prefill_tps']:,.1f} | {m['decode_tps']:,.1f} | {m['score_s']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance tune: {e}", file=sys.stderr)
         return 2
     try:
-        cands, reuse, measured = _tune(args, ref.path, depths)
+        cands, reuse, measured, spec = _tune(args, ref.path, depths)
     except ApplianceError as e:
         print(f"appliance tune: {e.message}", file=sys.stderr)
         return 1
@@ -104,13 +104,14 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("appliance tune: interrupted; no plan written", file=sys.stderr)
         return 130
-    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, measured, plan_mod)
+    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, (measured, spec), plan_mod)
     return 0
 
 
-def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tuple[list, list[int], list]:
-    """(llama.cpp's candidates, each one's exact-reuse chunk, every measurement), the torch
-    runner's measured as candidate len(cands) with --engines llamacpp,torch."""
+def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tuple[list, list[int], list, list]:
+    """(llama.cpp's candidates, each one's exact-reuse chunk, every measurement, the engines'
+    measurements with speculation), the torch runner's measured as candidate len(cands) with
+    --engines llamacpp,torch (else the last list is empty)."""
     import psutil
 
     from .bench import prompt_sets
@@ -125,7 +126,9 @@ def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tupl
     reuse = [exact_reuse(model_path, c, args.n_ctx, args.rope_flags) for c in cands]
     workers: list[RawReference] = []
     try:
-        return cands, reuse, _measure(args, model_path, cands, depths, reuse, ids, workers)
+        measured = _measure(args, model_path, cands, depths, reuse, ids, workers)
+        spec = _measure_speculation(args, cands, depths, reuse, measured, ids, workers) if len(workers) > len(cands) else []
+        return cands, reuse, measured, spec
     finally:
         for w in workers:
             w.close()
@@ -186,10 +189,30 @@ def _measure(args: argparse.Namespace, model_path: Path, cands: Sequence[LlamaCp
     return measured
 
 
+def _measure_speculation(args: argparse.Namespace, cands: Sequence[LlamaCppSettings], depths: list[int],
+                         reuse: list[int], measured: list[Measurement], ids: list[int],
+                         workers: list[Any]) -> list[tuple[Measurement, dict]]:
+    """The engines as each would serve: llama.cpp's winner at each depth and the torch runner,
+    decoding with the speculation `serve --speculate auto` runs on each (prompt lookup where the
+    start-up check proves a verify exact on it, else none; raw_run.speculative_run), alternated
+    inside every repeat. Each measurement with its speculation account."""
+    from tqdm import tqdm
+
+    winners = {d: choose(cands, measured, d)[0] for d in depths}
+    out: list[tuple[Measurement, dict]] = []
+    steps = [(r, d, i) for r in range(args.runs) for d in depths for i in (winners[d], len(cands))]
+    for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
+        res = workers[i].run([ids[:d]], args.tokens, speculate=True)
+        out.append((Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps,
+                                grid_reuse=i < len(cands) and reuse[i] == 0), res.speculation or {}))
+    return out
+
+
 def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key: str,
                 cands: Sequence[LlamaCppSettings], depths: list[int], reuse: list[int],
-                measured: list[Measurement], plan_mod: Any) -> None:
+                runs: tuple[list[Measurement], list[tuple[Measurement, dict]]], plan_mod: Any) -> None:
     """The winner at each depth into this model's entries of the plan file; its misses cleared."""
+    measured, spec = runs
     entries, table = [], []
     for d, depth_max in zip(depths, depth_ranges(depths)):
         winner, medians = choose(cands, measured, d)
@@ -199,7 +222,7 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
             "depth": d, "n_ctx": args.n_ctx, "n_slots": args.n_slots, "rope": args.rope.as_dict(),
             **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
-    engine, engine_table = _engine_entry(cands, measured, depths, table, model_name)
+    engine, engine_table = _engine_entry(cands, spec, depths, table, model_name)
     fingerprint = plan_mod.current_fingerprint(_build_info())
     plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod, engine)
     plan_mod.save(plan, out)
@@ -210,17 +233,17 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
     print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
 
 
-def _engine_entry(cands: Sequence[LlamaCppSettings], measured: list[Measurement], depths: list[int],
+def _engine_entry(cands: Sequence[LlamaCppSettings], spec: list[tuple[Measurement, dict]], depths: list[int],
                   table: list, model_name: str) -> tuple[dict | None, str]:
-    """The plan's engines entry for this model and the table tune prints; (None, "") when the
-    torch runner was not measured."""
-    from .engine_choice import choose_engine, render
-    from .tune_score import medians_of
+    """The plan's engines entry for this model and the table tune prints, from the engines
+    measured as each serves (`_measure_speculation`); (None, "") when the torch runner was not."""
+    from .engine_choice import as_served, choose_engine, render
 
-    torch_at = {d: m for d in depths if (m := medians_of(measured, len(cands), d))}
+    won = {d: i for d, i, _, _, w in table if w}
+    torch_at = {d: m for d in depths if (m := as_served(spec, len(cands), d))}
+    llama_at = {d: m for d in depths if d in won and (m := as_served(spec, won[d], d))}
     if not torch_at:
         return None, ""
-    llama_at = {d: m for d, _, _, m, won in table if won}
     chosen, why = choose_engine({"llamacpp": {d: m["score_s"] for d, m in llama_at.items()},
                                  "torch": {d: m["score_s"] for d, m in torch_at.items()}})
     rows = [(d, e, at[d]) for d in depths for e, at in (("llamacpp", llama_at), ("torch", torch_at)) if d in at]
@@ -252,12 +275,11 @@ def _build_info() -> str:
 
 def _prompt_ids(model_path: Path, n: int, prompt_sets: Any) -> list[int]:
     """n token ids of filler prose, tokenized by the model's own vocabulary (loaded alone)."""
-    import ctypes
-
     import llama_cpp as L
 
-    quiet = L.llama_log_callback(lambda *a: None)
-    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    from .bench.raw import quiet_llama_log
+
+    quiet_llama_log()
     params = L.llama_model_default_params()
     params.vocab_only = True
     model = L.llama_model_load_from_file(str(model_path).encode(), params)

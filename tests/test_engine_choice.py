@@ -101,6 +101,11 @@ def test_tune_measures_both_engines_and_serve_follows_the_plan(tiny, tmp_path):
     for d in ("32", "96"):
         both = entry["measured"][d]
         assert both["llamacpp"]["score_s"] > 0 and both["torch"]["score_s"] > 0 and both["torch"]["runs"] == 1
+        # each measured with the speculation serve would run on it: the torch runner's verify is exact
+        spec = both["torch"]["speculation"]
+        assert spec["mode"] == "lookup" and spec["reason"] == "the runner verifies k tokens exactly as k steps"
+        assert both["llamacpp"]["speculation"]["mode"] in ("lookup", "off")
+    assert "| depth | engine | speculation |" in done.stdout
     with running_server(tmp_path, "--model", str(tiny), "--engine", "auto", "--n-ctx", "128", "--n-slots", "1",
                         "--plan", str(out)) as server:
         settings = requests.get(server.url + "/health", timeout=10).json()["settings"]

@@ -18,13 +18,14 @@ import ctypes
 import multiprocessing as mp
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 from ..compute_settings import LlamaCppSettings, thread_env
 from ..engine.grid import Grid
 from ..rope import RopeScaling
 from .client import BenchError
-from .raw_run import timed_run
+from .raw_run import speculative_run, timed_run
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class RawResult:
     decode_tps: float               # per stream, over the steps where all decode together
     aggregate_tps: float            # all streams together
     tokens: list[list[int]]         # per sequence, the n_gen greedy tokens
+    speculation: dict | None = None # with speculate=True: raw_run.speculative_run's account
 
 
 class RawError(BenchError):
@@ -85,11 +87,26 @@ def _worker(conn, model_path: str, st: RawSettings) -> None:  # pragma: no cover
         msg = conn.recv()
         if msg is None:
             break
-        seqs, n_gen = msg
+        seqs, n_gen, speculate = msg
         try:
-            conn.send(("ok", llama.run(seqs, n_gen)))
+            conn.send(("ok", speculative_run(llama, seqs, n_gen) if speculate else llama.run(seqs, n_gen)))
         except Exception as e:  # noqa: BLE001 - reported to the parent
             conn.send(("error", str(e)))
+
+
+_QUIET: Any = None
+
+
+def quiet_llama_log() -> None:
+    """Silence llama.cpp's log in this process, with one callback kept for the process's life
+    (llama.cpp calls the last one set, even from a later model's free: one held by an object
+    that was collected crashed it)."""
+    global _QUIET
+    import llama_cpp as L
+
+    if _QUIET is None:
+        _QUIET = L.llama_log_callback(lambda *a: None)
+    L.llama_log_set(_QUIET, ctypes.c_void_p(0))
 
 
 class _Llama:  # pragma: no cover - runs in the child
@@ -100,8 +117,7 @@ class _Llama:  # pragma: no cover - runs in the child
         import numpy as np
 
         self.L, self.np, self.st = L, np, st
-        self._quiet = L.llama_log_callback(lambda *a: None)  # keep a reference: llama.cpp calls it later
-        L.llama_log_set(self._quiet, ctypes.c_void_p(0))
+        quiet_llama_log()
         L.llama_backend_init()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = 0
@@ -114,6 +130,7 @@ class _Llama:  # pragma: no cover - runs in the child
             raise RawError(f"llama.cpp could not create a context of {st.n_slots} x {st.n_ctx}")
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(max(st.llamacpp.n_batch, st.n_slots), 0, st.n_slots)
+        self.info, self.spec_policy = SimpleNamespace(n_ctx=st.n_ctx), None   # for speculative_run
 
     def _context_params(self) -> Any:
         L, st, ls = self.L, self.st, self.st.llamacpp
@@ -161,6 +178,44 @@ class _Llama:  # pragma: no cover - runs in the child
     def run(self, seqs: list[list[int]], n_gen: int) -> tuple[list[float], float, float, list[list[int]]]:
         return timed_run(self, seqs, n_gen)
 
+    # what speculative_run and the start-up probes ask of a runner (engine/runners/base.py's shapes)
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode()
+        buf = (self.L.llama_token * (len(data) + 16))()
+        n = self.L.llama_tokenize(self.L.llama_model_get_vocab(self.model), data, len(data), buf, len(buf), False, False)
+        return list(buf[:n])
+
+    def forward(self, spans: Sequence[Any]) -> list[Any]:
+        """Each span's last n_logits rows of logits: one span of any length (in n_batch pieces),
+        or several that fit one batch, decoded together."""
+        if len(spans) == 1 and len(spans[0].tokens) > self.st.llamacpp.n_batch:
+            sp = spans[0]
+            for start in range(0, len(sp.tokens) - self.st.llamacpp.n_batch, self.st.llamacpp.n_batch):
+                self.decode([(t, sp.start_pos + start + j, sp.slot, False)
+                             for j, t in enumerate(sp.tokens[start:start + self.st.llamacpp.n_batch])])
+            cut = len(sp.tokens) - (len(sp.tokens) - 1) % self.st.llamacpp.n_batch - 1
+            spans = [type(sp)(sp.slot, sp.tokens[cut:], sp.start_pos + cut, sp.n_logits)]
+        entries, rows = [], []
+        for sp in spans:
+            n = len(sp.tokens)
+            rows.append(range(len(entries) + n - sp.n_logits, len(entries) + n))
+            entries += [(t, sp.start_pos + j, sp.slot, j >= n - sp.n_logits) for j, t in enumerate(sp.tokens)]
+        self.decode(entries)
+        return [self.np.stack([self.logits(i) for i in r]) for r in rows]
+
+    def logits(self, row: int) -> Any:
+        return self.np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()
+
+    def verify(self, entries: list[tuple[int, tuple[int, ...], int]]) -> list[list[int]]:
+        """(sequence, tokens, first position) each: the greedy next token after every row."""
+        from ..engine.runners.base import Span
+
+        got = self.forward([Span(seq, toks, pos, len(toks)) for seq, toks, pos in entries])
+        return [[int(i) for i in g.argmax(-1)] for g in got]
+
+    def truncate(self, seq: int, pos: int) -> None:
+        self.L.llama_memory_seq_rm(self.mem, seq, pos, -1)
+
 
 class RawReference:
     """The raw worker process; `run` blocks until it answers."""
@@ -188,12 +243,15 @@ class RawReference:
             raise RawError(value)
         return value
 
-    def run(self, seqs: Sequence[Sequence[int]], n_gen: int) -> RawResult:
+    def run(self, seqs: Sequence[Sequence[int]], n_gen: int, speculate: bool = False) -> RawResult:
+        """Prefill each sequence alone, then decode them together greedily; with `speculate`, with
+        the speculation the server would run on this runner (raw_run.speculative_run)."""
         if len(seqs) > self.settings.n_slots:
             raise ValueError(f"{len(seqs)} sequences for {self.settings.n_slots} slots")
-        self._conn.send(([list(s) for s in seqs], n_gen))
-        ttft, rate, aggregate, tokens = self._recv()
-        return RawResult(ttft_ms=ttft, decode_tps=rate, aggregate_tps=aggregate, tokens=tokens)
+        self._conn.send(([list(s) for s in seqs], n_gen, speculate))
+        ttft, rate, aggregate, tokens, *spec = self._recv()
+        return RawResult(ttft_ms=ttft, decode_tps=rate, aggregate_tps=aggregate, tokens=tokens,
+                         speculation=spec[0] if spec else None)
 
     def close(self) -> None:
         try:

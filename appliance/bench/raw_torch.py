@@ -22,7 +22,7 @@ class TorchWorker:  # pragma: no cover - runs in the raw worker's process
         from ..engine.runners import make_runner
         from ..errors import ApplianceError
 
-        self.np, self.st = np, st
+        self.np, self.st, self.spec_policy = np, st, None
         try:
             cfg = EngineConfig(engine="torch", plan="off", n_slots=st.n_slots, n_ctx=st.n_ctx,
                                prefill_chunk=st.grid.chunk, **dict(st.engine_flags))
@@ -47,6 +47,27 @@ class TorchWorker:  # pragma: no cover - runs in the raw worker's process
 
         got = self.runner.forward([Span(seq, (tok,), pos, 1) for tok, pos, seq in entries])
         return [self._argmax(g) for g in got]
+
+    # what speculative_run and the start-up probes ask of a runner: the runner's own
+    def tokenize(self, text: str) -> list[int]:
+        return self.runner.tokenize(text, add_special=False)
+
+    @property
+    def info(self) -> Any:
+        return self.runner.info
+
+    def forward(self, spans: list[Any]) -> list[Any]:
+        return self.runner.forward(spans)
+
+    def truncate(self, seq: int, pos: int) -> None:
+        self.runner.truncate(seq, pos)
+
+    def verify(self, entries: list[tuple[int, tuple[int, ...], int]]) -> list[list[int]]:
+        """(sequence, tokens, first position) each: the greedy next token after every row."""
+        from ..engine.runners.base import Span
+
+        got = self.runner.forward([Span(seq, toks, pos, len(toks)) for seq, toks, pos in entries])
+        return [[int(i) for i in self.np.asarray(g).argmax(-1)] for g in got]
 
     def run(self, seqs: list[list[int]], n_gen: int) -> tuple[list[float], float, float, list[list[int]]]:
         """As `raw._Llama.run`: (ttft_ms per sequence, rate per stream, aggregate rate, tokens)."""

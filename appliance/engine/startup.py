@@ -245,6 +245,31 @@ def disk_tier(cfg: EngineConfig, runner: ModelRunner, grid: Grid) -> DiskTier | 
                     queue_bytes=WRITE_QUEUE_BYTES)
 
 
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog. " * 120   # the verify probes' prompt
+
+
+def verify_probes(runner: ModelRunner, ids: Sequence[int], memo: ProbeMemo,
+                  costs: bool = False) -> tuple[Exactness, CostModel, list[int]]:
+    """(whether a k-row verify equals k one-row steps at each of EXACTNESS_AT, what a forward of
+    m rows costs when it does or `costs`, the cost probe's prompt) on the loaded runner. The
+    raw workers of `bench`/`tune` ask the same (bench/raw_run.py), so tune's speculation is
+    serve's."""
+    exactness = None
+    for at in EXACTNESS_AT:  # a context too small for a position checks what fits
+        n = max(1, min(at, runner.info.n_ctx - 12))
+        exactness = memo("verify-exactness", {"prompt": _digest(ids[:n]), "k": 8},
+                         lambda: probe.check_exact(runner, 0, ids[:n], k=8), Exactness)
+        if not exactness.exact or n < at:
+            break
+    assert exactness is not None
+    prompt = list(ids[:48])
+    cost = CostModel()
+    if exactness.exact or costs:
+        cost = memo("verify-costs", {"prompt": _digest(prompt), "rows": probe.COST_ROWS},
+                    lambda: probe.measure_costs(runner, 0, prompt), CostModel)
+    return exactness, cost, prompt
+
+
 def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     """Prove on the loaded model whether a k-row verify equals k one-row steps, measure what a
     forward of m rows costs, load the draft model if one is named, and decide (spec.decide)."""
@@ -253,20 +278,11 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     no_mtp = mtp_refusal(runner)
     if cfg.speculate == "mtp" and no_mtp is not None:
         raise ModelLoadError(f"--speculate mtp: {no_mtp}")
-    ids = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
-    memo = ProbeMemo(cfg.probe_cache, runner)
-    exactness = None
-    for at in EXACTNESS_AT:  # a context too small for a position checks what fits
-        n = max(1, min(at, runner.info.n_ctx - 12))
-        exactness = memo("verify-exactness", {"prompt": _digest(ids[:n]), "k": 8},
-                         lambda: probe.check_exact(runner, 0, ids[:n], k=8), Exactness)
-        if not exactness.exact or n < at:
-            break
-    prompt = ids[:48]
-    cost, drafter = CostModel(), None
+    ids = runner.tokenize(PROBE_TEXT, add_special=False)
+    exactness, cost, prompt = verify_probes(runner, ids, ProbeMemo(cfg.probe_cache, runner),
+                                            costs=cfg.speculate_inexact)
+    drafter = None
     if exactness.exact or cfg.speculate_inexact:
-        cost = memo("verify-costs", {"prompt": _digest(prompt), "rows": probe.COST_ROWS},
-                    lambda: probe.measure_costs(runner, 0, prompt), CostModel)
         if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
             drafter = load_draft(cfg, runner, cost, prompt)
             no_mtp = no_mtp or "this server drafts with its --draft-model (MTP drafts without one)"
