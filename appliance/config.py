@@ -78,9 +78,9 @@ class EngineConfig:
                              "never holds other streams for more than one chunk")
     step_token_budget: int = opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
     flash_attn: bool = opt(False, "use llama.cpp's flash attention")
-    thread_wait: str = opt("spin", "how the compute threads (llama.cpp's and torch's OpenMP) wait at a barrier: "
-                           "spin (libgomp's default: fastest alone, 10-100x slower beside another busy process) | "
-                           "passive (sleep at once: a good neighbour, ~2.7x slower alone here)")
+    thread_wait: str = opt("auto", "how the compute threads (OpenMP's) wait at a barrier: spin (libgomp's default: "
+                           "fastest alone, 10-100x slower beside another busy process) | passive (sleep at once: a good "
+                           "neighbour, ~2.4x slower alone here) | auto (the tuned plan's choice for the model, else spin)")
     n_gpu_layers: str = opt("auto", "llama.cpp: layers on the GPU, N | all | auto (auto: the fit planner "
                             "puts the most that fits there, experts leaving it first; see `appliance fit`)")
     cpu_moe: bool = opt(False, "llama.cpp: keep every routed expert in host memory")
@@ -149,7 +149,7 @@ class EngineConfig:
         _require(self.reasoning in REASONING, "reasoning must be on, off or auto")
         _require(self.pooling in (None, "none", "mean", "cls", "last"), "pooling must be none, mean, cls or last")
         _require(self.engine in ("llamacpp", "torch", "auto"), "engine must be llamacpp, torch or auto")
-        _require(self.thread_wait in THREAD_WAITS, f"thread_wait must be one of {', '.join(THREAD_WAITS)}")
+        _require(self.thread_wait in ("auto", *THREAD_WAITS), f"thread_wait must be auto, {' or '.join(THREAD_WAITS)}")
         _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
                  "torch_dtype must be auto, bfloat16, float16 or float32")
         _require(self.torch_kernels in ("auto", "triton", "off"), "torch_kernels must be auto, triton or off")

@@ -131,3 +131,29 @@ def fallback(cfg: Any, choice: EngineChoice, error: str) -> tuple[Any, EngineCho
     """After the torch runner the plan chose refused the model: llama.cpp, saying why."""
     return replace(cfg, engine="llamacpp"), EngineChoice(
         "llamacpp", "fallback", f"the plan chose the torch runner, which could not load the model: {error}")
+
+
+def thread_wait(cfg: Any, model_path: Path) -> tuple[str, str]:
+    """(spin or passive, why) for `--thread-wait auto`: the tuned plan's choice for this model
+    file (`tune` measured passive against spin on llama.cpp's winner), else spin. Called before
+    llama.cpp loads (OpenMP reads the wait policy once, when it loads), so the plan's
+    fingerprint is checked without the llama.cpp build line, which needs llama.cpp loaded."""
+    if cfg.thread_wait != "auto":
+        return cfg.thread_wait, "set by --thread-wait"
+    from .engine import plan as plan_mod
+    from .models import file_fingerprint
+
+    path, _ = cfg.resolved_plan()
+    if path is None or not Path(path).exists() or Path(model_path).is_dir():
+        return "spin", "no tuned plan for the model (run `appliance tune`)"
+    try:
+        plan = plan_mod.read(path)
+    except plan_mod.PlanRefused as e:
+        return "spin", f"the tuned plan cannot be read ({e})"
+    here = plan_mod.current_fingerprint()
+    if differs := [d for d in plan_mod.differences(plan.fingerprint, here) if not d.startswith("llama_cpp_build")]:
+        return "spin", f"the tuned plan is not this machine's ({'; '.join(differs)})"
+    entry = (plan.thread_waits or {}).get(file_fingerprint(Path(model_path)))
+    if entry is None:
+        return "spin", f"the plan {path} did not measure the thread wait on this model (run `appliance tune`)"
+    return entry["thread_wait"], f"{path}: {entry.get('why', 'measured by appliance tune')}"

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from . import config, flags
 from .compute_settings import LlamaCppSettings
-from .tune_score import CHUNK_TOKENS, Measurement, candidates, choose, depth_ranges, render_choices
+from .tune_score import CHUNK_TOKENS, Measurement, candidates, choose, depth_ranges, render_choices, wait_entry
 
 ROPE_FIELDS = frozenset({"rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx",
                          "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow"})
@@ -128,6 +128,7 @@ def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tupl
     try:
         measured = _measure(args, model_path, cands, depths, reuse, ids, workers)
         spec = _measure_speculation(args, cands, depths, reuse, measured, ids, workers) if len(workers) > len(cands) else []
+        args.waits = _measure_thread_wait(args, model_path, cands, depths, measured, ids, workers)
         return cands, reuse, measured, spec
     finally:
         for w in workers:
@@ -208,6 +209,32 @@ def _measure_speculation(args: argparse.Namespace, cands: Sequence[LlamaCppSetti
     return out
 
 
+def _measure_thread_wait(args: argparse.Namespace, model_path: Path, cands: Sequence[LlamaCppSettings],
+                         depths: list[int], measured: list[Measurement], ids: list[int],
+                         workers: list[Any]) -> list[tuple[str, Measurement]]:
+    """llama.cpp's winner at each depth with its threads waiting passively (sleeping at once:
+    the good neighbour) against spinning (as every candidate was timed), alternated in every
+    repeat, for `--thread-wait auto` (engine_choice.thread_wait). Each: (wait, measurement)."""
+    from tqdm import tqdm
+
+    from .bench.raw import RawReference, RawSettings
+    from .engine.grid import Grid
+
+    winners = {d: choose(cands, measured, d)[0] for d in depths}
+    passive = {}
+    for i in sorted(set(winners.values())):
+        passive[i] = RawReference(str(model_path), RawSettings(
+            n_ctx=args.n_ctx, n_slots=args.n_slots, llamacpp=cands[i], grid=Grid(CHUNK_TOKENS), rope=args.rope,
+            thread_wait="passive"))
+        workers.append(passive[i])
+    out = []
+    steps = [(r, d, w) for r in range(args.runs) for d in depths for w in ("spin", "passive")]
+    for r, d, wait in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
+        res = (workers[winners[d]] if wait == "spin" else passive[winners[d]]).run([ids[:d]], args.tokens)
+        out.append((wait, Measurement(winners[d], d, 1000.0 * d / res.ttft_ms[0], res.decode_tps)))
+    return out
+
+
 def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key: str,
                 cands: Sequence[LlamaCppSettings], depths: list[int], reuse: list[int],
                 runs: tuple[list[Measurement], list[tuple[Measurement, dict]]], plan_mod: Any) -> None:
@@ -223,13 +250,16 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
             **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
     engine, engine_table = _engine_entry(cands, spec, depths, table, model_name)
+    wait, wait_table = wait_entry(getattr(args, "waits", []), depths, model_name)
     fingerprint = plan_mod.current_fingerprint(_build_info())
-    plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod, engine)
+    plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod, engine, wait)
     plan_mod.save(plan, out)
     plan_mod.clear_misses(out, model_key)
     print(render_choices(model_name, table))
     if engine_table:
         print(engine_table)
+    if wait_table:
+        print(wait_table)
     print(f"wrote {out} (plan {plan.hash}); `appliance serve` reads it at start")
 
 
@@ -298,12 +328,13 @@ def _prompt_ids(model_path: Path, n: int, prompt_sets: Any) -> list[int]:
 
 
 def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tuple, plan_mod: Any,
-            engine: dict | None = None) -> Any:
+            engine: dict | None = None, wait: dict | None = None) -> Any:
     """This model's entries (and engine choice, when measured) in the existing plan when it was
     made here, else a new plan. The gemm section is kept either way: it is judged by its own
     fingerprint."""
     others: dict[str, tuple] = {}
     engines: dict[str, Any] = {}
+    waits: dict[str, Any] = {}
     gemm = None
     try:
         old = plan_mod.read(out) if out.exists() else None
@@ -312,12 +343,15 @@ def _merged(out: Path, fingerprint: dict[str, str], model_key: str, entries: tup
     if old is not None:
         gemm = old.gemm
         if not plan_mod.differences(old.fingerprint, fingerprint):
-            others, engines = dict(old.llamacpp), dict(old.engines or {})   # else another machine's: dropped
+            # else another machine's: dropped
+            others, engines, waits = dict(old.llamacpp), dict(old.engines or {}), dict(old.thread_waits or {})
     others[model_key] = entries
     if engine is not None:
         engines[model_key] = engine
+    if wait is not None:
+        waits[model_key] = wait
     return plan_mod.Plan(fingerprint=fingerprint, llamacpp=others, created_at=_now(), gemm=gemm,
-                         engines=engines or None)
+                         engines=engines or None, thread_waits=waits or None)
 
 
 def _now() -> str:

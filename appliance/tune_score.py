@@ -80,3 +80,29 @@ def candidates(cores: int, logical: int, flash: Sequence[bool] = (False, True),
     threads = [cores] + ([logical] if logical > cores else [])
     return [LlamaCppSettings(n_threads=t, n_threads_batch=t, n_batch=max(ubatches), n_ubatch=u, flash_attn=fa)
             for t in threads for fa in flash for u in sorted(ubatches, reverse=True)]
+
+
+def wait_entry(runs: Sequence[tuple[str, Measurement]], depths: Sequence[int], model: str) -> tuple[dict | None, str]:
+    """The plan's thread_wait entry for the model and the table tune prints, from llama.cpp's
+    winners timed spinning and waiting passively (tune._measure_thread_wait): passive, the good
+    neighbour, unless it costs this engine more than NEAR_TIE over the depths (a barrier that
+    sleeps at once makes each step wake its threads); (None, "") when nothing was measured."""
+    at = {w: {d: m for d in depths if (m := medians_of([r for k, r in runs if k == w], _winner(runs, d), d))}
+          for w in ("spin", "passive")}
+    both = [d for d in depths if d in at["spin"] and d in at["passive"]]
+    if not both:
+        return None, ""
+    ratio = sum(at["passive"][d]["score_s"] for d in both) / sum(at["spin"][d]["score_s"] for d in both)
+    wait = "passive" if ratio <= 1 + NEAR_TIE else "spin"
+    why = (f"waiting passively scored {ratio:.2f}x spinning over depths {', '.join(f'{d:,}' for d in both)} "
+           f"({'within' if wait == 'passive' else 'more than'} the {NEAR_TIE:.0%} allowed for the good neighbour)")
+    lines = [f"## Thread wait for {model}: {wait}", "", why, "",
+             "| depth | wait | prefill tok/s | decode tok/s | score s |", "|---|---|---|---|---|"]
+    lines += [f"| {d:,} | {w} | {at[w][d]['prefill_tps']:,.1f} | {at[w][d]['decode_tps']:,.1f} | "
+              f"{at[w][d]['score_s']:.3f} |" for d in both for w in ("spin", "passive")]
+    entry = {"thread_wait": wait, "why": why, "measured": {str(d): {w: at[w][d] for w in at} for d in both}}
+    return entry, "\n".join(lines) + "\n"
+
+
+def _winner(runs: Sequence[tuple[str, Measurement]], depth: int) -> int:
+    return next((m.candidate for _, m in runs if m.depth == depth), -1)

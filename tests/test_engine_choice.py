@@ -106,9 +106,14 @@ def test_tune_measures_both_engines_and_serve_follows_the_plan(tiny, tmp_path):
         assert spec["mode"] == "lookup" and spec["reason"] == "the runner verifies k tokens exactly as k steps"
         assert both["llamacpp"]["speculation"]["mode"] in ("lookup", "off")
     assert "| depth | engine | speculation |" in done.stdout
+    # and llama.cpp's winner waiting passively against spinning, for --thread-wait auto
+    wait = json.loads(out.read_text())["thread_wait"][file_fingerprint(tiny)]
+    assert wait["thread_wait"] in ("spin", "passive") and f"## Thread wait for tiny.gguf: {wait['thread_wait']}" in done.stdout
+    assert set(wait["measured"]["96"]) == {"spin", "passive"}
     with running_server(tmp_path, "--model", str(tiny), "--engine", "auto", "--n-ctx", "128", "--n-slots", "1",
                         "--plan", str(out)) as server:
         settings = requests.get(server.url + "/health", timeout=10).json()["settings"]
     assert settings["engine_choice"]["engine"] == entry["engine"] and settings["engine_choice"]["by"] == "plan"
+    assert settings["thread_wait"] == wait["thread_wait"]
     assert ("torch" in settings) == (entry["engine"] == "torch")
     assert ("llama_cpp_python" in settings) == (entry["engine"] == "llamacpp")

@@ -15,13 +15,11 @@ A plan is used whole or not at all: its fingerprint must equal this machine's an
 field for field, or it is refused with a log line naming the fields that differ. Lookups are
 pure functions of the plan and the key. A key the plan does not hold (another model) is a
 miss: the engine keeps its fixed defaults, counts the miss and records the key in
-`<plan>.misses.json`, which `appliance tune` reads to measure what was missed.
+`<plan>.misses.json`, which `appliance tune` reads to measure what was missed. At engine start
+`apply` fills the llama.cpp settings that flags and environment left at their defaults.
 
-At engine start `apply` fills the llama.cpp settings that flags and environment left at their
-defaults from the entry for the model.
-
-The optional "engines" section holds, per model file, the engine `appliance tune --engines
-llamacpp,torch` chose for `--engine auto` and what it measured (engine_choice.py).
+Optional per model file: "engines", the engine `tune --engines llamacpp,torch` chose for
+`--engine auto`, and "thread_wait", how threads wait for `--thread-wait auto` (engine_choice.py).
 
 The optional "gemm" section holds the torch runner's tuned GEMM configs (`kernels.plan`: its
 form, buckets and exactness rule): {"fingerprint": {...the GPU, runtime, torch, Triton, kernel
@@ -126,6 +124,7 @@ class Plan:
     version: int = PLAN_VERSION
     gemm: Mapping[str, Any] | None = None   # the "gemm" section as JSON (`kernels.plan.GemmTable.to_json`)
     engines: Mapping[str, Any] | None = None   # model fingerprint -> {"engine", "why", "measured"} (engine_choice)
+    thread_waits: Mapping[str, Any] | None = None   # model fingerprint -> {"thread_wait", "why", "measured"}
 
     def to_json(self) -> str:
         body = {"version": self.version, "fingerprint": dict(self.fingerprint), "created_at": self.created_at,
@@ -135,6 +134,8 @@ class Plan:
             body["gemm"] = self.gemm
         if self.engines:
             body["engines"] = dict(self.engines)
+        if self.thread_waits:
+            body["thread_wait"] = dict(self.thread_waits)
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @property
@@ -174,10 +175,13 @@ def parse(text: str, source: str = "plan") -> Plan:
         engines = doc.get("engines")
         if engines is not None and not all(e.get("engine") in ("llamacpp", "torch") for e in engines.values()):
             raise ValueError('the engines section must be {"<model>": {"engine": "llamacpp" or "torch", ...}}')
+        waits = doc.get("thread_wait")
+        if waits is not None and not all(w.get("thread_wait") in ("spin", "passive") for w in waits.values()):
+            raise ValueError('the thread_wait section must be {"<model>": {"thread_wait": "spin" or "passive", ...}}')
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlanRefused(f"{source} is malformed ({e})") from None
     return Plan(fingerprint=fp, llamacpp=llamacpp, created_at=str(doc.get("created_at", "")), gemm=gemm,
-                engines=engines)
+                engines=engines, thread_waits=waits)
 
 
 def differences(plan_fp: Mapping[str, str], here: Mapping[str, str]) -> list[str]:

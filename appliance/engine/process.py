@@ -54,6 +54,7 @@ def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: 
     """Entry point of the engine process: load, then loop over commands and scheduler steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the engine stops
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
+    cfg = _thread_wait(cfg)
     os.environ.update(thread_env(cfg.thread_wait))  # before llama.cpp's or torch's OpenMP loads
     from .loop import EngineLoop  # heavy imports (llama_cpp, torch) happen only in this process
 
@@ -64,6 +65,21 @@ def engine_main(cfg: EngineConfig, cmd: Connection, evt: Connection, log_level: 
         return
     evt.send(Ready(loop.info, loop.stats()))
     loop.run(cmd, evt)
+
+
+def _thread_wait(cfg: EngineConfig) -> EngineConfig:
+    """cfg with `--thread-wait auto` resolved (engine_choice.thread_wait), said in the log."""
+    if cfg.thread_wait != "auto":
+        return cfg
+    from ..engine_choice import thread_wait
+    from ..models import resolve
+
+    try:
+        wait, why = thread_wait(cfg, resolve(cfg.model).path)
+    except ApplianceError as e:   # the model is not there: the load says so, with the default wait
+        wait, why = "spin", e.message
+    log.info("threads wait: %s (%s)", wait, why)
+    return dataclasses.replace(cfg, thread_wait=wait)
 
 
 # ---------------------------------------------------------------------------------------------
