@@ -3,8 +3,9 @@
 `ORG/REPO` takes the repository's only model, else its Q4_K_M (the quant llama-server's `-hf`
 and Ollama default to); `ORG/REPO:QUANT` the model whose file name carries that quant tag;
 `ORG/REPO FILE.gguf` that file. A split GGUF (`NAME-00001-of-00003.gguf`) is one model of all
-its parts. Multimodal projectors (`mmproj*.gguf`) are not models on their own: `projector`
-finds the one a vision model's pull takes with it.
+its parts. Multimodal projectors (`mmproj*.gguf`) and draft heads' sidecars (`mtp-*.gguf`) are
+not models on their own (`is_model`): `projector` finds the one a vision model's pull takes with
+it, `sibling` the MTP head published beside a model whose trunk was converted without it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 from ..fit.model import SPLIT
 
 DEFAULT_QUANT = "Q4_K_M"
+# what llama.cpp's `-hf` never takes for the model itself (common/download.cpp, gguf_filename_is_model)
+NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+MTP_SIDECAR = "mtp-"
 PROJECTOR_QUANTS = ("F16", "BF16", "Q8_0", "F32")   # a projector's precision matters more than its size
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -57,8 +61,7 @@ def groups(paths: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     splits: dict[tuple[str, int], dict[int, str]] = {}
     for p in sorted(paths):
-        name = p.rsplit("/", 1)[-1]
-        if not name.lower().endswith(".gguf") or name.lower().startswith("mmproj"):
+        if not is_model(p):
             continue
         m = SPLIT.match(p)
         if m is None:
@@ -69,6 +72,15 @@ def groups(paths: list[str]) -> dict[str, list[str]]:
         if sorted(parts) == list(range(1, count + 1)):
             out[parts[1]] = [parts[i] for i in range(1, count + 1)]
     return dict(sorted(out.items()))
+
+
+def is_model(path: str) -> bool:
+    """Whether a file is a GGUF model of its own, as llama.cpp's `-hf` judges it by the file's
+    name: not a projector, an importance matrix or a draft head's sidecar (a NOT_MODELS word
+    anywhere in the name, in lower case as the converters write them: `...-MTP-Q4_K_M.gguf`
+    is a model that keeps its head)."""
+    name = path.rpartition("/")[2]
+    return name.lower().endswith(".gguf") and not any(word in name for word in NOT_MODELS)
 
 
 def has_quant(path: str, quant: str) -> bool:
@@ -112,3 +124,46 @@ def projector(paths: list[str], model: str) -> str | None:
         if hits:
             return hits[0]
     return found[0] if found else None
+
+
+def quant_tag(path: str) -> str:
+    """A GGUF's quant tag as llama.cpp reads it from the name (common/download.cpp,
+    get_gguf_split_info): the last word after a `-` or `.` of the path without `.gguf` and a
+    split suffix, upper case; '' where there is none (`Q4_K_M`, `BF16`, and for `Qwen3-8B`, `8B`)."""
+    if not path.lower().endswith(".gguf"):
+        return ""
+    m = SPLIT.match(path)
+    stem = m["base"] if m else path[: -len(".gguf")]
+    tag = re.search(r"[-.]([A-Z0-9_]+)$", stem, re.IGNORECASE)
+    return tag[1].upper() if tag else ""
+
+
+def quant_bits(tag: str) -> int:
+    """The bits of a quant tag as llama.cpp counts them (extract_quant_bits): the number at its
+    first digit (Q4_K_M 4, BF16 16, Q8_0 8), 0 without one."""
+    m = re.search(r"\d+", tag)
+    return int(m[0]) if m else 0
+
+
+def sibling(paths: list[str], model: str, keyword: str, tag: str = "") -> str | None:
+    """The sidecar among `paths` (a repository's files, or a directory's) that goes with
+    `model`, chosen as llama.cpp's find_best_sibling chooses a `-hf` model's mtp-/eagle3-/
+    dflash- file (common/download.cpp): a GGUF whose name holds `keyword`, in the model's
+    directory or one above it; the deepest such directory first, then one whose name carries
+    `-TAG.` (the quant asked for), then the quant bits nearest the tag's (the model's own
+    without a tag); the first in order of path on a tie. The keyword is looked for in the
+    file's name (llama.cpp looks in the whole path)."""
+    want = quant_bits(tag.upper()) if tag else quant_bits(quant_tag(model))
+    folders = model.split("/")[:-1]
+    best, best_key = None, None
+    for p in sorted(paths):
+        parts = p.split("/")
+        if not p.lower().endswith(".gguf") or keyword not in parts[-1] or p == model:
+            continue
+        if parts[:-1] != folders[:len(parts) - 1]:
+            continue        # not the model's directory, nor one above it
+        exact = bool(tag) and f"-{tag.upper()}." in p.upper()
+        key = (len(parts) - 1, exact, -abs(quant_bits(quant_tag(p)) - want))
+        if best_key is None or key > best_key:
+            best, best_key = p, key
+    return best
