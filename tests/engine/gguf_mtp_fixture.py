@@ -15,6 +15,9 @@ Shapes here (numpy order, rows = output features; GGUF stores them reversed):
       ffn_{gate,up}_shexp [F, D], ffn_down_shexp [D, F]
   block 2 adds nextn.eh_proj [D, 2D], nextn.enorm [D], nextn.hnorm [D]
 
+`write_split_mtp` writes the same model as llama.cpp's converter publishes it in two files: the
+trunk and `mtp-NAME.gguf`, the next-n block with the embeddings, final norm and output.
+
 The tokenizer is the embedded SmolLM2's (borrowed as gguf_fixtures does). Weights are random:
 what the tests prove is that drafting never changes the output, and how often the head's
 drafts are accepted, not that it predicts well. Nothing is written into the repository.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import gguf
@@ -104,15 +108,26 @@ def _tensors(d: MtpDims, n_vocab: int, seed: int, agree: bool) -> Iterator[tuple
             yield p + "nextn.hnorm.weight", norm(D)
 
 
+# What each file of a split keeps, as llama.cpp's converter writes them (`--no-mtp`, `--mtp`):
+# the trunk every tensor but the next-n block's; the head that block with the embeddings, the
+# final norm and the output it reads.
+HEAD_SHARED = ("token_embd.weight", "output_norm.weight", "output.weight")
+PARTS = {"whole": lambda name, d: True,
+         "trunk": lambda name, d: not name.startswith(f"blk.{d.n_layer}."),
+         "head": lambda name, d: name in HEAD_SHARED or name.startswith(f"blk.{d.n_layer}.")}
+
+
 def write_tiny_mtp(path: os.PathLike[str] | str, *, dims: MtpDims = MtpDims(), seed: int = 0,
-                   mtp: bool = True, quant: str = "Q4_1", agree: bool = False) -> MtpDims:
+                   mtp: bool = True, quant: str = "Q4_1", agree: bool = False, part: str = "whole") -> MtpDims:
     """Write a tiny glm4moe GGUF: with its next-n block (`mtp`), or the same trunk without one
     (llama.cpp then has nothing to draft with). Every matrix is stored as `quant` (norms and
     biases F32): with F32 matrices llama.cpp's k-row batch and its one-row step round
     differently (the start-up check sees 7e-6), with Q4_1, the embedded model's type, they
     agree bit for bit under a q8_0 KV, so speculation is exact there. `agree`: a head whose
     drafts the trunk mostly accepts (see AGREE_GAIN); else both are random and it hardly ever
-    agrees. Returns the dimensions."""
+    agrees. `part` (PARTS): the whole model, or one file of it split in two (the same metadata,
+    the next-n layer count included, and the same weights as the whole one of this seed).
+    Returns the dimensions."""
     d = dims if mtp else MtpDims(**{**dims.__dict__, "n_nextn": 0})
     n_vocab = embedded_vocab_size()
     w = gguf.GGUFWriter(os.fspath(path), MTP_ARCH)
@@ -143,7 +158,10 @@ def write_tiny_mtp(path: os.PathLike[str] | str, *, dims: MtpDims = MtpDims(), s
                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                         "{% endif %}")
     kind = gguf.GGMLQuantizationType[quant]
+    keep = PARTS[part]
     for name, arr in _tensors(d, n_vocab, seed, agree):
+        if not keep(name, d):
+            continue
         if arr.ndim >= 2:
             w.add_tensor(name, quantize(arr, kind), raw_dtype=kind)
         else:
@@ -153,3 +171,19 @@ def write_tiny_mtp(path: os.PathLike[str] | str, *, dims: MtpDims = MtpDims(), s
     w.write_tensors_to_file()
     w.close()
     return d
+
+
+def write_split_mtp(folder: os.PathLike[str] | str, name: str = "tiny-glm-Q4_1", *, counted: bool = False,
+                    **kw) -> tuple[Path, Path]:
+    """The model of write_tiny_mtp(**kw) published in two files, as llama.cpp's converter does
+    with `--no-mtp` and `--mtp`: the trunk `NAME.gguf` and the head's sidecar `mtp-NAME.gguf`,
+    in `folder`. The converter's trunk no longer counts the next-n layers (block_count is the
+    trunk's, no nextn_predict_layers); `counted` writes one that still does, without their
+    tensors (llama.cpp loads that form too, as "trunk_only"). Returns (trunk, sidecar)."""
+    trunk, head = Path(folder) / f"{name}.gguf", Path(folder) / f"mtp-{name}.gguf"
+    if counted:
+        write_tiny_mtp(trunk, part="trunk", **kw)
+    else:
+        write_tiny_mtp(trunk, mtp=False, **kw)
+    write_tiny_mtp(head, part="head", **kw)
+    return trunk, head
