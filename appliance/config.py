@@ -106,12 +106,13 @@ class EngineConfig:
     probe_cache: str | None = opt(None, "directory of start-up probe results a restart reads back (default: off)")
     plan: str | None = opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
                            "directory, when present); 'off' to use the fixed defaults")
-    speculate: str = opt("auto", "speculative decoding: auto (on where the runner proves at start that "
-                         "a k-token verify equals k one-token steps bit for bit, else off; drafts from "
-                         "--draft-model, else the GGUF's own MTP head, else prompt lookup), lookup, draft "
-                         "or mtp (that kind, or refuse to start), off; a request's \"speculate\" wins")
+    speculate: str = opt("auto", "speculative decoding: auto (on where the runner proves at start that a k-token verify equals "
+                         "k one-token steps bit for bit, else off; drafts from --draft-model, else the model's MTP head, else "
+                         "prompt lookup), lookup, draft or mtp (that kind, or refuse to start), off; a request's \"speculate\" wins")
     draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens greedily for "
                                   "the served model to verify ('embedded': the embedded model)")
+    mtp_model: str | None = opt(None, "the model's MTP (next-n) head as a file of its own, mtp-*.gguf (default: the head in "
+                                "the model's GGUF, else the mtp-*.gguf beside it that llama-server would pick)")
     mmproj: str | None = opt(None, "vision projector GGUF (mmproj) loaded beside the model by llama.cpp's mtmd")
     mmproj_offload: bool = opt(True, "the projector on the GPU when there is one (--no-mmproj-offload: on the CPU)")
     draft_engine: str | None = opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
@@ -276,7 +277,6 @@ class ServerConfig:
     host_report: str | None = opt(None, "show this saved 'appliance hostcheck --json' output on the "
                                   "host page instead of checking this host")
     log_level: str = opt("info", "logging level: debug, info, warning, error")
-
 
     def __post_init__(self) -> None:
         _require(bool(self.hosts()), "host must name at least one address")

@@ -325,7 +325,7 @@ def load_draft(cfg: EngineConfig, target: ModelRunner, cost: CostModel, prompt: 
     argmax agrees with the target's (the acceptance prior)."""
     ref = resolve(None if cfg.draft_model == "embedded" else cfg.draft_model)
     dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=target.info.n_ctx,
-                               expert_cache="auto", expert_compute="auto",   # the served model's
+                               expert_cache="auto", expert_compute="auto", mtp_model=None,   # the served model's
                                **draft_rope(ref.path, target.info.n_ctx))
     runner = make_runner(dcfg, ref.path, ref.alias)
     try:
@@ -358,8 +358,8 @@ def load_mtp(runner: ModelRunner, cost: CostModel, prompt: Sequence[int]) -> Mtp
     drafter = MtpDrafter(runner)
     prior = drafter.agreement(0, runner.tokenize(SAMPLE, add_special=True))
     drafter.cost = dataclasses.replace(drafter.measure(0, prompt, cost.unit_s), prior=prior)
-    log.info("MTP head (%s): one forward %.2f of the target's, argmax agreement %.0f%%",
-             runner.info.arch, drafter.cost.unit, 100 * prior)
+    log.info("MTP head (%s, %s): one forward %.2f of the target's, argmax agreement %.0f%%",
+             runner.info.arch, runner.head_source.name, drafter.cost.unit, 100 * prior)
     return drafter
 
 
@@ -367,7 +367,8 @@ def _speculation_report(spec: Speculator) -> dict:
     """/health's settings.speculation: the policy, and the draft model or MTP head when there is one."""
     report = spec.policy.as_dict()
     if spec.model_mode == "mtp" and spec.drafter is not None:
-        report["mtp"] = {"arch": spec.drafter.runner.info.arch, "n_embd": spec.drafter.head.n_embd}
+        report["mtp"] = {"arch": spec.drafter.runner.info.arch, "n_embd": spec.drafter.head.n_embd,
+                         "source": spec.drafter.runner.head_source.name}   # "bundled" or the sidecar's file
     elif spec.drafter is not None:
         d = spec.drafter.runner.info
         report["draft_model"] = {"path": d.model_path, "name": d.model_name, "backend": d.backend,

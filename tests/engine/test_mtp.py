@@ -27,7 +27,7 @@ from appliance.engine.types import Error
 from appliance.errors import ModelLoadError
 from web import wire
 
-from .gguf_mtp_fixture import MTP_ARCH, write_tiny_mtp
+from .gguf_mtp_fixture import MTP_ARCH, MtpDims, write_split_mtp, write_tiny_mtp
 from .test_speculate_identity import run
 
 N_CTX, N_GEN = 1024, 40
@@ -35,9 +35,9 @@ PROMPTS = ("Hello there, how are you", "Write a poem about the sea",
            "List three colours, then explain why the sky looks blue on a clear day.")
 
 
-def engine(path, speculate_mode: str = "auto") -> EngineLoop:
+def engine(path, speculate_mode: str = "auto", **kw) -> EngineLoop:
     return EngineLoop(EngineConfig(engine="llamacpp", model=str(path), n_ctx=N_CTX, n_slots=3, plan="off",
-                                   cache_disk_bytes=0, kv_type="q8_0", speculate=speculate_mode))
+                                   cache_disk_bytes=0, kv_type="q8_0", speculate=speculate_mode, **kw))
 
 
 def chat(text: str, mode: str, temperature: float = 0.0, seed: int | None = None, cache: bool = True):
@@ -48,17 +48,23 @@ def chat(text: str, mode: str, temperature: float = 0.0, seed: int | None = None
     return wire.parse_chat(body, uuid.uuid4().hex, {"m"}, N_CTX).request
 
 
-@pytest.fixture(scope="module")
-def mtp(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mtp") / "tiny-mtp.gguf"
-    write_tiny_mtp(path, agree=True)
-    loop = engine(path)
+def drafting_free(loop: EngineLoop) -> EngineLoop:
+    """The engine with drafting and verifying priced as free, so that every step drafts up to 6
+    tokens; `measured` keeps what start-up decided."""
     sp = loop.scheduler.spec
-    loop.measured = sp.policy   # what start-up decided, before the overrides
+    loop.measured = sp.policy
     free = dataclasses.replace(sp.drafter.cost, unit=0.0)
     sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)), draft=free, k_max=6)
     sp.drafter.cost = free
     sp.drafter.observe = lambda *a: None   # keep drafting free
+    return loop
+
+
+@pytest.fixture(scope="module")
+def mtp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mtp") / "tiny-mtp.gguf"
+    write_tiny_mtp(path, agree=True)
+    loop = drafting_free(engine(path))
     yield loop
     loop.close()
 
@@ -72,7 +78,8 @@ def test_llama_cpp_loads_the_next_n_block_and_mtp_is_the_default(mtp):
     assert p.exactness.exact and p.default == "mtp" and p.modes == ("lookup", "mtp")
     assert p.draft is not None and p.draft.unit > 0 and p.draft.cost.rows[0] == 1
     report = mtp.info.settings["speculation"]
-    assert report["default"] == "mtp" and report["mtp"]["arch"] == MTP_ARCH and report["mtp_refusal"] is None
+    assert report["default"] == "mtp" and report["mtp_refusal"] is None
+    assert report["mtp"] == {"arch": MTP_ARCH, "n_embd": 128, "source": "bundled"}
 
 
 def _same(loop, reqs_off, reqs_mtp):
@@ -210,3 +217,69 @@ def test_a_model_without_next_n_layers_refuses_mtp(tmp_path):
         assert "no next-n (MTP) layers" in err.message
     finally:
         loop.close()
+
+
+# -- the head in a sidecar: mtp-NAME.gguf beside a trunk converted without it ---------------------
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """`mtp`'s model (the same seed, the same weights) in two files as llama.cpp's converter
+    publishes it: the trunk and mtp-NAME.gguf beside it, which the runner finds."""
+    trunk, _ = write_split_mtp(tmp_path_factory.mktemp("split"), agree=True)
+    loop = drafting_free(engine(trunk))
+    yield loop
+    loop.close()
+
+
+def test_the_sidecar_beside_a_trunk_is_its_head(split, mtp):
+    r = split.runner
+    assert r.head_source.name == "mtp-tiny-glm-Q4_1.gguf" and r.head_model is not None and r.nextn is not None
+    assert split.measured.default == "mtp" and split.measured.modes == ("lookup", "mtp")
+    report = split.info.settings["speculation"]
+    assert report["mtp"] == {"arch": MTP_ARCH, "n_embd": 128, "source": "mtp-tiny-glm-Q4_1.gguf"}
+    # the same head on the same trunk rows: the agreement measured at start is the bundled head's
+    assert split.measured.draft.prior == mtp.measured.draft.prior > 0.1
+
+
+def test_the_sidecar_drafts_as_the_bundled_head_and_changes_nothing(split, mtp):
+    """Greedy and seeded: the split model's output with MTP equals its output without, token for
+    token, and it drafts and accepts exactly what the bundled file of the same weights does
+    (each request starts with both heads' KV empty and the prompt cache off)."""
+    reqs = [("Describe a quiet harbour at dawn in two sentences.", 0.0, None),
+            ("Name a river, a mountain and a city, then say which is oldest.", 0.8, 3)]
+    split_on, bundled_on = [], []
+    for text, temp, seed in reqs:
+        for loop, out in ((split, split_on), (mtp, bundled_on)):
+            loop.scheduler.spec.drafter.reset()
+            out.append(run(loop, [chat(text, "mtp", temp, seed, cache=False)])[0])
+    off = [run(split, [chat(text, "off", temp, seed, cache=False)])[0][0] for text, temp, seed in reqs]
+    assert [t for t, _ in split_on] == off == [t for t, _ in bundled_on]
+    drafts = [[(d.timings.draft_n, d.timings.draft_n_accepted) for _, d in out] for out in (split_on, bundled_on)]
+    assert drafts[0] == drafts[1]
+    assert 0 < sum(a for _, a in drafts[0]) < sum(n for n, _ in drafts[0])   # drafts both accepted and cut
+
+
+def test_a_trunk_without_its_sidecar_refuses_mtp(tmp_path):
+    """A trunk that still counts its next-n layer, alone: llama.cpp loads it, --speculate mtp
+    refuses naming the missing sidecar, auto serves with lookup (an MTP context made against
+    it would abort the process)."""
+    trunk, head = write_split_mtp(tmp_path, counted=True)
+    head.unlink()
+    with pytest.raises(ModelLoadError, match=r"--speculate mtp: the model \(glm4moe\) counts 1 next-n \(MTP\) "
+                                             r"layer\(s\) but its GGUF leaves the block out .*an mtp-\*\.gguf"):
+        engine(trunk, "mtp")
+    loop = engine(trunk)
+    try:
+        p = loop.scheduler.spec.policy
+        assert "mtp" not in p.modes and loop.runner.nextn is None
+        assert "give it with --mtp-model PATH" in loop.info.settings["speculation"]["mtp_refusal"]
+    finally:
+        loop.close()
+
+
+def test_a_sidecar_that_does_not_fit_refuses_to_start(tmp_path):
+    trunk, _ = write_split_mtp(tmp_path)
+    narrow = tmp_path / "mtp-narrow.gguf"
+    write_tiny_mtp(narrow, dims=MtpDims(n_embd=64, n_head=2, n_head_kv=1), part="head")
+    with pytest.raises(ModelLoadError, match=r"--mtp-model .*mtp-narrow.gguf: its width is 64 and the model's 128"):
+        engine(trunk, mtp_model=str(narrow))

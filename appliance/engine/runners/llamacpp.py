@@ -29,7 +29,7 @@ from ...errors import EngineFailure, ModelLoadError
 from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from ...rope import ModelRope, RopeScaling, served
-from . import llamacpp_mtp
+from . import llamacpp_mtp, mtp_source
 from .base import RunnerInfo, Span
 from .vision import Projector
 from .placement import GGML_KV_TYPES, place_model
@@ -86,15 +86,17 @@ class LlamaCppRunner(TextMethods):
             s = dataclasses.replace(s, flash_attn=True)
         self.llamacpp = s
         self.placed = place_model(cfg, model_path, s.flash_attn)   # refuses an impossible placement first
+        self.head_source = mtp_source.choose(cfg, model_path)       # and a --mtp-model that does not fit
         with captured_log() as said:
             try:
                 mp = self.placed.model_params(cfg.main_gpu)
-                mp.load_mtp = cfg.speculate in ("auto", "mtp")   # next-n layers, where the GGUF has them
+                mp.load_mtp = self.head_source.bundled   # its next-n layers, where its GGUF has the head that drafts
                 self.model = load_model(model_path, params=mp)
+                self._model_params = mp           # a sidecar head is placed as the model's own block would be
                 # read before the context: llama.cpp rewrites n_ctx_train for a custom YaRN scale
                 n_ctx_train = L.llama_model_n_ctx_train(self.model)
                 cp = self._context(cfg, model_path, s)
-                self._mtp_check(cfg, cp)
+                self._mtp_check(cp)
             except ModelLoadError as e:      # with llama.cpp's reason: a buffer a device did not give
                 raise ModelLoadError(e.message + said.why()) from None
         self.placed.record_allocations(said.lines)
@@ -159,27 +161,35 @@ class LlamaCppRunner(TextMethods):
                                  f"{cfg.n_slots} x {n_ctx} positions")
         return cp
 
-    def _mtp_check(self, cfg: EngineConfig, cp: L.llama_context_params) -> None:
-        """Whether the model has a next-n (MTP) head llama.cpp can run, loaded (`mtp_refusal`
-        says why not); `start_mtp` creates its context once speculation has chosen it."""
+    def _mtp_check(self, cp: L.llama_context_params) -> None:
+        """Whether the model has a next-n (MTP) head llama.cpp can run, in its GGUF or a sidecar
+        (`head_source`, mtp_source.py; `mtp_refusal` says why not); `start_mtp` loads a sidecar and
+        creates the head's context once speculation has chosen it."""
         self.nextn: llamacpp_mtp.NextnHead | None = None
+        self.head_model: L.llama_model_p | None = None   # a sidecar's, loaded by start_mtp
         self.hidden: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._mtp_params = cp
-        arch = meta(self.model, "general.architecture") or "unknown"
-        self.mtp_refusal = (llamacpp_mtp.why_not(arch, L.llama_model_n_layer_nextn(self.model))
-                            if cfg.speculate in ("auto", "mtp") else "speculation is off (--speculate off)")
+        self.mtp_refusal = self.head_source.refusal
 
     def start_mtp(self) -> llamacpp_mtp.NextnHead:
-        """The model's own head in an MTP context beside the target's (its slots, context,
-        threads and KV type); the target keeps the trunk's hidden row of every token from now
-        on (`hidden`, after each forward). Computing those rows changes no logit: every row's
-        last block runs, and the logits rows asked for are the same rows (tests/engine/test_mtp.py
+        """The model's head in an MTP context beside the target's (its slots, context, threads
+        and KV type), run by the model's own weights or a sidecar's (loaded now, with
+        `load_mtp`); the target keeps the trunk's hidden row of every token from now on
+        (`hidden`, after each forward). Computing those rows changes no logit: every row's last
+        block runs, and the logits rows asked for are the same rows (tests/engine/test_mtp.py
         compares a server with the head against one without)."""
         assert self.mtp_refusal is None, self.mtp_refusal
         if self.nextn is None:
-            self.nextn = llamacpp_mtp.NextnHead(self.model, self._mtp_params, self.n_batch)
+            if self.head_source.path is not None:
+                self._model_params.load_mtp = True
+                with captured_log() as said:
+                    try:
+                        self.head_model = load_model(self.head_source.path, params=self._model_params)
+                    except ModelLoadError as e:
+                        raise ModelLoadError(f"the MTP head's file: {e.message}{said.why()}") from None
+            self.nextn = llamacpp_mtp.NextnHead(self.head_model or self.model, self._mtp_params, self.n_batch, self.ctx)
             llamacpp_mtp.keep_target_rows(self.ctx)
-            self.info.settings["mtp"] = True
+            self.info.settings["mtp"] = self.head_source.name
         return self.nextn
 
     def kv_fingerprint(self) -> str:
@@ -298,6 +308,8 @@ class LlamaCppRunner(TextMethods):
         if getattr(self, "ctx", None):
             if self.nextn is not None:
                 self.nextn.close()
+            if self.head_model is not None:
+                L.llama_model_free(self.head_model)
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             L.llama_model_free(self.model)

@@ -90,14 +90,21 @@ def target_rows(target_ctx: L.llama_context_p, n: int, n_embd: int) -> np.ndarra
 
 
 class NextnHead:
-    """The MTP context of a loaded model: one KV stream per slot, the target's settings."""
+    """The MTP context of a loaded model, the served one or its head's sidecar: one KV stream per
+    slot, the target's settings."""
 
-    def __init__(self, model: L.llama_model_p, cp: L.llama_context_params, n_batch: int) -> None:
+    def __init__(self, model: L.llama_model_p, cp: L.llama_context_params, n_batch: int,
+                 target_ctx: L.llama_context_p) -> None:
         self.n_embd = L.llama_model_n_embd(model)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         self.n_batch = n_batch
         cp.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
         cp.embeddings = False
+        # as llama.cpp's common_speculative_init_result makes every MTP draft context: no
+        # recurrent snapshots, and the target's context beside it (the architectures whose head
+        # shares the target's KV read it there; the others ignore it)
+        cp.n_rs_seq = 0
+        cp.ctx_other = target_ctx
         self.ctx = L.llama_init_from_model(model, cp)
         if not self.ctx:
             raise ModelLoadError("llama.cpp could not create the MTP context for this model")

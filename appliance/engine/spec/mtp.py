@@ -1,5 +1,6 @@
 """Drafts from the served model's own multi-token-prediction (next-n) head
-(`--speculate mtp`, or `auto` on a GGUF that has one; see runners/llamacpp_mtp.py).
+(`--speculate mtp`, or `auto` on a model that has one, in its GGUF or an `mtp-*.gguf` sidecar;
+see runners/llamacpp_mtp.py and runners/mtp_source.py).
 
 Design
 ------
