@@ -118,11 +118,12 @@ def _chat_models(config: Config) -> tuple[list[ModelSpec], str]:
     settings = load_settings(lib.root)
     specs: dict[str, ModelSpec] = {}
 
-    def add(name: str, path: Path, source: str, mmproj: Path | None = None) -> None:
+    def add(name: str, path: Path, source: str, mmproj: Path | None = None, mtp: Path | None = None) -> None:
         if name in specs:
             log.warning("%s (%s) has the name of %s (%s); it is not served", path, source, name, specs[name].path)
             return
-        own = {**({"mmproj": str(mmproj)} if mmproj else {}), **settings.get(name, {})}   # the file's wins
+        pulled = {k: str(p) for k, p in (("mmproj", mmproj), ("mtp_model", mtp)) if p}
+        own = {**pulled, **settings.get(name, {})}   # the file's wins
         specs[name] = ModelSpec(name, path, source, tuple(sorted(own.items())))
 
     try:
@@ -132,7 +133,7 @@ def _chat_models(config: Config) -> tuple[list[ModelSpec], str]:
     dirs = [Path(d.strip()) for d in srv.models_dir.split(",") if d.strip()]
     for e in [*lib.entries(), *lib.found(dirs, hf_cache=False)]:
         if e.error is None:
-            add(e.name, e.path, e.source, e.mmproj)
+            add(e.name, e.path, e.source, e.mmproj, e.mtp)
         else:
             log.warning("%s (%s) is not served: %s", e.name, e.path, e.error)
     unknown = sorted(set(settings) - set(specs))

@@ -34,13 +34,17 @@ def add_parsers(sub) -> None:
                     "the next one continues it) and checked against the sha256 the Hub lists. ORG/REPO "
                     "takes the repository's only model, else its Q4_K_M; ORG/REPO:QUANT the model of "
                     "that quant; ORG/REPO FILE.gguf that file. Split GGUFs come whole. A vision model's "
-                    "projector (mmproj*.gguf beside it) comes with it, and `serve` loads it.")
+                    "projector (mmproj*.gguf beside it) comes with it, and so does the MTP head of a "
+                    "model published without it (mtp-*.gguf, chosen as llama-server does); `serve` "
+                    "loads them.")
     pull.add_argument("ref", metavar="ORG/REPO[:QUANT]")
     pull.add_argument("file", nargs="?", metavar="FILE.gguf", help="the file to pull (its path in the repository)")
     pull.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
     pull.add_argument("--name", help="the model's name in the library (default: the file's name)")
     pull.add_argument("--no-mmproj", action="store_true",
                       help="leave out the vision projector (mmproj*.gguf) of a model that has one")
+    pull.add_argument("--no-mtp", action="store_true",
+                      help="leave out the MTP head's sidecar (mtp-*.gguf) published beside the model")
     pull.add_argument("--yes", "-y", action="store_true", help="download without asking, even when it does not fit")
     pull.add_argument("--n-ctx", type=int, default=8192,
                       help="positions per slot for the fit check (default 8192, at most the model's own)")
@@ -125,10 +129,11 @@ class _Pull:
     meta: dict
     infos: list
     mmproj: tuple[RemoteFile, Path] | None = None     # its vision projector, and where it goes
+    mtp: tuple[RemoteFile, Path] | None = None        # its MTP head's sidecar, and where it goes
 
     @property
     def files(self) -> list[tuple[RemoteFile, Path]]:
-        return [*zip(self.parts, self.dests), *([self.mmproj] if self.mmproj else [])]
+        return [*zip(self.parts, self.dests), *(f for f in (self.mmproj, self.mtp) if f)]
 
     @property
     def total(self) -> int:
@@ -157,7 +162,8 @@ def pull_cmd(args: argparse.Namespace) -> int:
         return e.code
     _say(f"pulled {entry.name}: {human_bytes(entry.size)}, {entry.card.quant}, {entry.card.arch}, "
          f"context {entry.card.context()}" + ("" if entry.card.chat_template else ", no chat template")
-         + (f", sees images ({entry.mmproj.name})" if entry.mmproj else ""))
+         + (f", sees images ({entry.mmproj.name})" if entry.mmproj else "")
+         + (f", drafts with its MTP head ({entry.mtp.name})" if entry.mtp else ""))
     print(entry.path)
     return EXIT_OK
 
@@ -166,21 +172,22 @@ def _resolve(args: argparse.Namespace, ref: Ref, lib: Library) -> _Pull:
     """The files `ref` names on the hub, the name they get in the library, and their header.
     _Stop when the name is another repository's, or the library has these files already."""
     from . import hub
-    from .refs import RefError, choose, projector
+    from .refs import RefError, choose
 
     try:
         listing = hub.list_files(ref.repo, ref.revision)
         parts = [listing[p] for p in choose(ref, list(listing))]
-        mm = None if args.no_mmproj else projector(list(listing), parts[0].path)
-        mmproj = (listing[mm], lib.root / ref.repo / mm) if mm else None
+        mmproj, mtp = (None if f is None else (listing[f], lib.root / ref.repo / f)
+                       for f in _sidecars(args, ref, list(listing), parts[0].path))
         name = args.name or lib.name_for(parts[0].path, ref.repo)
         have = lib.get(name)
         if have is not None and have.origin.get("repo") != ref.repo:
             raise _Stop(f"appliance pull: the library already has a model named {name} (from {have.source}); "
                         "give another with --name", EXIT_USAGE)
         dests = [lib.root / ref.repo / f.path for f in parts]
-        every = [*parts, *([mmproj[0]] if mmproj else [])]
-        if have is not None and have.error is None and have.files == tuple(dests + ([mmproj[1]] if mmproj else [])) \
+        files = [*zip(parts, dests), *(f for f in (mmproj, mtp) if f)]
+        every = [f for f, _ in files]
+        if have is not None and have.error is None and have.files == tuple(d for _, d in files) \
                 and have.origin.get("sha256") == {f.path: f.sha256 for f in every}:
             raise _Stop(f"{name} is already in the library ({have.path})", EXIT_OK)
         _say(f"{ref.repo}: {', '.join(f.path for f in every)} ({human_bytes(sum(f.size for f in every))})")
@@ -190,7 +197,19 @@ def _resolve(args: argparse.Namespace, ref: Ref, lib: Library) -> _Pull:
     except ValueError as e:
         raise _Stop(f"appliance pull: {ref.repo}/{parts[0].path} is not a GGUF it can read: {e}",
                     EXIT_FAILED) from None
-    return _Pull(name, parts, dests, meta, infos, mmproj)
+    return _Pull(name, parts, dests, meta, infos, mmproj, mtp)
+
+
+def _sidecars(args: argparse.Namespace, ref: Ref, paths: list[str], model: str) -> tuple[str | None, str | None]:
+    """The vision projector and the MTP head's sidecar that come with the model whose first file
+    is `model` (None: none, or left out by --no-mmproj / --no-mtp). The head is the mtp-*.gguf
+    llama-server's -hf would take (refs.sibling), the quant asked for, else the model's own, as
+    the tag."""
+    from .refs import MTP_SIDECAR, projector, quant_tag, sibling
+
+    mm = None if args.no_mmproj else projector(paths, model)
+    head = None if args.no_mtp else sibling(paths, model, MTP_SIDECAR, ref.quant or quant_tag(model))
+    return mm, head
 
 
 def _download(ref: Ref, lib: Library, pull: _Pull) -> None:
@@ -222,7 +241,8 @@ def _add(ref: Ref, lib: Library, pull: _Pull) -> Entry:
     origin = {"repo": ref.repo, "revision": ref.revision, "commit": hub.commit_of(ref.repo, ref.revision),
               "sha256": {f.path: f.sha256 for f, _ in pull.files}}
     try:
-        return lib.add(pull.name, pull.dests, f"hf:{ref.repo}", origin, pull.mmproj[1] if pull.mmproj else None)
+        return lib.add(pull.name, pull.dests, f"hf:{ref.repo}", origin, pull.mmproj[1] if pull.mmproj else None,
+                       pull.mtp[1] if pull.mtp else None)
     except ValueError as e:
         raise _Stop(f"appliance pull: {e}", EXIT_FAILED) from None
 

@@ -51,13 +51,15 @@ class Entry:
     origin: dict = field(default_factory=dict, compare=False)
     error: str | None = None
     mmproj: Path | None = None                  # its vision projector, pulled with it (in `files` too)
+    mtp: Path | None = None                     # its MTP head's sidecar, pulled with it (in `files` too)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": str(self.path), "files": [str(f) for f in self.files],
                 "size": self.size, **(self.card.to_dict() if self.card else {}), "source": self.source,
                 "in_library": self.in_library, **({"origin": self.origin} if self.origin else {}),
                 **({"error": self.error} if self.error else {}), "vision": self.mmproj is not None,
-                **({"mmproj": str(self.mmproj)} if self.mmproj else {})}
+                **({"mmproj": str(self.mmproj)} if self.mmproj else {}),
+                **({"mtp": str(self.mtp)} if self.mtp else {})}
 
 
 def read_card(first: Path) -> tuple[Card | None, int, tuple[Path, ...], str | None]:
@@ -103,23 +105,25 @@ class Library:
                         rope_scaling=rec.get("rope_scaling", ""))
             out.append(Entry(name, files[0], files, rec["size"], card, rec["source"], True, rec.get("origin", {}),
                              f"file missing: {', '.join(missing)}" if missing else None,
-                             self.root / rec["mmproj"] if rec.get("mmproj") else None))
+                             *(self.root / rec[k] if rec.get(k) else None for k in ("mmproj", "mtp"))))
         return out
 
     def get(self, name: str) -> Entry | None:
         return next((e for e in self.entries() if e.name == name), None)
 
-    def add(self, name: str, files: list[Path], source: str, origin: dict, mmproj: Path | None = None) -> Entry:
+    def add(self, name: str, files: list[Path], source: str, origin: dict, mmproj: Path | None = None,
+            mtp: Path | None = None) -> Entry:
         """Record a model whose files are in place under the root (read from their headers),
-        with its vision projector when it has one."""
+        with its vision projector and its MTP head's sidecar when it has them."""
         card, size, _, error = read_card(files[0])
         if card is None:
             raise ValueError(f"{files[0]}: not a GGUF it can read: {error}")
-        files = [*files, *([mmproj] if mmproj else [])]
+        sidecars = {k: p for k, p in (("mmproj", mmproj), ("mtp", mtp)) if p}
+        files = [*files, *sidecars.values()]
         rec = {"files": [str(Path(f).relative_to(self.root)) for f in files],
-               "size": size + (mmproj.stat().st_size if mmproj else 0), **card.to_dict(),
+               "size": size + sum(p.stat().st_size for p in sidecars.values()), **card.to_dict(),
                "source": source, "origin": origin, "added": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               **({"mmproj": str(mmproj.relative_to(self.root))} if mmproj else {})}
+               **{k: str(p.relative_to(self.root)) for k, p in sidecars.items()}}
         self.root.mkdir(parents=True, exist_ok=True)
         with self._lock:
             data = self._read()

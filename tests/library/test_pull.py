@@ -242,3 +242,36 @@ def test_a_vision_models_projector_comes_with_it_is_served_with_it_and_goes_with
     assert not (library / "tiny-org").exists()
     assert pull(REPO, "--no-mmproj", host=host_file) == 0
     assert not listed("--no-hf-cache")["tiny-F32"]["vision"]
+
+
+def test_an_mtp_heads_sidecar_comes_with_its_trunk_is_served_with_it_and_goes_with_it(hub, library, host_file,
+                                                                                       tmp_path, capsys):
+    """A repository that publishes a model as llama.cpp's converter does with --no-mtp/--mtp: the
+    trunk is the model (never a sidecar), the mtp-*.gguf of the quant asked for comes with it
+    (not another quant's, not one in another folder), serve drafts with it, rm deletes it."""
+    from appliance import config
+    from appliance.engine.runners import mtp_source
+    from appliance.library.catalog import catalog
+    from tests.engine.gguf_mtp_fixture import write_split_mtp
+
+    trunk, head = (p.read_bytes() for p in write_split_mtp(tmp_path))
+    hub.add(REPO, {"tiny-glm-Q4_1.gguf": trunk, "mtp-tiny-glm-Q4_1.gguf": head, "mtp-tiny-glm-Q8_0.gguf": head,
+                   "other/mtp-tiny-glm-Q4_1.gguf": head})
+    assert pull(f"{REPO}:Q4_1", host=host_file) == 0
+    assert "drafts with its MTP head (mtp-tiny-glm-Q4_1.gguf)" in capsys.readouterr().err
+    m = listed("--no-hf-cache")["tiny-glm-Q4_1"]
+    sidecar = library / REPO / "mtp-tiny-glm-Q4_1.gguf"
+    assert m["path"] == str(library / REPO / "tiny-glm-Q4_1.gguf") and m["mtp"] == str(sidecar)
+    assert sidecar.read_bytes() == head and m["size"] == len(trunk) + len(head)
+    assert not hub.downloads("mtp-tiny-glm-Q8_0.gguf") and not hub.downloads("other/mtp-tiny-glm-Q4_1.gguf")
+    assert "mtp-tiny-glm-Q4_1" not in listed("--no-hf-cache")          # never a model of its own
+    cfg = config.load({"library": str(library)}, env={})
+    spec = next(s for s in catalog(cfg)[0] if s.name == "tiny-glm-Q4_1")
+    engine = spec.engine_config(cfg, default=False)
+    assert engine.mtp_model == str(sidecar)                              # serve drafts with it
+    assert mtp_source.choose(engine, spec.path) == mtp_source.HeadSource(sidecar)
+    assert main(["rm", "tiny-glm-Q4_1"]) == 0
+    assert not (library / "tiny-org").exists()
+    assert pull(REPO, "--no-mtp", host=host_file) == 0                 # the only model, without its head
+    assert "mtp" not in listed("--no-hf-cache")["tiny-glm-Q4_1"]
+    assert not (library / REPO / "mtp-tiny-glm-Q4_1.gguf").exists()
