@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 from . import config, flags
 from .compute_settings import LlamaCppSettings
-from .tune_score import CHUNK_TOKENS, Measurement, candidates, choose, depth_ranges, render_choices, wait_entry
+from .tune_score import (CHUNK_TOKENS, DECODE_TOKENS, Measurement, candidates, choose, depth_ranges, render_choices,
+                         wait_entry)
 
 ROPE_FIELDS = frozenset({"rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx",
                          "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow"})
@@ -196,14 +197,17 @@ def _measure_speculation(args: argparse.Namespace, cands: Sequence[LlamaCppSetti
     """The engines as each would serve: llama.cpp's winner at each depth and the torch runner,
     decoding with the speculation `serve --speculate auto` runs on each (prompt lookup where the
     start-up check proves a verify exact on it, else none; raw_run.speculative_run), alternated
-    inside every repeat. Each measurement with its speculation account."""
+    inside every repeat, over DECODE_TOKENS (the tokens the score weighs; a request's drafting
+    record starts at a prior and learns the text's acceptance as it goes, so a short run would
+    time the prior). Each measurement with its speculation account."""
     from tqdm import tqdm
 
     winners = {d: choose(cands, measured, d)[0] for d in depths}
     out: list[tuple[Measurement, dict]] = []
     steps = [(r, d, i) for r in range(args.runs) for d in depths for i in (winners[d], len(cands))]
     for r, d, i in tqdm(steps, disable=args.quiet, file=sys.stderr, unit="run", leave=False):
-        res = workers[i].run([ids[:d]], args.tokens, speculate=True)
+        n = max(args.tokens, min(DECODE_TOKENS, args.n_ctx - d - 16))   # what the context leaves room for
+        res = workers[i].run([ids[:d]], n, speculate=True)
         out.append((Measurement(i, d, 1000.0 * d / res.ttft_ms[0], res.decode_tps,
                                 grid_reuse=i < len(cands) and reuse[i] == 0), res.speculation or {}))
     return out
