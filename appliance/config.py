@@ -74,9 +74,9 @@ class EngineConfig:
     n_threads_batch: int = opt(0, "threads for prefill (0 = same as --n-threads)")
     n_batch: int = opt(512, "most tokens passed to one llama_decode call")
     n_ubatch: int = opt(512, "physical micro-batch size inside llama.cpp")
-    prefill_chunk: int = opt(512, "prefill chunk, aligned to absolute positions, so a long prompt "
-                             "never holds other streams for more than one chunk")
+    prefill_chunk: int = opt(512, "prefill chunk, aligned to absolute positions: a long prompt holds others one chunk at most")
     step_token_budget: int = opt(1024, "most prompt tokens prefilled in one scheduler step, over all slots")
+    stream_interval_ms: int = opt(40, "a stream's tokens leave the engine at most this often (its first at once; 0: every step)")
     flash_attn: bool = opt(False, "use llama.cpp's flash attention")
     thread_wait: str = opt("auto", "how the compute threads (OpenMP's) wait at a barrier: spin (libgomp's default: "
                            "fastest alone, 10-100x slower beside another busy process) | passive (sleep at once: a good "
@@ -187,8 +187,8 @@ class EngineConfig:
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
         # raise for a malformed --override-tensor, an unknown template name, an unreadable file, bad Jinja
         self.tensor_overrides(), self.template_override(), self.template_kwargs()
-        _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0
-                 and self.n_threads_batch >= 0, "counts must not be negative")
+        _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0 and self.n_threads_batch >= 0
+                 and self.stream_interval_ms >= 0, "counts must not be negative")
 
     @property
     def prompt_cache_on(self) -> bool:
