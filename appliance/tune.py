@@ -38,8 +38,9 @@ ROPE_FIELDS = frozenset({"rope_scaling", "rope_scale", "rope_freq_base", "rope_f
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="measure llama.cpp settings on this machine and write the tuned plan",
                        description="Measure threads, micro-batch size and flash attention with the "
-                                   "embedded or given model at several depths, through llama.cpp directly; "
-                                   "write the winners as the tuned plan the engine reads at start.")
+                                   "embedded or given model at several depths, through llama.cpp directly, then "
+                                   "how the winner's threads should wait (--thread-wait auto); write the "
+                                   "winners as the tuned plan the engine reads at start.")
     p.add_argument("--model", help="GGUF to tune for (default: the embedded model)")
     p.add_argument("--depths", default=None,
                    help="depths to measure, comma-separated (default 512,2048,6144 within --n-ctx, "
