@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance tune: {e}", file=sys.stderr)
         return 2
     try:
-        cands, reuse, measured, spec = _tune(args, ref.path, depths)
+        cands, reuse, runs = _tune(args, ref.path, depths)
     except ApplianceError as e:
         print(f"appliance tune: {e.message}", file=sys.stderr)
         return 1
@@ -106,14 +106,14 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("appliance tune: interrupted; no plan written", file=sys.stderr)
         return 130
-    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, (measured, spec), plan_mod)
+    _write_plan(args, out, ref.path.name, model_key, cands, depths, reuse, runs, plan_mod)
     return 0
 
 
-def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tuple[list, list[int], list, list]:
-    """(llama.cpp's candidates, each one's exact-reuse chunk, every measurement, the engines'
-    measurements with speculation), the torch runner's measured as candidate len(cands) with
-    --engines llamacpp,torch (else the last list is empty)."""
+def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tuple[list, list[int], tuple]:
+    """(llama.cpp's candidates, each one's exact-reuse chunk, the runs: every measurement, the
+    engines' measurements with speculation, the winners' waits), the torch runner's measured as
+    candidate len(cands) with --engines llamacpp,torch (else the engines' list is empty)."""
     import psutil
 
     from .bench import prompt_sets
@@ -130,8 +130,8 @@ def _tune(args: argparse.Namespace, model_path: Path, depths: list[int]) -> tupl
     try:
         measured = _measure(args, model_path, cands, depths, reuse, ids, workers)
         spec = _measure_speculation(args, cands, depths, reuse, measured, ids, workers) if len(workers) > len(cands) else []
-        args.waits = _measure_thread_wait(args, model_path, cands, depths, measured, ids, workers)
-        return cands, reuse, measured, spec
+        waits = _measure_thread_wait(args, model_path, cands, depths, measured, ids, workers)
+        return cands, reuse, (measured, spec, waits)
     finally:
         for w in workers:
             w.close()
@@ -242,9 +242,10 @@ def _measure_thread_wait(args: argparse.Namespace, model_path: Path, cands: Sequ
 
 def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key: str,
                 cands: Sequence[LlamaCppSettings], depths: list[int], reuse: list[int],
-                runs: tuple[list[Measurement], list[tuple[Measurement, dict]]], plan_mod: Any) -> None:
+                runs: tuple[list[Measurement], list[tuple[Measurement, dict]], list[tuple[str, Measurement]]],
+                plan_mod: Any) -> None:
     """The winner at each depth into this model's entries of the plan file; its misses cleared."""
-    measured, spec = runs
+    measured, spec, waits = runs
     entries, table = [], []
     for d, depth_max in zip(depths, depth_ranges(depths)):
         winner, medians = choose(cands, measured, d)
@@ -255,7 +256,7 @@ def _write_plan(args: argparse.Namespace, out: Path, model_name: str, model_key:
             **{str(i): m for i, m in medians.items()}}))
         table += [(d, i, cands[i], m, i == winner) for i, m in medians.items()]
     engine, engine_table = _engine_entry(cands, spec, depths, table, model_name)
-    wait, wait_table = wait_entry(getattr(args, "waits", []), depths, model_name)
+    wait, wait_table = wait_entry(waits, depths, model_name)
     fingerprint = plan_mod.current_fingerprint(_build_info())
     plan = _merged(out, fingerprint, model_key, tuple(entries), plan_mod, engine, wait)
     plan_mod.save(plan, out)

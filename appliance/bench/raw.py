@@ -206,13 +206,6 @@ class _Llama:  # pragma: no cover - runs in the child
     def logits(self, row: int) -> Any:
         return self.np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()
 
-    def verify(self, entries: list[tuple[int, tuple[int, ...], int]]) -> list[list[int]]:
-        """(sequence, tokens, first position) each: the greedy next token after every row."""
-        from ..engine.runners.base import Span
-
-        got = self.forward([Span(seq, toks, pos, len(toks)) for seq, toks, pos in entries])
-        return [[int(i) for i in g.argmax(-1)] for g in got]
-
     def truncate(self, seq: int, pos: int) -> None:
         self.L.llama_memory_seq_rm(self.mem, seq, pos, -1)
 

@@ -62,13 +62,6 @@ class TorchWorker:  # pragma: no cover - runs in the raw worker's process
     def truncate(self, seq: int, pos: int) -> None:
         self.runner.truncate(seq, pos)
 
-    def verify(self, entries: list[tuple[int, tuple[int, ...], int]]) -> list[list[int]]:
-        """(sequence, tokens, first position) each: the greedy next token after every row."""
-        from ..engine.runners.base import Span
-
-        got = self.runner.forward([Span(seq, toks, pos, len(toks)) for seq, toks, pos in entries])
-        return [[int(i) for i in self.np.asarray(g).argmax(-1)] for g in got]
-
     def run(self, seqs: list[list[int]], n_gen: int) -> tuple[list[float], float, float, list[list[int]]]:
         """As `raw._Llama.run`: (ttft_ms per sequence, rate per stream, aggregate rate, tokens)."""
         return timed_run(self, seqs, n_gen)
