@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import select
 import time
 from multiprocessing.connection import Connection
 
@@ -133,9 +134,13 @@ class EngineLoop:
     def run(self, cmd: Connection, evt: Connection) -> None:
         last_stats = 0.0
         busy_at = time.monotonic()
+        # one poll object for the loop's life: Connection.poll builds a selector on every call
+        # (3.3 us a call here against 0.5; small beside a step, but paid every step)
+        waiting = select.poll()
+        waiting.register(cmd.fileno(), select.POLLIN)
         while True:
             timeout = self._poll_timeout(busy_at)
-            while cmd.poll(timeout):
+            while waiting.poll(timeout * 1000.0):
                 timeout, busy_at = 0.0, time.monotonic()
                 try:
                     msg = cmd.recv()
