@@ -55,11 +55,11 @@ class EngineConfig:
                               "computed, auto (the measured cost model: a few rows on the CPU, a long "
                               "prefill chunk copied in) | cpu | device (always copied in: keeps the "
                               "runner exact on a GPU)")
-    n_ctx: int = opt(DEFAULT_N_CTX, "context positions per slot (prompt + output); 0 = the model's trained context; "
+    n_ctx: int = opt(DEFAULT_N_CTX, "context positions per slot (prompt + output; --kv-unified: of the pool); 0 = the model's trained context; "
                      "auto = the longest that fits this host's memory with --n-slots and --kv-type, up to the "
                      "trained context or what --rope-scaling reaches (the default is at most the trained context; "
                      "past it needs --rope-scaling)", words={"auto": AUTO_N_CTX})
-    n_slots: int = opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions")
+    n_slots: int = opt(4, "sequences decoded together; the KV pool is n_slots x n_ctx positions (--kv-unified: n_ctx)")
     rope_scaling: str | None = opt(None, "RoPE scaling, none | linear | yarn (default: the GGUF's, else none); "
                                    "a --n-ctx past the trained context needs one")
     rope_scale: float | None = opt(None, "RoPE context factor N (default: the GGUF's, else --n-ctx / the original context)")
@@ -90,6 +90,8 @@ class EngineConfig:
                                       "the first match wins (llama-server's -ot)")
     kv_type: str = opt("f16", "llama.cpp: K and V cache type, f16 | q8_0 | q4_0 (quantised types turn on "
                        "flash attention, which llama.cpp needs for them)")
+    kv_unified: bool = opt(False, "llama.cpp: one KV pool of --n-ctx positions that any slot's request may fill (llama-server's "
+                           "--kv-unified); bits then depend on the pool's layout (speculation needs --speculate-inexact)")
     main_gpu: int = opt(0, "llama.cpp: the GPU that holds the layers (by index among GPUs)")
     rpc: str | None = opt(None, "llama.cpp: HOST:PORT[,...] of `appliance worker`s whose devices hold layers (several-machines.md)")
     tensor_split: str | None = opt(None, "llama.cpp: the GPUs' shares of the layers, e.g. 3,1, the workers' first (default: by memory)")
@@ -166,8 +168,7 @@ class EngineConfig:
         _require(self.speculate in ("auto", "lookup", "draft", "mtp", "off"), "speculate must be auto, lookup, draft, mtp or off")
         _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
         _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")
-        _require(self.n_slots >= 1, "n_slots must be at least 1")
-        _require(self.max_choices >= 1, "max_choices must be at least 1")
+        _require(self.n_slots >= 1 and self.max_choices >= 1, "n_slots and max_choices must be at least 1")
         _require(self.n_ctx >= 0 or self.n_ctx == AUTO_N_CTX, "n_ctx must be 0 (the model's), auto or positive")
         check_flags(self)
         _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")
@@ -175,7 +176,8 @@ class EngineConfig:
                  f"prefill_chunk must be between 1 and n_batch ({self.n_batch})")
         _require(self.step_token_budget >= 1, "step_token_budget must be positive")
         _require(self.kv_type in ("f16", "q8_0", "q4_0"), "kv_type must be f16, q8_0 or q4_0")
-        _require(self.engine != "torch" or self.kv_type == "f16", "--kv-type applies to the llama.cpp runner only")
+        _require(self.engine != "torch" or (self.kv_type, self.kv_unified) == ("f16", False),
+                 "--kv-type and --kv-unified apply to the llama.cpp runner only")
         _require(not (self.cpu_moe and self.n_cpu_moe is not None), "give --cpu-moe or --n-cpu-moe, not both")
         _require(self.n_cpu_moe is None or self.n_cpu_moe >= 0, "n_cpu_moe must not be negative")
         _require(self.main_gpu >= 0, "main_gpu must not be negative")
@@ -284,10 +286,8 @@ class ServerConfig:
         _require(self.http_threads >= 1, "http_threads must be positive")
         _require(self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024")
         _require(self.max_connections >= 16, "max_connections must be at least 16")
-        _require(self.request_timeout > 0, "request_timeout must be positive")
-        _require(self.send_timeout > 0, "send_timeout must be positive")
-        _require(self.max_loaded >= 0, "max_loaded must not be negative")
-        _require(self.idle_unload >= 0, "idle_unload must not be negative")
+        _require(self.request_timeout > 0 and self.send_timeout > 0, "request_timeout and send_timeout must be positive")
+        _require(self.max_loaded >= 0 and self.idle_unload >= 0, "max_loaded and idle_unload must not be negative")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  "log_level must be one of debug, info, warning, error")
 

@@ -124,12 +124,13 @@ class RopeScaling:
         return (f"rope={self.kind}:{self.freq_base:g}:{self.freq_scale:.9g}:{self.orig_ctx}:{self.ext_factor:g}:"
                 f"{self.magnitude():.9g}:{self.beta_fast:g}:{self.beta_slow:g}")
 
-    def describe(self, n_ctx: int, n_ctx_train: int) -> str:
-        """One line for the start-up log, /health and `fit`: the context served and how."""
+    def describe(self, n_ctx: int, n_ctx_train: int, per: str = "per slot") -> str:
+        """One line for the start-up log, /health and `fit`: the context served and how (`per`:
+        whose positions, "per slot" or a shared pool's)."""
         if self.kind == "none" or self.freq_scale == 1.0:
-            return f"{n_ctx:,} positions per slot (trained {n_ctx_train:,}), RoPE unscaled"
+            return f"{n_ctx:,} positions {per} (trained {n_ctx_train:,}), RoPE unscaled"
         how = "YaRN" if self.kind == "yarn" else "linear RoPE scaling"
-        return (f"{n_ctx:,} positions per slot (trained {n_ctx_train:,}), {how} x{self.factor:g} of "
+        return (f"{n_ctx:,} positions {per} (trained {n_ctx_train:,}), {how} x{self.factor:g} of "
                 f"{self.orig_ctx:,} (reaches {self.reach():,}; from the {'flags' if self.source == 'flags' else 'GGUF'})")
 
 

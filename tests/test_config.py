@@ -164,6 +164,13 @@ def test_invalid_settings_are_refused(flags):
         config.load(flags, env={})
 
 
+def test_kv_unified_is_a_llamacpp_switch():
+    assert config.load(flags_of(["--kv-unified"]), env={}).engine.kv_unified
+    assert not config.load(flags_of([]), env={}).engine.kv_unified
+    with pytest.raises(ValueError, match="--kv-type and --kv-unified apply to the llama.cpp runner only"):
+        config.load(flags_of(["--kv-unified", "--engine", "torch"]), env={})
+
+
 @pytest.mark.parametrize("argv,env", [(["--n-batch", "32"], {}), ([], {"APPLIANCE_N_BATCH": "32"})])
 def test_defaults_follow_a_smaller_n_batch_given_by_flag_or_variable(argv, env):
     cfg = config.load(flags_of(argv), env=env)

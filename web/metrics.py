@@ -56,7 +56,7 @@ def _gauges(s: EngineStats) -> dict[str, tuple[str, float]]:
         "queue_depth": ("requests waiting for a slot", s.queue_depth),
         "slots_busy": ("slots holding a request", s.slots_busy),
         "slots": ("slots configured", s.n_slots),
-        "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions)", s.kv_bytes),
+        "kv_pool_bytes": ("bytes of the KV pool (n_slots x n_ctx positions; n_ctx with --kv-unified)", s.kv_bytes),
         "kv_pool_tokens": ("positions in the KV pool", s.kv_capacity),
         "kv_used_tokens": ("positions of the KV pool holding a live request", s.kv_tokens),
         "prompt_cache_slot_tokens": ("prompt positions kept in idle slots for reuse", c.cached_tokens),

@@ -39,6 +39,7 @@ class RawSettings:
     kv_type: str = "f16"            # the engine's KV cache type (f16, q8_0, q4_0: flash attention is on with it)
     engine: str = "llamacpp"        # or "torch": the torch runner in the worker (raw_torch.py), for tune --engines
     engine_flags: tuple[tuple[str, Any], ...] = ()   # more EngineConfig fields for the torch runner (its RoPE)
+    kv_unified: bool = False        # the engine's slots share one pool of n_ctx positions
 
     @classmethod
     def from_health(cls, health: dict[str, Any], prefill_chunk: int) -> RawSettings:
@@ -51,7 +52,7 @@ class RawSettings:
                    # a server from before the setting spun, as libgomp does by default
                    thread_wait=str(s.get("thread_wait", "spin")),
                    rope=RopeScaling.from_dict(s["rope"]) if isinstance(s.get("rope"), dict) else None,
-                   kv_type=str(s.get("kv_type") or "f16"))
+                   kv_type=str(s.get("kv_type") or "f16"), kv_unified=bool(s.get("kv_unified", False)))
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class _Llama:  # pragma: no cover - runs in the child
     def _context_params(self) -> Any:
         L, st, ls = self.L, self.st, self.st.llamacpp
         cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_seq_max, cp.kv_unified = st.n_ctx * st.n_slots, st.n_slots, False
+        cp.n_ctx, cp.n_seq_max, cp.kv_unified = st.n_ctx * (1 if st.kv_unified else st.n_slots), st.n_slots, st.kv_unified
         cp.n_batch, cp.n_ubatch = ls.n_batch, min(ls.n_ubatch, ls.n_batch)
         cp.n_threads, cp.n_threads_batch = ls.n_threads, ls.n_threads_batch
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if ls.flash_attn

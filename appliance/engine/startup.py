@@ -98,8 +98,9 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
         info = _with_settings(info, embeddings=ctx.report())
     # the settings were each said as they were decided (placement, speculation, prompt cache);
     # the whole dict is /health's "settings"
-    log.info("loaded %s (%s) in %.2f s: %d slots x %d positions, KV pool %.1f MiB; context: %s",
-             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots, info.n_ctx, info.kv_bytes / 2**20,
+    log.info("loaded %s (%s) in %.2f s: %d slots %s %d positions, KV pool %.1f MiB; context: %s",
+             ref.path.name, info.arch, time.perf_counter() - t0, info.n_slots, "sharing" if info.kv_unified else "x",
+             info.n_ctx, info.kv_bytes / 2**20,
              info.settings.get("context", "-"))
     log.debug("settings: %s", info.settings)
     return Engine(info, runner, prompts, scheduler, embedder)
@@ -246,6 +247,8 @@ def disk_tier(cfg: EngineConfig, runner: ModelRunner, grid: Grid) -> DiskTier | 
 
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. " * 120   # the verify probes' prompt
+UNIFIED_WHY = ("in a KV pool the slots share (--kv-unified) a verify's rows may take other cells than k steps' "
+               "would, and llama.cpp's sums then round differently")
 
 
 def verify_probes(runner: ModelRunner, ids: Sequence[int], memo: ProbeMemo,
@@ -281,6 +284,8 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     ids = runner.tokenize(PROBE_TEXT, add_special=False)
     exactness, cost, prompt = verify_probes(runner, ids, ProbeMemo(cfg.probe_cache, runner),
                                             costs=cfg.speculate_inexact)
+    if runner.info.kv_unified and exactness.exact:
+        exactness = dataclasses.replace(exactness, exact=False, why=UNIFIED_WHY)
     drafter = None
     if exactness.exact or cfg.speculate_inexact:
         if cfg.draft_model is not None and cfg.speculate in ("auto", "draft"):
@@ -326,6 +331,7 @@ def load_draft(cfg: EngineConfig, target: ModelRunner, cost: CostModel, prompt: 
     ref = resolve(None if cfg.draft_model == "embedded" else cfg.draft_model)
     dcfg = dataclasses.replace(cfg, engine=cfg.draft_engine or cfg.engine, n_ctx=target.info.n_ctx,
                                expert_cache="auto", expert_compute="auto", mtp_model=None,   # the served model's
+                               kv_unified=False,       # a stream per slot: never short of cells a target holds
                                **draft_rope(ref.path, target.info.n_ctx))
     runner = make_runner(dcfg, ref.path, ref.alias)
     try:

@@ -58,7 +58,8 @@ def auto_context(cfg: Any, m: ModelFacts, req: FitRequest, devices: list[Device]
                          f"KV {req.kv_type} ({', '.join(plan(m, replace(req, n_ctx=STEP), devices).notes) or 'no room'})")
     kv = plan(m, replace(req, n_ctx=n), devices).use
     why = "the ceiling" if n == top else "memory"
-    return n, (f"--n-ctx auto: {n:,} positions per slot ({req.n_slots} slots, KV {req.kv_type}, "
+    per = "in the pool the slots share" if req.kv_unified else "per slot"
+    return n, (f"--n-ctx auto: {n:,} positions {per} ({req.n_slots} slots, KV {req.kv_type}, "
                f"{sum(u.kv for u in kv.values()) / 2**30:.2f} GiB of KV), limited by {why} (ceiling {top:,}: "
                f"{'the trained context' if top == m.n_ctx_train else 'what the RoPE scaling reaches' if top < MAX_AUTO else 'auto at most'})")
 
@@ -76,7 +77,8 @@ def request_of(cfg: Any, m: ModelFacts) -> FitRequest:
                       n_gpu_layers=int(cfg.n_gpu_layers) if ngl is None and cfg.n_gpu_layers != "auto" else ngl,
                       n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
                       overrides=tuple((p, "CPU" if d.upper() == "CPU" else "GPU0")
-                                      for p, d in cfg.tensor_overrides()), projector=projector_of(cfg))
+                                      for p, d in cfg.tensor_overrides()), projector=projector_of(cfg),
+                      kv_unified=bool(getattr(cfg, "kv_unified", False)))
 
 
 @lru_cache(maxsize=32)

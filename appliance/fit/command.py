@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--yarn-orig-ctx", type=int, metavar="N", help="YaRN's original context, as serve's")
     p.add_argument("--n-slots", type=int, default=4, help="sequences decoded together (default 4)")
     p.add_argument("--kv-type", choices=KV_TYPES, default="f16", help="K and V cache type (default f16)")
+    p.add_argument("--kv-unified", action="store_true", help="one KV pool of --n-ctx positions the slots share, as serve's")
     p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp micro-batch (default 512)")
     p.add_argument("--flash-attn", action="store_true",
                    help="llama.cpp's flash attention (no attention scores in the compute buffer; on with a "
@@ -86,7 +87,7 @@ def _request(args: argparse.Namespace, m: ModelFacts, devices: list[Device]) -> 
                      flash_attn=args.flash_attn or args.kv_type != "f16",
                      n_gpu_layers=ngl, n_cpu_moe=None if n_cpu_moe is None else min(n_cpu_moe, m.n_layer),
                      overrides=parse_overrides(args.override_tensor, devices),
-                     tensor_split=_split(args.tensor_split) if args.tensor_split else ())
+                     tensor_split=_split(args.tensor_split) if args.tensor_split else (), kv_unified=args.kv_unified)
     try:
         split_of(req, devices)
     except ValueError as e:

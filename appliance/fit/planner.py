@@ -47,6 +47,12 @@ class FitRequest:
     overrides: tuple[tuple[str, str], ...] = ()  # (regex, device name), first match wins
     projector: tuple[int, bool] = (0, False)   # a vision projector's bytes, and whether it goes on the GPU
     tensor_split: tuple[float, ...] = ()       # the GPUs' shares of the layers (default: by budget)
+    kv_unified: bool = False                   # one pool of n_ctx positions for every slot (--kv-unified)
+
+    @property
+    def streams(self) -> int:
+        """KV streams of n_ctx positions: one per slot, or one shared pool."""
+        return 1 if self.kv_unified else self.n_slots
 
 
 
@@ -96,7 +102,7 @@ class Placement:
         return {"fits": self.fits, "n_gpu_layers": self.n_gpu_layers, "n_cpu_moe": self.n_cpu_moe,
                 "n_cpu_ffn": self.n_cpu_ffn, "gpu": self.gpu,
                 "split": {g: round(x / sum(self.split.values()), 4) for g, x in self.split.items()}, "kv_type": self.request.kv_type,
-                "n_ctx": self.request.n_ctx, "n_slots": self.request.n_slots,
+                "n_ctx": self.request.n_ctx, "n_slots": self.request.n_slots, "kv_unified": self.request.kv_unified,
                 "overrides": [f"{p}={d}" for p, d in self.overrides], "notes": list(self.notes),
                 "devices": {name: {"weights": u.weights, "kv": u.kv, "compute": u.compute, "total": u.total,
                                    "budget": u.budget, "headroom": u.headroom} for name, u in self.use.items()}}
@@ -106,12 +112,12 @@ class Placement:
 
 def kv_bytes(m: ModelFacts, layer: int, req: FitRequest) -> int:
     """K and V of one layer for every slot: llama.cpp's pool (a sliding-window layer keeps its
-    window and one micro-batch per sequence)."""
+    window and one micro-batch per stream, a shared pool every sequence's window)."""
     positions = req.n_ctx
     if layer in m.swa_layers:
-        positions = min(req.n_ctx, m.sliding_window + req.n_ubatch)
+        positions = min(req.n_ctx, m.sliding_window * (req.n_slots if req.kv_unified else 1) + req.n_ubatch)
     per_pos = m.n_head_kv[layer] * (m.key_length + m.value_length)
-    return req.n_slots * nbytes(req.kv_type.upper(), positions * per_pos)
+    return req.streams * nbytes(req.kv_type.upper(), positions * per_pos)
 
 
 def compute_bytes(m: ModelFacts, req: FitRequest, has_output: bool, has_layers: bool) -> int:
@@ -122,7 +128,7 @@ def compute_bytes(m: ModelFacts, req: FitRequest, has_output: bool, has_layers: 
     activations. Checked against llama.cpp's own report by scripts/placement_check.py."""
     if not (has_output or has_layers):
         return 0
-    f32, ub = 4, min(req.n_ubatch, req.n_ctx * req.n_slots)   # llama.cpp clamps the batch to the context
+    f32, ub = 4, min(req.n_ubatch, req.n_ctx * req.streams)   # llama.cpp clamps the batch to the context
     logits = f32 * ub * m.n_vocab if has_output else 0
     scores = f32 * ub * req.n_ctx * m.n_head if has_layers and not req.flash_attn else 0
     acts = f32 * ub * (8 * m.n_embd + 2 * m.n_ff) if has_layers else 0
@@ -138,7 +144,7 @@ def offload_compute_bytes(m: ModelFacts, req: FitRequest, where: dict[str, str])
     for t in m.tensors:
         if where[t.name] == "CPU" and t.role != "embed":        # the embedding is a row lookup, kept on the host
             by_layer[t.layer] = by_layer.get(t.layer, 0) + t.nbytes
-    f32, ub = 4, min(req.n_ubatch, req.n_ctx * req.n_slots)
+    f32, ub = 4, min(req.n_ubatch, req.n_ctx * req.streams)
     logits = f32 * ub * m.n_vocab + by_layer.pop(None, 0)
     scores = f32 * ub * req.n_ctx * m.n_head if not req.flash_attn else 0
     acts = f32 * ub * (8 * m.n_embd + 2 * m.n_ff)
@@ -152,7 +158,7 @@ def host_compute_bytes(m: ModelFacts, req: FitRequest) -> int:
     context (float32; float16 with flash attention, and less of the rest). Fitted on llama.cpp's
     Vulkan backend (its Vulkan_Host buffer) at 256 to 2048 positions: within 5% for the embedded
     model and the tiny MoE; with flash attention within 3% for the embedded model."""
-    ub = min(req.n_ubatch, req.n_ctx * req.n_slots)
+    ub = min(req.n_ubatch, req.n_ctx * req.streams)
     if req.flash_attn:
         return ub * (8 * m.n_embd + 128 + 2 * req.n_ctx)
     return ub * (10 * m.n_embd + 512 + 4 * req.n_ctx)
@@ -346,6 +352,8 @@ def suggest(m: ModelFacts, req: FitRequest, devices: list[Device]) -> list[str]:
         good = next((v for v in values if fits(replace(req, **{key: v}))), None)
         if good is not None:
             out.append(f"would fit with {flag} {good}")
+    if not req.kv_unified and req.n_slots > 1 and fits(replace(req, kv_unified=True)):
+        out.append("would fit with --kv-unified (the slots share one pool of --n-ctx positions)")
     if not out:
         out.append(f"does not fit this host at any of those settings: the weights alone are "
                    f"{m.weight_bytes / GIB:.1f} GiB")

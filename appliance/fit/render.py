@@ -41,9 +41,10 @@ def _where_roles(m: ModelFacts, p: Placement) -> list[str]:
 
 def render(m: ModelFacts, p: Placement) -> str:
     r = p.request
+    slots = f"{r.n_slots} slot{'s' if r.n_slots != 1 else ''} {'sharing' if r.kv_unified else 'x'} {r.n_ctx:,} positions"
     head = (f"{m.name}: {m.arch}, {m.n_layer} layers, {_gib(m.weight_bytes)} GiB of weights"
             f"{f', {m.n_expert} experts ({m.n_expert_used} per token)' if m.n_expert else ''}; "
-            f"{r.n_slots} slot{'s' if r.n_slots != 1 else ''} x {r.n_ctx:,} positions, KV {r.kv_type}")
+            f"{slots}, KV {r.kv_type}")
     lines = [head, ("fits" if p.fits else "DOES NOT FIT") + f": n_gpu_layers={p.n_gpu_layers}"
              + (f", experts of the first {p.n_cpu_moe} layers in host memory" if p.n_cpu_moe else "")
              + (f", dense FFNs of the first {p.n_cpu_ffn} layers in host memory" if p.n_cpu_ffn else "")]

@@ -72,6 +72,10 @@ def test_fit_prints_a_placement_for_another_host(capsys, host_files):
 def test_fit_says_when_it_does_not_fit_and_what_would(capsys, host_files):
     rc, out, _ = run(capsys, "--shape", "Qwen3-30B-A3B-Q4_K_M", "--host", str(host_files["vm"]), "--n-slots", "8")
     assert rc == 1 and "DOES NOT FIT" in out and "would fit with --n-slots 4" in out
+    assert "would fit with --kv-unified" in out
+    rc, out, _ = run(capsys, "--shape", "Qwen3-30B-A3B-Q4_K_M", "--host", str(host_files["vm"]), "--n-slots", "8",
+                     "--kv-unified")
+    assert rc == 0 and "8 slots sharing 8,192 positions" in out
 
 
 def test_fit_of_a_gguf_file_with_user_choices(capsys, host_files, tmp_path):

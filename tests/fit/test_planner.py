@@ -54,6 +54,21 @@ def test_kv_bytes_by_hand(models):
     # the even layers keep a 128-position window and one micro-batch per slot
     assert kv_bytes(oss, 0, req) == 4 * (128 + 512) * 8 * 128 * 2
     assert kv_bytes(oss, 1, req) == 4 * 8192 * 8 * 128 * 2
+    # --kv-unified: one pool of n_ctx for the 4 slots, and a window per sequence in it
+    shared = FitRequest(n_ctx=8192, n_slots=4, kv_unified=True)
+    assert sum(kv_bytes(m, i, shared) for i in range(32)) == GIB
+    assert kv_bytes(oss, 0, shared) == (4 * 128 + 512) * 8 * 128 * 2
+    assert kv_bytes(oss, 1, shared) == 8192 * 8 * 128 * 2
+
+
+def test_a_host_short_of_kv_for_every_slot_is_told_a_shared_pool_fits(hosts, models):
+    devices = dev.from_snapshot(hosts["vm"])
+    qwen = models["Qwen3-30B-A3B-Q4_K_M"]
+    tight = plan(qwen, FitRequest(n_ctx=8192, n_slots=8), devices)    # 6 GiB of KV beside 17.3 of weights
+    assert not tight.fits
+    assert "would fit with --kv-unified (the slots share one pool of --n-ctx positions)" in tight.notes
+    shared = plan(qwen, FitRequest(n_ctx=8192, n_slots=8, kv_unified=True), devices)
+    assert shared.fits and shared.use["CPU"].kv == 6 * GIB // 8 and shared.to_dict()["kv_unified"] is True
 
 
 # -- devices ------------------------------------------------------------------------------------

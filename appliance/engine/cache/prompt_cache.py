@@ -87,7 +87,7 @@ class PromptCache:
         self.disk = disk if self.enabled else None
         if self.disk is not None:
             self.disk.cost = self.prefill_cost  # disk eviction values entries by the same measured rates
-        self.hit_tokens = self.inexact_hits = self.settled_tokens = 0
+        self.hit_tokens = self.inexact_hits = self.settled_tokens = self.evicted = 0
 
     @classmethod
     def from_config(cls, runner: ModelRunner, cfg: EngineConfig, disk: DiskTier | None = None,
@@ -95,15 +95,17 @@ class PromptCache:
         return cls(runner, grid or Grid(cfg.prefill_chunk), cfg.prompt_cache, cfg.cache_ram_bytes, disk)
 
     # -- a request's life ----------------------------------------------------------------
-    def admit(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int]) -> Placement:
+    def admit(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int],
+              room: int | None = None) -> Placement:
         """Give a request one of the `free` slots: the one keeping the longest reusable prefix
-        of `prompt`, or a longer one restored from RAM or disk. What the slot kept beyond that
-        is saved to the tiers first; its KV is cut to the reused prefix."""
+        of `prompt`, or a longer one restored from RAM or disk (one of at most `room` positions:
+        what a shared KV pool has free for it). What the slot kept beyond that is saved to the
+        tiers first; its KV is cut to the reused prefix."""
         use = self.enabled and use_cache
         slot, at = self._pick_slot(prompt, use, free)
         self._spill(slot, at.reuse)
         if use:
-            at = self._restore_saved(prompt, slot, at)
+            at = self._restore_saved(prompt, slot, at, room)
         self.runner.truncate(slot, at.reuse)
         self.kept[slot], self.unsettled[slot] = [], []  # the slot is rewritten from position `reuse` on
         self.busy.add(slot)
@@ -134,6 +136,22 @@ class PromptCache:
         self.on_disk[slot] = False
         if pin:
             self._pin(slot)
+
+    def pick(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int]) -> int:
+        """The slot among `free` that `admit` would give this prompt."""
+        return self._pick_slot(prompt, self.enabled and use_cache, free)[0]
+
+    def planned(self, slot: int) -> int:
+        """Positions an idle slot is to hold: its kept prompt and the reply still to settle."""
+        return len(self.kept[slot]) + len(self.unsettled[slot])
+
+    def evict(self, slot: int) -> None:
+        """Empty an idle slot's KV, whose cells a request needs (a shared pool, sched/kv_pool.py):
+        what it kept goes to the RAM and disk tiers first, as when a request overwrites it."""
+        self._spill(slot, 0)
+        self.runner.truncate(slot, 0)
+        self.kept[slot], self.unsettled[slot], self.exact[slot], self.on_disk[slot] = [], [], 0, False
+        self.evicted += 1
 
     def forget(self) -> None:
         """The runner failed: trust no KV in any slot."""
@@ -255,10 +273,11 @@ class PromptCache:
                 best = at
         return best.slot, best
 
-    def _restore_saved(self, prompt: Sequence[int], slot: int, at: Placement) -> Placement:
-        """Restore the state sharing the longest prefix (RAM, then disk) if it beats the slot's own."""
+    def _restore_saved(self, prompt: Sequence[int], slot: int, at: Placement, room: int | None) -> Placement:
+        """Restore the state sharing the longest prefix (RAM, then disk) if it beats the slot's own
+        (and holds at most `room` positions)."""
         found, entry = self.ram.lookup(prompt) if self.ram is not None else (0, None)
-        if entry is not None:
+        if entry is not None and (room is None or len(entry.tokens) <= room):
             got = self._place(slot, prompt, found, entry.exact)
             if got.reuse > at.reuse:
                 self.runner.restore(slot, entry.blob)
@@ -268,7 +287,7 @@ class PromptCache:
             return self._place(slot, prompt, shared, exact).reuse > at.reuse
 
         found, tokens, blob, exact = self.disk.lookup(prompt, beats) if self.disk is not None else (0, (), None, 0)
-        if blob is not None:
+        if blob is not None and (room is None or len(tokens) <= room):
             got = self._place(slot, prompt, found, exact)
             if got.reuse > at.reuse:
                 self.runner.restore(slot, blob)

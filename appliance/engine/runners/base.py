@@ -1,6 +1,7 @@
 """The ModelRunner protocol: what the scheduler needs from a backend, and nothing more.
 
-A runner owns the weights and a KV pool of `n_slots` sequences of `n_ctx` positions each. The
+A runner owns the weights and a KV pool of `n_slots` sequences of `n_ctx` positions each (or, with
+`info.kv_unified`, one pool of `n_ctx` positions the sequences share). The
 scheduler decides what runs; the runner only computes. A `Span` asks for the logits of some of
 its last positions; the runner returns them as float32 rows, valid until the next `forward`.
 """
@@ -31,7 +32,7 @@ class RunnerInfo:
     model_name: str
     arch: str
     n_vocab: int
-    n_ctx: int                   # positions per slot
+    n_ctx: int                   # positions per slot (kv_unified: of the pool, which any one slot may fill)
     n_ctx_train: int
     n_slots: int
     eog_ids: frozenset[int]      # end-of-generation tokens (eos, eot, <|im_end|>, ...)
@@ -40,7 +41,7 @@ class RunnerInfo:
     chat_template: str | None
     bos_text: str
     eos_text: str
-    kv_bytes: int                # the whole pool, n_slots x n_ctx positions
+    kv_bytes: int                # the whole pool, n_slots x n_ctx positions (kv_unified: n_ctx)
     settings: dict[str, Any] = field(default_factory=dict)   # threads, batch sizes, flash attn
     fingerprint: str = ""
     # where chat_template comes from: model (the GGUF), builtin:NAME or file:PATH (--chat-template),
@@ -48,6 +49,9 @@ class RunnerInfo:
     chat_template_source: str = "model"
     placement: dict[str, Any] = field(default_factory=dict)  # devices, layers, overrides, bytes (llama.cpp)
     fim: FimTokens = field(default_factory=FimTokens)
+    # one pool of n_ctx cells for every slot (llama.cpp's kv_unified): the scheduler counts its cells
+    # (sched/kv_pool.py) and the runner's `kv_used(slot)` says how many a slot holds
+    kv_unified: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class ModelRunner(Protocol):
         """The slot's sequence state (its KV), restorable into any slot of a same-config runner."""
 
     def restore(self, slot: int, blob: bytes) -> None: ...
+
+    def kv_used(self, slot: int) -> int:
+        """Positions the slot holds in the KV pool (asked only of a runner with `info.kv_unified`)."""
 
     def kv_fingerprint(self) -> str:
         """What a saved state's validity depends on: the model file, n_ctx, the KV type, the

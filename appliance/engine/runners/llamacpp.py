@@ -1,8 +1,10 @@
 """The llama.cpp runner, on llama-cpp-python's low-level API.
 
-One llama context holds `n_slots` sequences (one sequence id per slot, one KV stream each:
-`kv_unified` off, which measured 2-3x faster here than a shared buffer). Logits are kept only
-for the rows the scheduler asks for.
+One llama context holds `n_slots` sequences (one sequence id per slot), by default one KV stream
+of n_ctx positions each (`kv_unified` off: four streams decoding at once measured 1.2x faster
+than one shared buffer here); with `--kv-unified` one buffer of n_ctx cells that any sequence
+may fill (the scheduler counts its cells, sched/kv_pool.py). Logits are kept only for the rows
+the scheduler asks for.
 
 Batch invariance: llama.cpp splits a multi-sequence batch into micro-batches that take the
 same number of tokens from every sequence, so mixing one slot's 512-token prompt chunk with
@@ -110,14 +112,15 @@ class LlamaCppRunner(TextMethods):
         self.batch = L.llama_batch_init(self.n_batch, 0, cfg.n_slots)
         self.projector = self._projector(cfg, s)
         n_ctx_seq = L.llama_n_ctx_seq(self.ctx)
+        pool = n_ctx_seq if cfg.kv_unified else n_ctx_seq * cfg.n_slots
         self.info = RunnerInfo(
             backend="llama.cpp", model_path=str(model_path), model_name=model_name,
             arch=meta(self.model, "general.architecture") or "unknown",
             n_ctx=min(n_ctx, n_ctx_seq), n_ctx_train=n_ctx_train, n_slots=cfg.n_slots,
             **self.text.facts(),
-            kv_bytes=kv_bytes(self.model, self.kv_type, n_ctx_seq * cfg.n_slots),
-            settings={**s.as_dict(), "kv_type": self.kv_type, "llama_cpp_python": L.__version__,
-                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train)},
+            kv_bytes=kv_bytes(self.model, self.kv_type, pool), kv_unified=cfg.kv_unified,
+            settings={**s.as_dict(), "kv_type": self.kv_type, "kv_unified": cfg.kv_unified, "llama_cpp_python": L.__version__,
+                      "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train, "in the pool the slots share" if cfg.kv_unified else "per slot")},
             fingerprint=file_fingerprint(model_path),
             placement=self.placed.summary(),
         )
@@ -136,7 +139,7 @@ class LlamaCppRunner(TextMethods):
             raise
 
     def _context(self, cfg: EngineConfig, model_path: Path, s: LlamaCppSettings) -> L.llama_context_params:
-        """The llama context: one KV stream per slot, the batch shapes, threads, KV type."""
+        """The llama context: one KV stream per slot (or one for all), the batch shapes, threads, KV type."""
         arch = meta(self.model, "general.architecture") or ""
         try:
             n_ctx, self.rope = served(cfg, ModelRope.from_meta(lambda k: meta(self.model, k), arch))
@@ -145,9 +148,9 @@ class LlamaCppRunner(TextMethods):
             raise ModelLoadError(f"{model_path}: {e}") from None
         cp = L.llama_context_default_params()
         set_rope(cp, self.rope)
-        cp.n_ctx = n_ctx * cfg.n_slots
+        cp.n_ctx = n_ctx * (1 if cfg.kv_unified else cfg.n_slots)
         cp.n_seq_max = cfg.n_slots
-        cp.kv_unified = False
+        cp.kv_unified = cfg.kv_unified
         cp.n_batch, cp.n_ubatch = s.n_batch, s.n_ubatch
         cp.n_threads, cp.n_threads_batch = s.n_threads, s.n_threads_batch
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn
@@ -158,7 +161,7 @@ class LlamaCppRunner(TextMethods):
         if not self.ctx:
             L.llama_model_free(self.model)
             raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of "
-                                 f"{cfg.n_slots} x {n_ctx} positions")
+                                 f"{1 if cfg.kv_unified else cfg.n_slots} x {n_ctx} positions")
         return cp
 
     def _mtp_check(self, cp: L.llama_context_params) -> None:
@@ -202,6 +205,7 @@ class LlamaCppRunner(TextMethods):
                          f"llama_cpp_python={L.__version__}", f"n_batch={s.n_batch}", f"n_ubatch={s.n_ubatch}",
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
                          f"n_threads_batch={s.n_threads_batch}", self.rope.identity(), self.placed.identity(),
+                         *(["kv_unified"] if self.info.kv_unified else []),
                          *([f"mmproj={self.projector.fingerprint}"] if self.projector else [])])
 
     # -- compute -------------------------------------------------------------------------
@@ -270,15 +274,23 @@ class LlamaCppRunner(TextMethods):
     def truncate(self, slot: int, n_keep: int) -> None:
         L.llama_memory_seq_rm(self.mem, slot, n_keep, -1)
 
+    def kv_used(self, slot: int) -> int:
+        """Positions the slot holds: its KV is always positions 0..n-1 (spans continue it, cuts drop a tail)."""
+        return L.llama_memory_seq_pos_max(self.mem, slot) + 1
+
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        # Each slot has its own KV stream (kv_unified off), and llama.cpp's seq_cp between
-        # streams only copies whole buffers: a partial range hits a GGML_ASSERT that aborts
-        # the process. Copy the sequence's state instead, then drop what is past the prefix.
+        # With a stream per slot (kv_unified off) llama.cpp's seq_cp between streams only copies
+        # whole buffers: a partial range hits a GGML_ASSERT that aborts the process. Copy the
+        # sequence's state instead, then drop what is past the prefix. In one unified buffer
+        # seq_cp tags the same cells with dst too: no copy, no memory.
         if src == dst:
             self.truncate(dst, n)
             return
+        L.llama_memory_seq_rm(self.mem, dst, -1, -1)
         if n <= 0:
-            L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            return
+        if self.info.kv_unified:
+            L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
             return
         self.restore(dst, self.save(src))
         self.truncate(dst, n)

@@ -33,6 +33,7 @@ class Active:
     expert_base: tuple[int, int] | None = None   # its slot's expert (lookups, hits) at admission
     group: Choices | None = None       # the request's choices, when it asked for n > 1
     follows: Active | None = None      # a choice waiting for its leader's prefill, to take a copy of it
+    reserved: bool = True              # it has a max_tokens (a shared KV pool holds them for it: kv_pool.py)
 
     @property
     def prefilling(self) -> bool:

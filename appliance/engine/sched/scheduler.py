@@ -33,6 +33,10 @@ The scheduler holds its parts and keeps the queue, the slots and the step; what 
 (sampling, stops, tool calls, logprobs) is `RequestOutput`'s, what is cached is `PromptCache`'s,
 what is drafted is `Speculator`'s.
 
+With `--kv-unified` the slots share one pool of n_ctx cells (`kv_pool.SharedPool`): admission
+also waits for the pool's cells, idle slots' cached prompts are evicted to the cache's tiers when
+a request needs their cells, and a request without max_tokens grows while cells are free.
+
 Invariant: a request in a slot has exactly `n_past` positions in that slot's KV.
 """
 from __future__ import annotations
@@ -54,6 +58,7 @@ from ..runners.base import ModelRunner, Span
 from ..spec import Speculator
 from ..stats import EngineStats
 from ..types import Accepted, Done, Error, Event, Request
+from .kv_pool import SharedPool, need
 from .request_state import Active, Choices
 from .step_plan import StepPlan, plan_step
 
@@ -66,6 +71,7 @@ class Scheduler:
         self.grid = self.cache.grid  # one grid: the chunks prefilled are the ones the cache reuses
         self.spec = spec or Speculator()
         self.n_ctx = runner.info.n_ctx
+        self.pool = SharedPool(self.n_ctx, runner.kv_used) if runner.info.kv_unified else None
         self.waiting: deque[Active] = deque()
         self.slots: list[Active | None] = [None] * runner.info.n_slots
         self.by_id: dict[str, Active] = {}
@@ -117,8 +123,8 @@ class Scheduler:
             outputs = [outputs[0]] * req.n
         choices = [Active(req, list(prompt), RequestOutput(
             req.id, p, (seed + i) % 2**64, min(max_tokens, self.n_ctx - n), self.runner.info.eog_ids,
-            self.runner.detokenize, matcher, parser, index=i), self.spec.start(prompt, req.speculate))
-            for i, (matcher, parser) in enumerate(outputs[:req.n])]
+            self.runner.detokenize, matcher, parser, index=i), self.spec.start(prompt, req.speculate),
+            reserved=asked > 0) for i, (matcher, parser) in enumerate(outputs[:req.n])]
         if req.n > 1:
             group = Choices(choices)
             for act in choices:
@@ -129,7 +135,7 @@ class Scheduler:
         """The refusal of a prompt of `n` tokens that does not fit with `asked` max_tokens (0: none
         asked), saying what would fit: never a negative count."""
         param = "messages" if req.messages is not None else "prompt"
-        ctx = f"the context of {self.n_ctx} tokens per slot"
+        ctx = f"the context of {self.n_ctx} tokens {'of the shared pool' if self.pool else 'per slot'}"
         if n >= self.n_ctx:
             over = f"over {ctx} by {n - self.n_ctx}" if n > self.n_ctx else f"all of {ctx}"
             cut = n - self.n_ctx + 1
@@ -180,7 +186,7 @@ class Scheduler:
             queue_depth=len(self.waiting), tokens_generated=self.tokens_generated,
             max_decode_batch=max(self.decode_rows_seen, default=0),
             kv_tokens=sum(a.n_past for a in self.slots if a is not None),
-            kv_capacity=len(self.slots) * self.n_ctx, kv_bytes=self.runner.info.kv_bytes,
+            kv_capacity=self.n_ctx if self.pool else len(self.slots) * self.n_ctx, kv_bytes=self.runner.info.kv_bytes,
             decode_batches=dict(self.decode_rows_seen), cache=self.cache.stats(), spec=self.spec.stats(),
             experts=self._expert_stats())
 
@@ -250,9 +256,13 @@ class Scheduler:
             free = [i for i, s in enumerate(self.slots) if s is None]
             if len(free) < len(act.members):
                 return
+            keep, room = self._pool_room(act, free) if self.pool is not None else (None, None)
+            if room is not None and room < 0:
+                return
             self.waiting.popleft()
             for choice in act.members:   # the leader first: it alone may reuse a cached prefix
-                at = self.cache.admit(choice.prompt, choice.req.cache_prompt and choice.follows is None, free)
+                offer = [keep] if keep is not None and choice is act else free
+                at = self.cache.admit(choice.prompt, choice.req.cache_prompt and choice.follows is None, offer, room)
                 free.remove(at.slot)
                 choice.slot, choice.n_past, choice.cached = at.slot, at.reuse, at.reuse
                 choice.t_admit = time.perf_counter()
@@ -260,10 +270,41 @@ class Scheduler:
                 choice.expert_base = self._expert_counts(at.slot)
                 self.slots[at.slot] = choice
 
+    def _pool_room(self, act: Active, free: list[int]) -> tuple[int, int]:
+        """A shared pool: the slot the cache gives `act`'s leader (`keep`), and the cells free for
+        it once that slot's own are counted (negative: `act` does not fit while the running
+        requests hold theirs). Idle slots' cached prompts are evicted until it fits, that slot's last."""
+        keep = self.cache.pick(act.prompt, act.req.cache_prompt, free)
+        want = need(act)
+        if self.pool.free(self.slots, lambda i: 0) < want:   # type: ignore[union-attr]
+            return keep, -1        # not even with every cached prompt gone: keep them while it waits
+
+        def room() -> int:
+            return self.pool.free(self.slots, self._idle_cells) + self._idle_cells(keep)  # type: ignore[union-attr]
+        self._evict_until(lambda: room() >= want, last=keep)
+        return keep, room()
+
+    def _evict_until(self, enough: Callable[[], bool], last: int | None = None) -> None:
+        """Evict idle slots' cached prompts (to the cache's tiers), the smallest first and `last`
+        last, until `enough()`."""
+        idle = sorted((i for i, a in enumerate(self.slots) if a is None and i != last), key=self._idle_cells)
+        for slot in [None, *idle, *([] if last is None else [last])]:
+            if slot is not None and self._idle_cells(slot):
+                self.cache.evict(slot)
+            if enough():
+                return
+
+    def _idle_cells(self, slot: int) -> int:
+        return max(self.runner.kv_used(slot), self.cache.planned(slot))
+
     def _plan(self) -> StepPlan:
         decoding = [a for a in self.slots if a is not None and a.decoding]
-        drafts = self.spec.propose([a.spec for a in decoding], [a.room(self.n_ctx) for a in decoding],
-                                   [a.slot for a in decoding]) if decoding else []
+        rooms = [a.room(self.n_ctx) for a in decoding]
+        if self.pool is not None and decoding:   # a growing request takes a cell a step, cached prompts giving theirs
+            pool, growing = self.pool, sum(not a.reserved for a in decoding)
+            self._evict_until(lambda: pool.free(self.slots, self._idle_cells) >= growing)
+            rooms = pool.grant(decoding, rooms, pool.free(self.slots, self._idle_cells))
+        drafts = self.spec.propose([a.spec for a in decoding], rooms, [a.slot for a in decoding]) if decoding else []
         prefilling = sorted((a for a in self.slots if a is not None and a.prefilling), key=lambda a: a.t_submit)
         return plan_step(decoding, drafts, prefilling, self.grid, self.cfg.step_token_budget)
 

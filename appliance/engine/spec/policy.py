@@ -16,6 +16,7 @@ class Exactness:
     max_abs_diff: float
     argmax_differs: int
     positions: int
+    why: str = ""      # not exact for a reason the probe cannot see (a shared KV pool's layout)
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,10 @@ def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostM
         return Policy(preferred if mode == "auto" else mode, modes, False,
                       "the runner verifies k tokens exactly as k steps", cost, exactness, draft=draft,
                       no_mtp=no_mtp)
-    why = (f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
-           f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
-           f"{exactness.argmax_differs} of {exactness.positions} rows), so drafted tokens could "
-           "change the output; start with --speculate-inexact to allow it anyway")
+    why = ((exactness.why or f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
+            f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
+            f"{exactness.argmax_differs} of {exactness.positions} rows)")
+           + ", so drafted tokens could change the output; start with --speculate-inexact to allow it anyway")
     if inexact_ok:
         return Policy(mode if mode != "auto" else "off", modes, True, why.split(", so")[0], cost,
                       exactness, draft=draft, no_mtp=no_mtp)
