@@ -129,6 +129,8 @@ def _gpu(s: HostSnapshot) -> list[str]:
         rows.append("none found: " + "; ".join(s.gpu.not_found))
     if isinstance(s.gpu.vulkan, tuple):
         rows += [_vulkan(v) for v in s.gpu.vulkan] or ["Vulkan: the loader lists no device"]
+    else:
+        rows.append(f"Vulkan: {s.gpu.vulkan}")
     if isinstance(s.gpu.gtt_limits, GttLimits):
         rows.append(_gtt(s.gpu.gtt_limits))
     return rows

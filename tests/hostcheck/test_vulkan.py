@@ -49,3 +49,11 @@ def test_the_report_says_a_software_device_holds_host_memory(vm):
             "host memory), API 1.3.230, device-local heaps 2.0 GiB") in text
     assert ("Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)): 2.0 GiB free of 2.0 GiB; host memory (a software "
             "device on the CPU, which llama.cpp calls a discrete GPU, uma: 0): planned as unified") in text
+
+
+def test_the_report_says_why_vulkan_is_unavailable(vm):
+    snap = collect(vm, FakeRunner(), sleep=lambda s: None)
+    snap = dataclasses.replace(snap, gpu=dataclasses.replace(
+        snap.gpu, vulkan=Unavailable("no Vulkan loader (libvulkan.so.1)")))
+    text = " ".join(render(snap, []).split())
+    assert "Vulkan: unavailable (no Vulkan loader (libvulkan.so.1))" in text
