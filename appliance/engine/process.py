@@ -109,11 +109,22 @@ class RequestStream:
             ev = self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        return self._seen(ev)
+
+    def _seen(self, ev: Event) -> Event:
         if isinstance(ev, _TERMINAL):
             self.finished = True
         if isinstance(ev, Error):
             raise from_wire(ev.kind, ev.message, ev.fields)
         return ev
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None. An Error event raises."""
+        try:
+            ev = self.queue.get_nowait()
+        except queue.Empty:
+            return None
+        return self._seen(ev)
 
     def abort(self) -> None:
         if not self.finished:

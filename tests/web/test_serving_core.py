@@ -38,6 +38,9 @@ class Stream:
             raise from_wire(ev.kind, ev.message, ev.fields)
         return ev
 
+    def get_nowait(self):
+        return self.get(timeout=0)
+
     def abort(self) -> None:
         self.aborted = True
 
@@ -163,3 +166,43 @@ def test_an_engine_error_mid_stream_ends_each_dialects_stream_in_its_shape(app, 
     assert resp.status_code == 200 and "Hello" in text      # the status line went out with the first token
     assert says_error(text), text
     assert counted(app)["appliance_time_to_first_token_seconds_count"] == 1
+
+
+class _Writer:
+    def start(self): return b"start|"
+    def delta(self, ev): return f"d:{ev.text}|".encode()
+    def end(self, done): return b"end|"
+    def error(self, e): return f"error:{e.message}|".encode()
+    def idle(self): return b""
+
+
+class _Tally:
+    def __init__(self): self.deltas, self.ends = 0, 0
+    def delta(self, ev): self.deltas += 1
+    def done(self, ev): self.ends += 1
+
+
+def _streamed(events):
+    from types import SimpleNamespace
+
+    from web import serving
+
+    stream = Stream("r", events)
+    sub = SimpleNamespace(stream=stream, gone=lambda: False)
+    tally = _Tally()
+    return list(serving.stream(sub, _Writer(), tally, keepalive=0)), tally
+
+
+def test_the_events_waiting_together_go_out_in_one_write():
+    """What one engine message brought is one write (the server's writer and the client wake
+    once, not once a token), each token still its own event, in order."""
+    deltas = [Delta("r", w, (i + 1,)) for i, w in enumerate(WORDS)]
+    chunks, tally = _streamed([*deltas, Done("r", "stop", Usage(7, len(WORDS)), Timings(7, 0, 5.0, 2, 4.0, 2.0, 1))])
+    assert chunks == [b"start|", b"".join(f"d:{w}|".encode() for w in WORDS) + b"end|"]
+    assert (tally.deltas, tally.ends) == (len(WORDS), 1)   # /metrics still counts every token
+
+
+def test_an_error_behind_waiting_tokens_goes_out_after_them():
+    chunks, _ = _streamed([Delta("r", "Hello", (1,)), Delta("r", " there", (2,)),
+                           Error("r", "EngineFailure", "the engine process died", {})])
+    assert chunks == [b"start|", b"d:Hello|d: there|error:the engine process died|"]

@@ -135,9 +135,16 @@ class Sampler:
         self.params = params
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.recent: list[int] = []
+        # greedy with no bias and no penalty: the argmax alone (the chain below returns the same)
+        self.plain = (params.greedy and not params.logit_bias and params.presence_penalty == 0.0
+                      and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0)
 
     def __call__(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
         """`allowed`: a bool mask over the vocabulary (structured output); others are never drawn."""
+        if self.plain and allowed is None:
+            tok = int(logits.argmax())
+            self.recent.append(tok)
+            return tok
         p = self.params
         # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
         window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]

@@ -101,6 +101,7 @@ class Vocab:
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self._piece = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}   # each token's piece, asked once: a step detokenizes its token
 
     # -- model facts ---------------------------------------------------------------------
     def opt_token(self, tok: int) -> int | None:
@@ -142,16 +143,26 @@ class Vocab:
         return list(buf[:n])
 
     def detokenize(self, ids: Sequence[int]) -> bytes:
+        pieces = self._pieces
+        if len(ids) == 1 and ids[0] in pieces:   # a decode step's one token
+            return pieces[ids[0]]
         out = bytearray()
         for tok in ids:
-            n = L.llama_token_to_piece(self.vocab, tok, self._piece, len(self._piece), 0, True)
-            if n < 0:
-                big = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, tok, big, -n, 0, True)
-                out += big.raw[:n]
-            else:
-                out += self._piece.raw[:n]
+            got = pieces.get(tok)
+            if got is None:
+                got = self._token_piece(tok)
+                if 0 <= tok < self.n_vocab:
+                    pieces[tok] = got
+            out += got
         return bytes(out)
+
+    def _token_piece(self, tok: int) -> bytes:
+        n = L.llama_token_to_piece(self.vocab, tok, self._piece, len(self._piece), 0, True)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, tok, big, -n, 0, True)
+            return big.raw[:n]
+        return self._piece.raw[:n]
 
     def guidance_tokenizer(self):
         """llguidance's view of this vocabulary, for structured output (built on first use)."""
