@@ -161,7 +161,7 @@ class EngineLoop:
             now = time.monotonic()
             # and with a request's end: /health then shows what the release left to do idle
             stats_due = now - last_stats > STATS_INTERVAL_S or any(isinstance(e, (Done, Error)) for e in self.outbox)
-            if (self.outbox or stats_due) and (stats_due or not self._hold(now)):
+            if self._due(now, stats_due):
                 if not self._send(evt, self.stats() if stats_due else None):
                     return
                 last_stats = now if stats_due else last_stats
@@ -218,6 +218,13 @@ class EngineLoop:
         if not interval or now - self._sent_at >= interval or not self.has_work():
             return False
         return all(isinstance(e, Delta) and e.request_id in self._streaming for e in self.outbox)
+
+    def _due(self, now: float, stats_due: bool) -> bool:
+        """Whether a message goes now: events or stats to send, and no stream's tokens held.
+        Stats due while tokens are held go with them, at most stream_interval_ms later: a message
+        of their own (every 100 ms) woke the server, its writer and the client as often, a third
+        of the messages of a stream at depth 512 here."""
+        return bool(self.outbox or stats_due) and not (self.outbox and self._hold(now))
 
     def _send(self, evt: Connection, stats: EngineStats | None) -> bool:
         """Send the outbox (and stats); False when the server is gone."""

@@ -37,6 +37,19 @@ def test_only_a_streams_later_tokens_wait_and_never_past_the_interval():
     assert not hold(loop(0, [delta("a")], {"a"}, sent_at=10.0), 10.001)          # 0: every step
 
 
+def test_stats_due_while_tokens_are_held_wait_for_them_and_go_alone_otherwise():
+    def due(outbox: list, stats_due: bool, now: float = 10.02) -> bool:
+        ns = loop(40, outbox, {"a"}, sent_at=10.0)
+        ns._hold = lambda t: EngineLoop._hold(ns, t)
+        return EngineLoop._due(ns, now, stats_due)
+
+    assert not due([delta("a")], stats_due=True)             # held tokens: the stats go with them
+    assert due([delta("a")], stats_due=True, now=10.05)      # ... when the interval is up
+    assert due([], stats_due=True)                           # nothing held (a prefill, idle): alone
+    assert due([delta("b")], stats_due=False)                # a first token goes at once
+    assert not due([], stats_due=False)                      # nothing to say
+
+
 @pytest.fixture(scope="module", params=[0, 2000], ids=["every-step", "gathered"])
 def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("interval")
