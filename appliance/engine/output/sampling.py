@@ -141,10 +141,8 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
         """`allowed`: a bool mask over the vocabulary (structured output); others are never drawn."""
-        if self.plain and allowed is None:
-            tok = int(logits.argmax())
-            self.recent.append(tok)
-            return tok
+        if self.plain and allowed is None:   # `recent` only feeds penalties, which it has none of
+            return int(logits.argmax())
         p = self.params
         # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
         window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]

@@ -144,8 +144,8 @@ class Vocab:
 
     def detokenize(self, ids: Sequence[int]) -> bytes:
         pieces = self._pieces
-        if len(ids) == 1 and ids[0] in pieces:   # a decode step's one token
-            return pieces[ids[0]]
+        if len(ids) == 1 and (one := pieces.get(ids[0])) is not None:   # a decode step's one token
+            return one
         out = bytearray()
         for tok in ids:
             got = pieces.get(tok)
