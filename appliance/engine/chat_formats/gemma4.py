@@ -19,23 +19,13 @@ import re
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, held
-from .harmony import FAIL, MORE, SPACE, lit, until
+from .peg import FAIL, MORE, SPACE, lit, until, until_any
 
 CHANNEL, CLOSE, CALL, CALL_END, QUOTE = "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'
 THOUGHT = "<|channel>thought"
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
 KEY = re.compile(r"[^:}]+")
-
-
-def until_any(text: str, pos: int, delims: tuple[str, ...]) -> tuple[int, bool]:
-    """llama.cpp's until_one_of: the earliest delimiter, or a part of one the text ends in."""
-    best = (len(text), False)
-    for d in delims:
-        end, ended = until(text, pos, d)
-        if ended and end < best[0]:
-            best = (end, True)
-    return best
 
 
 class Gemma4(Format):

@@ -21,44 +21,13 @@ from that point on stays content, so no text is lost.
 from __future__ import annotations
 
 import json
-import re
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, held, open_json
+from .peg import FAIL, MORE, SPACE, TYPE, lit, until
 
 START, END, MESSAGE, CHANNEL = "<|start|>assistant", "<|end|>", "<|message|>", "<|channel|>"
 STRAY = "<|channel|>commentary"
-MORE = -1          # the text ends inside what is being matched
-FAIL = -2
-SPACE = re.compile(r"[ \t\n\r\f\v]*")
-TYPE = re.compile(r"[A-Za-z0-9_-]*")
-
-
-def lit(text: str, pos: int, s: str) -> int:
-    """`s` at `pos`: where it ends, MORE if the text ends inside it, else FAIL."""
-    if text.startswith(s, pos):
-        return pos + len(s)
-    return MORE if len(text) - pos < len(s) and s.startswith(text[pos:]) else FAIL
-
-
-def until(text: str, pos: int, delim: str) -> tuple[int, bool]:
-    """(where the text before `delim` ends, whether it ended): llama.cpp's `until`, which also
-    stops before a part of `delim` the text ends in."""
-    at = text.find(delim, pos)
-    if at >= 0:
-        return at, True
-    for n in range(min(len(delim) - 1, len(text) - pos), 0, -1):
-        if text.endswith(delim[:n]):
-            return len(text) - n, True
-    return len(text), False
-
-
-def seq(text: str, pos: int, *parts: str) -> int:
-    for s in parts:
-        pos = lit(text, pos, s)
-        if pos < 0:
-            return pos
-    return pos
 
 
 class Harmony(Format):

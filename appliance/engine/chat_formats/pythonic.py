@@ -20,7 +20,7 @@ import re
 from typing import Any, ClassVar
 
 from .base import Call, Context, Format, Parsed, held
-from .harmony import FAIL, MORE, SPACE, lit, until
+from .peg import FAIL, MORE, SPACE, lit, until
 
 OPEN, CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 THINK = ("<think>", "</think>")

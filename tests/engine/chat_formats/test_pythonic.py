@@ -6,11 +6,11 @@ import json
 import pytest
 
 from appliance.engine.chat_formats import Context, detect
+from appliance.engine.chat_formats.pythonic import Pythonic, PythonicThinking
 
 from ..chat_templates import cases as templates
 from .byte_grammar import accepts, compiles
 from .family_cases import check_streamed, check_whole, params
-from appliance.engine.chat_formats.pythonic import Pythonic, PythonicThinking
 
 TEMPLATES = ["LFM2-8B-A1B", "LFM2.5-8B-A1B", "LFM2.5-Instruct"]
 CASES = params(TEMPLATES)
