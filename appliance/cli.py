@@ -79,7 +79,7 @@ def _hostcheck(args: argparse.Namespace) -> int:
         from .worker_facts import fetch_all
 
         try:
-            workers = fetch_all(list(parse_endpoints(args.rpc)))
+            workers = fetch_all(list(parse_endpoints(args.rpc)), facts_port=args.facts_port)
         except ValueError as e:
             print(f"appliance hostcheck: {e}", file=sys.stderr)
             return 2
@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("--rpc", metavar="HOST:PORT[,...]",
                       help="also report these `appliance worker`s' hosts (each answers on its next port); "
                            "exit status 1 when one does not answer")
+    host.add_argument("--facts-port", type=int, metavar="PORT",
+                      help="with --rpc: ask the workers for their facts on this port, for workers started "
+                           "with `appliance worker --facts-port PORT` (default: each one's RPC port + 1)")
     size = host.add_mutually_exclusive_group()
     size.add_argument("--model", metavar="PATH",
                       help="check that this model fits (GTT, VRAM, memory) by its size on disk")

@@ -34,9 +34,16 @@ def add_parser(sub) -> None:
                    help="threads for the CPU device (default: half the cores, as rpc-server)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host: the protocol is unauthenticated, use a private link")
-    p.add_argument("--no-facts", action="store_true",
-                   help="do not answer GET /hostcheck on the next port (PORT + 1): this machine's "
-                        "hostcheck facts, which `appliance hostcheck --rpc` and bench's stored runs read")
+    facts = p.add_mutually_exclusive_group()
+    facts.add_argument("--facts-port", type=int, metavar="PORT",
+                       help="answer GET /hostcheck (this machine's hostcheck facts, which `appliance "
+                            "hostcheck --rpc` and bench's stored runs read) on this port (default: the "
+                            "next port, PORT + 1, where the head looks: `appliance hostcheck "
+                            "--facts-port` asks elsewhere, bench does not). When it cannot be bound "
+                            "the worker says so and serves RPC without them, and the head says they "
+                            "are unavailable")
+    facts.add_argument("--no-facts", action="store_true",
+                       help="do not answer GET /hostcheck at all")
     p.set_defaults(func=run)
 
 
@@ -46,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         return _refuse(f"--port {args.port} is not a port")
+    if args.facts_port is not None and not (0 < args.facts_port < 65536 and args.facts_port != args.port):
+        return _refuse(f"--facts-port {args.facts_port} is not a port other than --port {args.port}")
     if not is_ipv4(args.host):
         return _refuse(f"--host {args.host}: llama.cpp's RPC server binds a dotted IPv4 address only")
     if not args.allow_remote and not is_loopback(args.host):
@@ -69,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance worker: offers {d.name} ({d.description}): {d.total // 2**20} MiB, "
               f"{d.free // 2**20} MiB free", flush=True)
     if not args.no_facts:
-        _serve_facts(endpoint, offered, cache, args.threads)
+        _serve_facts(endpoint, args.facts_port, offered, cache, args.threads)
     # llama.cpp's accept loop never returns to Python: let SIGINT and SIGTERM end the process
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -77,22 +86,27 @@ def run(args: argparse.Namespace) -> int:
     return _refuse(f"the RPC server at {endpoint} did not start (llama.cpp's reason is above)")
 
 
-def _serve_facts(endpoint, offered, cache: str | None, threads: int) -> None:
-    """This machine's hostcheck facts on the next port (worker_facts.py); a port in use is said
-    and the worker serves RPC without them."""
+def _serve_facts(endpoint, port: int | None, offered, cache: str | None, threads: int) -> None:
+    """This machine's hostcheck facts on `port`, else the next port (worker_facts.py). A port
+    that cannot be bound (another program holds it) is said, with what follows, and the worker
+    serves RPC without them."""
     from . import worker_facts
     from .engine.runners.ggml_devices import llama_build
 
-    at = worker_facts.facts_endpoint(endpoint)
+    at = worker_facts.facts_endpoint(endpoint, port)
     worker = {"endpoint": str(endpoint), "cache": cache, "threads": threads,
               "offers": [{"name": d.name, "description": d.description, "free": d.free, "total": d.total}
                          for d in offered]}
     try:
         worker_facts.serve(at, worker, llama_build())
     except (OSError, OverflowError) as e:     # in use, or no port after 65535
-        print(f"appliance worker: hostcheck facts not served at {at}: {getattr(e, 'strerror', None) or e}", flush=True)
+        print(f"appliance worker: hostcheck facts NOT served at {at}: {getattr(e, 'strerror', None) or e}; "
+              f"a head asking there gets another program's answer or none, and says this worker's facts "
+              f"are unavailable (--facts-port PORT serves them on a free port)", flush=True)
         return
-    print(f"appliance worker: hostcheck facts at http://{at}{worker_facts.PATH}", flush=True)
+    elsewhere = "" if at.port == endpoint.port + 1 else \
+        f" (not the RPC port + 1, where a head looks: `appliance hostcheck --facts-port {at.port}` asks here)"
+    print(f"appliance worker: hostcheck facts at http://{at}{worker_facts.PATH}{elsewhere}", flush=True)
 
 
 def _offered(devs, names: list[str]):

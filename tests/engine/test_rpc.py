@@ -9,11 +9,14 @@ stays registered for the life of a process.
 from __future__ import annotations
 
 import json
+import random
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +54,9 @@ def test_the_worker_refuses_a_public_address_without_the_flag(capsys):
     assert "--allow-remote" in capsys.readouterr().err
     assert main(["worker", "--host", "localhost"]) == 2     # llama.cpp's server binds IPv4 addresses only
     assert "IPv4" in capsys.readouterr().err
+    for facts_port in ("50052", "0", "65536"):
+        assert main(["worker", "--facts-port", facts_port]) == 2
+        assert f"--facts-port {facts_port} is not a port other than --port 50052" in capsys.readouterr().err
 
 
 def test_the_worker_help_says_the_protocol_has_no_authentication(capsys):
@@ -92,29 +98,130 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_pair() -> int:
+    """A port P with P and P + 1 (a worker's RPC and facts ports) both free, below the ephemeral
+    range. Not free_port() + 1 (issue 68): bind(0) hands out odd ports and connect() even ones on
+    Linux, so the port after a free_port() is one every client connection of the suite draws its
+    own from, held while open and 60 s after in TIME_WAIT, and the worker's facts server then
+    cannot bind it. Nothing else in the suite binds below the ephemeral range."""
+    top = _ephemeral_low() - 2
+    bottom = 10000 if top > 11000 else 1024
+    for _ in range(1000):
+        port = random.randrange(bottom, top)
+        if _bindable(port) and _bindable(port + 1):
+            return port
+    raise AssertionError(f"no two free ports side by side in {bottom}-{top}")
+
+
+class Worker:
+    """`appliance worker` started here: its stdout (and stderr) read as it comes; unpacks as
+    (endpoint, process)."""
+
+    def __init__(self, port: int, extra: tuple[str, ...]):
+        self.ep = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "appliance", "worker", "--port", str(port),
+                                      "--threads", "1", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._said = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._said:
+                self.lines.append(line)
+                self._said.notify_all()
+        with self._said:
+            self.lines.append("")          # the end
+            self._said.notify_all()
+
+    def wait_for(self, *needles: str, timeout: float = 120.0) -> str | None:
+        """The first line saying one of `needles`; None when the worker's output ends first."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._said:
+            while True:
+                for line in self.lines[seen:]:
+                    if line == "":
+                        return None
+                    if any(n in line for n in needles):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"the worker said none of {needles} in {timeout} s:\n{self.output(0)}")
+                self._said.wait(left)
+
+    def output(self, timeout: float = 30.0) -> str:
+        """What it printed (all of it once it has exited)."""
+        self._reader.join(timeout)
+        with self._said:
+            return "".join(self.lines)
+
+    def listens(self, timeout: float = 120.0) -> bool:
+        port = int(self.ep.rpartition(":")[2])
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                time.sleep(0.1)
+        return False
+
+    def __iter__(self):
+        return iter((self.ep, self.proc))
+
+
 @pytest.fixture
 def worker():
-    """Start `appliance worker` on a free loopback port; yields (endpoint, process)."""
-    procs = []
+    """`worker(*args)` starts `appliance worker` on loopback on a port pair of its own (port_pair)
+    and returns once it serves RPC and, unless --no-facts, says it serves its facts; a pair taken
+    meanwhile (the worker says its facts are not served, or exits) is retried with another, a few
+    times. `worker(*args, port=P)`: on P, once it serves RPC and says whether it serves its facts.
+    Returns the started Worker, which unpacks as (endpoint, process)."""
+    started = []
 
-    def start(*extra: str):
-        port = free_port()
-        p = subprocess.Popen([sys.executable, "-m", "appliance", "worker", "--port", str(port), "--threads", "1",
-                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        procs.append(p)
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return f"127.0.0.1:{port}", p
-            except OSError:
-                assert p.poll() is None, p.stdout.read()
-                time.sleep(0.1)
-        raise AssertionError("the worker did not listen")
+    def start(*extra: str, port: int | None = None) -> Worker:
+        if port is not None:            # this port, whatever it says of its facts
+            w = Worker(port, extra)
+            started.append(w)
+            assert w.wait_for("hostcheck facts") and w.listens(), w.output()
+            return w
+        for _ in range(5):
+            w = Worker(port_pair(), extra)
+            started.append(w)
+            facts = "--no-facts" in extra or w.wait_for("hostcheck facts at", "hostcheck facts NOT served")
+            if facts and "NOT served" not in str(facts) and w.listens():
+                return w
+            w.proc.kill()
+            w.proc.wait()
+            if "hostcheck facts NOT served" not in w.output() and "did not start" not in w.output():
+                raise AssertionError(f"the worker did not start:\n{w.output()}")
+        raise AssertionError(f"no worker started on 5 port pairs; the last said:\n{w.output()}")
 
     yield start
-    for p in procs:
-        p.kill()
-        p.wait()
+    for w in started:
+        w.proc.kill()
+        w.proc.wait()
+        w.output()
 
 
 HEAD = textwrap.dedent("""
@@ -229,15 +336,46 @@ def test_a_worker_that_does_not_answer_is_refused_with_its_address():
 def test_the_worker_says_what_it_offers_and_answers_for_its_host(worker):
     from appliance import worker_facts
 
-    ep, proc = worker()
-    facts = worker_facts.fetch(parse_endpoints(ep)[0])
+    w = worker()
+    ep, proc = w
+    facts = worker_facts.fetch(parse_endpoints(ep)[0], timeout_s=60)
     offers = LOCAL_GPU or "CPU"             # every GPU, else the CPU (rpc-server's choice)
+    assert "worker" in facts, facts.get("error")
     assert facts["worker"]["endpoint"] == ep and [d["name"] for d in facts["worker"]["offers"]] == [offers]
     assert facts["snapshot"]["memory"]["total_bytes"] > 0 and facts["llama_cpp"]["devices"][0]["name"] == "CPU"
     proc.terminate()
-    text = proc.communicate(timeout=10)[0]
+    proc.wait(10)
+    text = w.output()
     assert f"serving at {ep}" in text and f"offers {offers}" in text and "MiB free" in text
-    assert "hostcheck facts at http://127.0.0.1:" in text
+    assert f"hostcheck facts at http://127.0.0.1:{int(ep.rpartition(':')[2]) + 1}/hostcheck\n" in text
+
+
+@pytest.mark.rpc
+@needs_rpc
+def test_a_worker_whose_facts_port_is_taken_says_so_and_the_head_says_they_are_not_its(worker):
+    """Issue 68: another program on the port after the worker's RPC port. The worker says its
+    facts are not served there (and serves RPC); the head, asking there, gets that program's
+    answer and says it is not the worker's. With --facts-port on a free port, the head told that
+    port gets the worker's facts."""
+    from appliance import worker_facts
+    from tests.test_worker_facts import answering
+
+    port = port_pair()
+    foreign = answering(port + 1, 200, b'{"status": "ok"}')
+    try:
+        w = worker(port=port)
+        assert "hostcheck facts NOT served at 127.0.0.1:%d" % (port + 1) in w.output(0)
+        facts = worker_facts.fetch(Endpoint("127.0.0.1", port), timeout_s=60)
+        assert list(facts) == ["error"] and f"not as the worker at 127.0.0.1:{port}" in facts["error"]
+    finally:
+        foreign.shutdown()
+        foreign.server_close()
+    rpc = port_pair()
+    facts_port = next(p for p in iter(port_pair, None) if p not in (rpc, rpc + 1))
+    w = worker("--facts-port", str(facts_port), port=rpc)
+    assert f"hostcheck facts at http://127.0.0.1:{facts_port}/hostcheck (not the RPC port + 1" in w.output(0)
+    facts = worker_facts.fetch(Endpoint("127.0.0.1", rpc), timeout_s=60, facts_port=facts_port)
+    assert facts.get("worker", {}).get("endpoint") == f"127.0.0.1:{rpc}", facts.get("error")
 
 
 @pytest.mark.rpc

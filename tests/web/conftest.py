@@ -59,7 +59,7 @@ def running_server(tmp_path, *args: str, timeout: float = 180.0, health_headers:
             try:
                 if requests.get(server.url + "/health", timeout=2, headers=health_headers).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):    # not up yet, or slow on a loaded machine
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not healthy after {timeout} s:\n{server.log()}")

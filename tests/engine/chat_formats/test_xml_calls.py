@@ -1,0 +1,135 @@
+"""The XML call families (xml_calls.py, xml_rows.py) against llama.cpp's parse of every recorded
+reply of their templates, whole and streamed, and their grammars."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from appliance.engine.chat_formats import Context, detect
+from appliance.engine.chat_formats.xml_calls import XmlCalls
+from appliance.engine.chat_formats.xml_rows import Glm, Glm46, Hy3, Ling3, MiniCpm5, MiniMaxM2, Qwen3Coder, SeedOss
+
+from ..chat_templates import cases as templates
+from .byte_grammar import accepts, compiles
+from .family_cases import check_streamed, check_whole, params
+
+FAMILY = {
+    "Qwen3-Coder": "qwen3_coder", "Qwen3.5-4B": "qwen3_coder_thinking",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen3_coder_thinking", "StepFun3.5-Flash": "qwen3_coder_thinking",
+    "ByteDance-Seed-OSS": "seed_oss", "MiniMax-M2": "minimax_m2", "openbmb-MiniCPM5-1B": "minicpm5",
+    "GLM-4.6": "glm46", "GLM-4.7-Flash": "glm", "Spark2.5": "glm", "poolside-Laguna-S-2.1": "glm",
+    "poolside-Laguna-XS-2.1": "glm", "poolside-Laguna-XS.2": "glm",
+    "inclusionai-ling-3.0-flash": "ling3", "tencent-Hy3": "hy3",
+}
+CASES = params(FAMILY)
+
+
+def test_detected_as_llama_cpp_does():
+    assert {t: detect(templates.template(t)).name for t in FAMILY} == FAMILY
+
+
+@pytest.mark.parametrize("template,case", CASES)
+def test_whole_reply_is_llama_cpps_message(template, case):
+    check_whole(template, case)
+
+
+@pytest.mark.parametrize("template,case", CASES)
+def test_streamed_reply_is_the_whole_one(template, case):
+    check_streamed(template, case)
+
+
+TOOLS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                          "when": {"type": ["string", "integer"]}},
+                         "required": ["city"]},
+         "add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+         "ping": {}}
+Q = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("reply,content,calls", [
+    # llama.cpp's reading (chat_ref): content before a call keeps its newline, a string keeps its text
+    ("Sure.\n" + Q, "Sure.\n", [("get_weather", {"city": "Paris"})]),
+    (Q.replace("Paris", "  two\n\nlines\n"), "", [("get_weather", {"city": "  two\n\nlines\n"})]),
+    # typed by the schema: an integer is JSON, a string-or-integer is JSON where it reads as one
+    (Q.replace("</function>", "<parameter=days>\n3\n</parameter>\n<parameter=when>\n7\n</parameter>\n</function>"),
+     "", [("get_weather", {"city": "Paris", "days": 3, "when": 7})]),
+    # a value that is not JSON of its type: no call; llama.cpp drops the rest, and so do we (it does not fail)
+    (Q.replace("</function>", "<parameter=days>\nthree\n</parameter>\n</function>"), "", []),
+    ("Hi " + Q.replace("get_weather", "get_wether"), "Hi ", []),
+    # the reply ends inside a call: so far, it is one (llama.cpp's lenient parse)
+    (Q[:-20], "", [("get_weather", {"city": "Paris"})]),
+])
+def test_qwen3_coder_values(reply, content, calls):
+    got = XmlCalls().parse(reply, Context(tools=TOOLS), partial=False)
+    assert (got.content, [(c.name, json.loads(c.arguments)) for c in got.calls]) == (content, calls)
+
+
+def test_qwen3_coder_first_call_may_lack_its_wrap():
+    got = Qwen3Coder().parse(Q[len("<tool_call>\n"):], Context(tools=TOOLS), partial=False)
+    assert [c.name for c in got.calls] == ["get_weather"] and got.content == ""
+
+
+G = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+
+
+@pytest.mark.parametrize("reply,content,ncalls", [
+    # llama.cpp fails on these (its grammar ends the reply after the calls): no text is lost
+    (G + "\nDone.", "Done.", 1),
+    (G.replace("get_weather", "nope"), G.replace("get_weather", "nope"), 0),
+    (G + G.replace("Paris", "Rome"), "", 2),
+])
+def test_automatic_parser_rows_keep_what_is_not_a_call(reply, content, ncalls):
+    got = Glm().parse(reply, Context(tools=TOOLS), partial=False)
+    assert got.content == content and len(got.calls) == ncalls
+
+
+def test_a_call_is_streamed_once_read_whole():
+    """A call that turns out not to be one (a bad value) is never given while it is open."""
+    reply = Q.replace("</function>", "<parameter=days>\nthree\n</parameter>\n</function>")
+    for i in range(len(reply)):
+        assert XmlCalls().parse(reply[:i], Context(tools=TOOLS), partial=True).calls == []
+
+
+def test_minimax_m2_section_of_several_invokes():
+    reply = ('<minimax:tool_call>\n<invoke name="add">\n<parameter name="a">1</parameter>\n'
+             '<parameter name="b">2.5</parameter>\n</invoke>\n<invoke name="ping">\n</invoke>\n</minimax:tool_call>')
+    got = MiniMaxM2().parse(reply, Context(tools=TOOLS), partial=False)
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [("add", {"a": 1, "b": 2.5}), ("ping", {})]
+
+
+def test_minicpm5_cdata_value():
+    reply = '<function name="get_weather"><param name="city"><![CDATA[a </param> b]]></param></function>'
+    got = MiniCpm5().parse(reply, Context(tools=TOOLS), partial=False)
+    assert json.loads(got.calls[0].arguments) == {"city": "a </param> b"}
+
+
+FAMILIES = [XmlCalls, Qwen3Coder, SeedOss, MiniMaxM2, MiniCpm5, Glm, Glm46, Ling3, Hy3]
+
+
+def _canonical(f: XmlCalls, calls: list[tuple[str, dict]], parallel: bool) -> str:
+    """Calls written in the row's own layout (what its grammar describes)."""
+    sep, out = ("\n" if f.flex else ""), []
+    for name, args in calls:
+        t = f.call[0] + name + f.call[1]
+        for k, v in args.items():
+            t += sep + f.arg[0] + k + f.arg[1] + sep + f.arg[2] + (v if isinstance(v, str) else json.dumps(v)) + f.arg[3]
+        t += sep + f.call[2] if f.call[2] else ""
+        out.append(f.wrap[0] + sep + t + sep + f.wrap[1] if f.wrap[0] else t)
+    if f.section:
+        return f.section[0] + sep + sep.join(out) + sep + f.section[1]
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("parallel", [True, False])
+def test_grammar_compiles_takes_a_call_and_reads_back(family, parallel):
+    f, ctx = family(), Context(tools=TOOLS, parallel=parallel)
+    calls = [("get_weather", {"city": "Paris <b>", "days": 2}), ("add", {"a": 2, "b": 3.5})][: 2 if parallel else 1]
+    text = _canonical(f, calls, parallel)
+    grammar = f.grammar(ctx, "required")
+    assert compiles(grammar) and accepts(grammar, text)
+    assert [(c.name, json.loads(c.arguments)) for c in f.parse(text, ctx, partial=False).calls] == calls
+    one = f.grammar(ctx, "add")
+    assert accepts(one, _canonical(f, [("add", {"a": 1, "b": 2})], False))
+    assert not accepts(one, _canonical(f, calls[:1], False))
