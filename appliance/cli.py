@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .fit.command import add_parser as add_fit
     from .library.command import add_parsers as add_library
     from .quantize import add_parser as add_quantize
+    from .template_command import add_parser as add_template
     from .tune import add_parser as add_tune
     from .worker import add_parser as add_worker
 
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_library(sub)
     add_quantize(sub)
     add_worker(sub)
+    add_template(sub)
     return parser
 
 

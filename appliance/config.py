@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping
 
-from .chat_templates import BUILTIN, REASONING, default_kwargs, load_template
+from .chat_templates import BUILTIN, REASONING, REASONING_FORMATS, default_kwargs, load_template
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .endpoints import parse_endpoints, parse_split
 from .flags import ENV_PREFIX, flag, opt, values_of
@@ -129,9 +129,8 @@ class EngineConfig:
                                   "differ from serial decoding; every response says so in timings)")
     max_queue: int = opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
-    max_choices: int = opt(4, "most choices (OpenAI's n) one request may ask for; they decode in parallel "
-                           "from one prefill of the prompt, each in a slot of its own, so never more than "
-                           "--n-slots (a request over either bound is a 400)")
+    max_choices: int = opt(4, "most choices (OpenAI's n) one request may ask for, each from one prefill of the "
+                           "prompt in a slot of its own, so never more than --n-slots (more is a 400)")
     seed: int | None = opt(None, "sampling seed for requests that give none, so the same request gets "
                            "the same reply (default: a random seed per request)")
     chat_template: str | None = opt(None, "chat template in place of the model's own: a built-in name ("
@@ -140,16 +139,17 @@ class EngineConfig:
     chat_template_kwargs: str | None = opt(None, "JSON object of chat template variables every request gets, "
                                            "e.g. '{\"enable_thinking\": false}'; a request's own "
                                            "chat_template_kwargs win key by key")
-    reasoning: str = opt("auto", "thinking in the chat, on | off | auto (llama-server's --reasoning): on and off "
-                         "give every request's template enable_thinking true or false, as a request's "
-                         "chat_template_kwargs does (a request's own wins); auto leaves it to the template's "
-                         "default (thinking, where it has the switch)")
+    reasoning: str = opt("auto", "thinking, on | off | auto (llama-server's --reasoning): the template's enable_thinking "
+                         "for every request (a request's chat_template_kwargs win); auto: the template's default")
+    reasoning_format: str = opt("auto", "none | deepseek | auto (llama-server's): reasoning in reasoning_content "
+                                "(deepseek, auto) or left in the content with its tags (none); a request's own wins")
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache, bool):  # EngineConfig(prompt_cache=False), as before it had modes
             object.__setattr__(self, "prompt_cache", "on" if self.prompt_cache else "off")
         _require(self.prompt_cache in ("on", "off", "fast"), "prompt_cache must be on, off or fast")
-        _require(self.reasoning in REASONING, "reasoning must be on, off or auto")
+        _require(self.reasoning in REASONING and self.reasoning_format in REASONING_FORMATS,
+                 "reasoning must be on, off or auto; reasoning_format none, deepseek or auto")
         _require(self.pooling in (None, "none", "mean", "cls", "last"), "pooling must be none, mean, cls or last")
         _require(self.engine in ("llamacpp", "torch", "auto"), "engine must be llamacpp, torch or auto")
         _require(self.thread_wait in ("auto", *THREAD_WAITS), f"thread_wait must be auto, {' or '.join(THREAD_WAITS)}")

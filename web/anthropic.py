@@ -128,23 +128,27 @@ def _image_url(source: Any, where: str) -> str:
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    text, calls = [], []
+    text, calls, thoughts = [], [], []
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
             text.append(str(b.get("text", "")))
+        elif kind == "thinking":   # earlier reasoning: templates that keep it in history get it
+            thoughts.append(str(b.get("thinking", "")))
         elif kind == "tool_use":
             _need(isinstance(b.get("id"), str) and isinstance(b.get("name"), str) and isinstance(b.get("input", {}), dict),
                   f"{where}.content[{i}]: a tool_use block needs an id, a name and an input object",
                   f"{where}.content[{i}]")
             calls.append({"id": b["id"], "type": "function",
                           "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))}})
-        elif kind not in ("thinking", "redacted_thinking"):
+        elif kind != "redacted_thinking":
             raise InvalidRequest(f"{where}.content[{i}]: {kind!r} blocks are not supported in an assistant turn",
                                  param=f"{where}.content[{i}].type")
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
     if calls:
         msg["tool_calls"] = calls
+    if any(thoughts):
+        msg["reasoning_content"] = "".join(thoughts)
     return msg
 
 

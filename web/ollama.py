@@ -27,6 +27,7 @@ from appliance.engine.types import IMAGE_MARKER, Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
 from . import embeddings, images, serving
+from .reasoning import reasoning_kwargs
 
 bp = Blueprint("ollama", __name__)
 
@@ -96,7 +97,8 @@ def _common(body: dict[str, Any], model: str, stream_default: bool = True) -> di
     think = body.get("think")
     if think is not None:
         _need(isinstance(think, bool) or think in ("low", "medium", "high"), "'think' must be true or false", "think")
-        oai["chat_template_kwargs"] = {"enable_thinking": think is not False}
+        oai["chat_template_kwargs"] = reasoning_kwargs(think, "think") if isinstance(think, str) else \
+            {"enable_thinking": think}
     _options(body, oai)
     _format(body, oai)
     return oai
@@ -112,6 +114,8 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:
               f"messages[{i}].role must be system, user, assistant or tool", f"messages[{i}].role")
         msg: dict[str, Any] = {"role": m["role"], "content": _with_images(m.get("content") or "", m.get("images"),
                                                                           f"messages[{i}].images")}
+        if m["role"] == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
+            msg["reasoning_content"] = m["thinking"]   # earlier reasoning, for templates that keep it
         calls = m.get("tool_calls") or []
         _need(isinstance(calls, list), f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
         if calls:

@@ -36,6 +36,7 @@ from appliance.engine.types import Delta, Done
 from appliance.errors import InvalidRequest, NotFound
 
 from . import images, serving
+from .reasoning import reasoning_kwargs
 from .openai_responses_writer import ResponseWriter, SseWriter, new_response
 
 bp = Blueprint("openai_responses", __name__)
@@ -43,9 +44,6 @@ bp = Blueprint("openai_responses", __name__)
 STORE_SIZE = 256   # responses kept for previous_response_id: a conversation is shared, not copied
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}   # part type -> its text field
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-THINKING_OFF = ("none", "minimal")
-TEMPLATE_EFFORTS = ("low", "medium", "high")   # what templates that read reasoning_effort (gpt-oss) know
 TRANSLATED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "temperature",
               "top_p", "max_output_tokens", "reasoning", "stream", "store", "previous_response_id", "truncation"}
 # how OpenAI's service runs, caches, moderates or bills a request: accepted, no effect here
@@ -244,14 +242,9 @@ def _text_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
 def _reasoning(body: dict[str, Any], oai: dict[str, Any]) -> None:
     reasoning = body.get("reasoning")
     serving.need(reasoning is None or isinstance(reasoning, dict), "'reasoning' must be an object", "reasoning")
-    effort = (reasoning or {}).get("effort")
-    if effort is None:
-        return   # the template's default
-    serving.need(effort in EFFORTS, f"reasoning.effort must be one of {', '.join(EFFORTS)}", "reasoning.effort")
-    kwargs: dict[str, Any] = {"enable_thinking": effort not in THINKING_OFF}
-    if effort in TEMPLATE_EFFORTS:
-        kwargs["reasoning_effort"] = effort
-    oai["chat_template_kwargs"] = kwargs
+    kwargs = reasoning_kwargs((reasoning or {}).get("effort"), "reasoning.effort")
+    if kwargs:
+        oai["chat_template_kwargs"] = kwargs
 
 
 def _checked(body: dict[str, Any]) -> None:

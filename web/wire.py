@@ -26,11 +26,12 @@ from appliance.errors import InvalidRequest, ModelNotFound, UnsupportedMediaType
 
 from .images import Images, b64
 from .params import CHAT, COMPLETION, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES, TOOL_NAME_PATTERN, Param
+from .reasoning import reasoning_format, reasoning_kwargs
 from .sampling import sampling_params
 
 # accepted and ignored: they change nothing for a single local model
 IGNORED = {"user", "store", "metadata", "service_tier",
-           "prediction", "modalities", "audio", "reasoning_effort", "n_probs", "id_slot"}
+           "prediction", "modalities", "audio", "n_probs", "id_slot"}
 NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_call": "the deprecated 'function_call'",
            "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
            "echo": "echo", "suffix": "suffix"}
@@ -283,8 +284,12 @@ def _messages(body: dict, images: Images) -> tuple[ChatMessage, ...]:
         name = m.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidRequest(f"messages[{i}].name must be a string", param=f"messages[{i}].name")
+        thought = m.get("reasoning_content")
+        if thought is not None and not isinstance(thought, str):
+            raise InvalidRequest(f"messages[{i}].reasoning_content must be a string",
+                                 param=f"messages[{i}].reasoning_content")
         out.append(ChatMessage("system" if role == "developer" else role, _content(m, i, images), name, calls,
-                               call_id if role == "tool" else None))
+                               call_id if role == "tool" else None, thought if role == "assistant" else None))
     return tuple(out)
 
 
@@ -315,6 +320,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    kwargs = {**reasoning_kwargs(body.get("reasoning_effort"), "reasoning_effort"), **kwargs}
     logprobs = t["logprobs"].read(body)
     top = t["top_logprobs"].read(body)
     if top and not logprobs:
@@ -332,7 +338,8 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
-                  speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found))
+                  speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found),
+                  reasoning_format=reasoning_format(body))
     return ParsedRequest(req, stream, include_usage, model)
 
 

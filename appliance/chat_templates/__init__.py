@@ -49,6 +49,7 @@ BUILTIN = tuple(sorted(set(SHIPPED) | set(LLAMA_CPP)))
 # what ChatTemplate.render and the prompt builder pass themselves; no default kwargs may set them
 RENDER_ARGS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
 REASONING = ("auto", "on", "off")   # llama-server's --reasoning
+REASONING_FORMATS = ("auto", "deepseek", "none")   # llama-server's --reasoning-format
 
 
 class TemplateError(InvalidRequest):
@@ -69,13 +70,48 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+@lru_cache(maxsize=1)
+def _lenient_undefined() -> type:
+    """jinja2's Undefined, but an empty string where a template adds text to it, as llama.cpp's
+    Jinja engine renders `'): ' + param.description` for a parameter without a description
+    (jinja2 raises; Command-R+'s tool template does it)."""
+    import jinja2
+
+    class Lenient(jinja2.Undefined):
+        def __add__(self, other: Any) -> Any:
+            return other if isinstance(other, str) else jinja2.Undefined.__add__(self, other)
+
+        def __radd__(self, other: Any) -> Any:
+            return other if isinstance(other, str) else jinja2.Undefined.__radd__(self, other)
+
+    return Lenient
+
+
+@lru_cache(maxsize=1)
+def _generation_tag() -> type:
+    """Hugging Face's `{% generation %}...{% endgeneration %}` (which marks the assistant's tokens
+    for training masks): its body renders as it is, as transformers and llama.cpp render it."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return Generation
+
+
 @lru_cache(maxsize=8)
 def compile_template(source: str) -> jinja2.Template:
     from jinja2.ext import loopcontrols   # jinja2 on first use: config imports this module
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
+                                        extensions=[loopcontrols, _generation_tag()], undefined=_lenient_undefined())
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -62,6 +62,19 @@ class ChatTemplate:
         self.system_role = self.llama_cpp is not None or self._takes_system()
         self.tool_role = self.llama_cpp is not None and "RESULT" in apply_llama_cpp(
             self.llama_cpp, [ChatMessage("user", "a"), ChatMessage("tool", "RESULT")], False)
+        self.takes_tools = self.llama_cpp is None and self._takes_tools()
+
+    def _takes_tools(self) -> bool:
+        """Whether the template declares the tools it is given (llama.cpp's supports_tools caps
+        probe): such a template gets a request's tools, as llama-server hands them over."""
+        tool = {"type": "function", "function": {"name": "tool_probe_name", "description": "d",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+        try:
+            out = self.template.render(messages=[{"role": "user", "content": "User message"}], tools=[tool],
+                                       add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token)
+        except Exception:   # noqa: BLE001 - a template that fails on tools does not take them
+            return False
+        return "tool_probe_name" in out
 
     def _takes_system(self) -> bool:
         """Whether the template takes a system message (llama.cpp's caps probe): one that refuses
@@ -116,6 +129,8 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
                            for c in m.tool_calls]
     if m.tool_call_id is not None:
         d["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        d["reasoning_content"] = m.reasoning_content
     return d
 
 

@@ -6,20 +6,15 @@ and the grammar compiled when the output is constrained (a forced tool choice, a
 The server never tokenizes."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidRequest, InvalidToken
-from . import tool_stream, tools
-from .chat import ChatTemplate
+from .chat_layer import ChatLayer
 from .output.constraints import Constraints, Matcher
 from .output.parser import OutputParser
-from .reasoning import ReasoningParser, markers_for, prompt_opens_thinking
 from .runners.base import ModelRunner, RunnerInfo
-from .types import ChatMessage, Constraint, Request
-
-log = logging.getLogger("appliance.engine")
+from .types import Constraint, Request
 
 
 @dataclass
@@ -33,14 +28,10 @@ class Prepared:
 
 class PromptBuilder:
     def __init__(self, runner: ModelRunner, info: RunnerInfo,
-                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+                 template_kwargs: Mapping[str, Any] | None = None, reasoning_format: str = "auto") -> None:
         self.runner, self.info = runner, info
-        self.template_kwargs = dict(template_kwargs or {})  # --chat-template-kwargs; a request's win
-        self.template = ChatTemplate(info.chat_template, info.bos_text, info.eos_text)
-        self.tool_format = tools.detect_format(info.chat_template)
-        self.think_markers = markers_for(info.chat_template)
-        if self.template.load_warning:
-            log.warning("%s", self.template.load_warning)
+        self.chat = ChatLayer(info.chat_template, info.bos_text, info.eos_text, template_kwargs, reasoning_format)
+        self.template = self.chat.template
         self.constraints = Constraints(runner.guidance_tokenizer, info.n_vocab)
 
     def prepare(self, req: Request) -> Prepared:
@@ -53,15 +44,11 @@ class PromptBuilder:
 
     def _output(self, req: Request, text: str) -> tuple[Matcher | None, OutputParser | None]:
         """A fresh matcher (structured output) and parser (reasoning, tool calls) for one reply."""
-        constraint, tool_parser, parser = req.constraint, None, None
-        if req.tools and req.tool_choice != "none":
-            tool_parser = tool_stream.StreamParser(self.tool_format, {t.name for t in req.tools})
-            if req.tool_choice != "auto":  # required, or one named function: never downgraded
-                grammar = tools.grammar(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_format)
-                constraint = Constraint("lark", grammar)
-        if req.messages is not None:
-            inside = prompt_opens_thinking(text, self.think_markers[0])
-            parser = OutputParser(ReasoningParser(inside, self.think_markers), tool_parser)
+        constraint = req.constraint
+        grammar = self.chat.tool_grammar(req, text)
+        if grammar is not None:   # required, or one named function: never downgraded
+            constraint = Constraint("lark", grammar)
+        parser = self.chat.parser(req, text) if req.messages is not None else None
         return (self.constraints.matcher(constraint) if constraint else None), parser
 
     def prompt_ids(self, req: Request) -> tuple[list[int], str]:
@@ -71,18 +58,7 @@ class PromptBuilder:
                 raise InvalidRequest("images go with a prompt's text, not with token ids", param="prompt")
             self.check_ids(req.prompt_ids, "prompt")
             return list(req.prompt_ids), ""
-        if req.messages is not None:
-            messages, kwargs = req.messages, {**self.template_kwargs, **dict(req.template_kwargs)}
-            if req.tools and req.tool_choice != "none":
-                if self.tool_format == "generic":
-                    messages = tools.with_generic_tools(messages, req.tools)
-                else:
-                    kwargs["tools"] = tools.tool_dicts(req.tools)
-            text = self.template.render(messages, req.add_generation_prompt, **kwargs)
-            if req.continue_final:
-                text = continued(text, messages[-1].content or "", self.template, messages, kwargs)
-        else:
-            text = req.prompt or ""
+        text = self.chat.render(req) if req.messages is not None else (req.prompt or "")
         if req.images:
             ids = self._with_images(text, req)
         else:
@@ -114,17 +90,3 @@ class PromptBuilder:
             raise InvalidToken(f"token id {bad[0]} is outside the vocabulary "
                                f"[0, {self.info.n_vocab})", param=param)
 
-
-def continued(text: str, content: str, template: ChatTemplate, messages: Sequence[ChatMessage],
-              kwargs: dict) -> str:
-    """The rendered prompt cut after the final message's text, so that the model goes on with it
-    (vLLM's continue_final_message: the template closes the message; its end is dropped)."""
-    if not content.strip():
-        # nothing to continue: the same as a new assistant turn
-        return template.render(messages[:-1], True, **kwargs)
-    for probe in (content, content.rstrip(), content.strip()):
-        at = text.rfind(probe)
-        if at >= 0:
-            return text[:at + len(probe)]
-    raise InvalidRequest("the chat template does not reproduce the final message's text, so it "
-                         "cannot be continued; send continue_final_message: false", param="messages")

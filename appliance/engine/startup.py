@@ -82,7 +82,7 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
     info = _with_settings(_with_template(runner.info, cfg), thread_wait=cfg.thread_wait,
                           prefill_chunk=cfg.prefill_chunk, step_token_budget=cfg.step_token_budget,
                           prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
-    prompts = PromptBuilder(runner, info, cfg.template_kwargs())
+    prompts = PromptBuilder(runner, info, cfg.template_kwargs(), cfg.reasoning_format)
     warm_up(runner, info)
     spec = speculation(cfg, runner)
     grid, reuse = prefill_grid(cfg, runner)

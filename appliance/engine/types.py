@@ -75,6 +75,7 @@ class ChatMessage:
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    reasoning_content: str | None = None    # an assistant's earlier thinking, for templates that keep it
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class Request:
     cache_pin: bool = False         # keep this prompt's state pinned in the cache tiers
     speculate: str | None = None    # "off" | "lookup" | "draft" | "mtp"; None: the engine's default
     n: int = 1                      # choices: parallel sequences sharing the prompt's one prefill
+    reasoning_format: str | None = None   # none | deepseek | auto (llama-server's); None: the server's
     images: tuple[ImageInput, ...] = ()
 
 

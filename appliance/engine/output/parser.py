@@ -1,46 +1,24 @@
-"""What a chat reply's text goes through after the stop strings: the reasoning split, then
-tool-call parsing of what is left. One object per request, owned by the scheduler."""
+"""What a chat reply's text goes through after the stop strings: the model's format
+(chat_formats/) reads reasoning, content and tool calls from it, streamed by one core
+(chat_formats/stream.py). One object per reply, owned by the scheduler."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..chat_formats import Context, Format
+from ..chat_formats.stream import ChatStream, Piece
 
-from ..reasoning import ReasoningParser
-from ..tool_stream import StreamParser
-from ..types import ToolCall, ToolCallPart
-
-
-@dataclass
-class Piece:
-    content: str = ""
-    reasoning: str = ""
-    calls: tuple[ToolCall, ...] = ()          # complete calls
-    parts: tuple[ToolCallPart, ...] = ()      # the calls as they stream
-
-    def __bool__(self) -> bool:
-        return bool(self.content or self.reasoning or self.calls or self.parts)
+__all__ = ["OutputParser", "Piece"]
 
 
 class OutputParser:
-    def __init__(self, reasoning: ReasoningParser | None, tools: StreamParser | None) -> None:
-        self.reasoning, self.tools = reasoning, tools
+    def __init__(self, fmt: Format, ctx: Context) -> None:
+        self.stream = ChatStream(fmt, ctx)
 
     @property
     def n_calls(self) -> int:
-        return self.tools.n_calls if self.tools else 0
+        return self.stream.n_calls
 
     def feed(self, text: str) -> Piece:
-        return self._split(self.reasoning.feed(text) if self.reasoning else None, text, flush=False)
+        return self.stream.feed(text)
 
     def flush(self) -> Piece:
-        return self._split(self.reasoning.flush() if self.reasoning else None, "", flush=True)
-
-    def _split(self, split, text: str, flush: bool) -> Piece:
-        reasoning, content = (split.reasoning, split.content) if split is not None else ("", text)
-        if self.tools is None:
-            return Piece(content, reasoning)
-        got = self.tools.feed(content)
-        content, calls, parts = got.content, got.calls, got.parts
-        if flush:
-            end = self.tools.flush()
-            content, calls, parts = content + end.content, calls + end.calls, parts + end.parts
-        return Piece(content, reasoning, calls, parts)
+        return self.stream.flush()

@@ -1,0 +1,136 @@
+"""JSON calls between two markers: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+repeated (Hermes 2 Pro and 3, Qwen 2.5, Qwen3, QwQ, SmolLM3 and the generic format this
+appliance describes to templates without tools). Families that differ only in the markers or
+the keys are rows of TAGGED.
+
+While a call streams, its name is known once `"name": "..."` is written and its arguments grow
+member by member (base.open_json); a block that does not read as a call of the request's tools
+stays content.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import ClassVar
+
+from .base import Call, Context, Format, dump_args, held, json_prefix, open_json, partial_suffix
+
+NAME = re.compile(r'\s*\{\s*"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
+ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+
+
+class TaggedJson(Format):
+    """Calls as JSON objects {"name", "arguments"} between `open` and `close`."""
+    name: ClassVar[str] = "hermes"
+    open: ClassVar[str] = "<tool_call>"
+    close: ClassVar[str] = "</tool_call>"
+
+    @classmethod
+    def detect(cls, src: str) -> bool:
+        return cls.open in src
+
+    @property
+    def markers(self) -> tuple[str, ...]:   # type: ignore[override]
+        return (self.open,)
+
+    def calls(self, text: str, ctx: Context, partial: bool) -> tuple[str, list[Call]]:
+        content, calls, pos = [], [], 0
+        while True:
+            at = text.find(self.open, pos)
+            if at < 0:
+                break
+            body_at = at + len(self.open)
+            end = text.find(self.close, body_at)
+            if end < 0:
+                if not partial:
+                    break                       # never closed: what it is, it is as content
+                call = self._open_call(text[body_at:], ctx)
+                if call is None:
+                    content.append(text[pos:at])
+                    return _joined(content, partial, ""), calls   # held: it may still become one
+                content.append(text[pos:at])
+                calls.append(call)
+                return _joined(content, partial, ""), calls
+            call = self._call(text[body_at:end], ctx)
+            if call is None:                    # not a call of these tools: it stays content
+                content.append(text[pos:end + len(self.close)])
+            else:
+                content.append(text[pos:at])
+                calls.append(call)
+            pos = end + len(self.close)
+        tail = text[pos:]
+        if partial:
+            tail = tail[: len(tail) - partial_suffix(tail, (self.open,))]
+        content.append(tail)
+        return _joined(content, partial, ""), calls
+
+    def _call(self, body: str, ctx: Context) -> Call | None:
+        got = json_prefix(body)
+        if got is None or body[got[1]:].strip():
+            return None
+        obj = got[0]
+        if not isinstance(obj, dict):
+            return None
+        name = obj.get("name", obj.get("function"))
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if name not in ctx.tools or not isinstance(args, dict):
+            return None
+        return Call(name, _as_written(body, args))
+
+    def _open_call(self, body: str, ctx: Context) -> Call | None:
+        """A call still being written: named once its name is, arguments as far as final."""
+        m = NAME.match(body)
+        if m is None:
+            return None
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            return None
+        if name not in ctx.tools:
+            return None
+        rest = body[m.end():]
+        a = ARGS.match(rest)
+        args = open_json(rest[a.end():]) if a and rest[a.end():].startswith("{") else ""
+        return Call(name, args, closed=False)
+
+    def grammar(self, ctx: Context, choice: str) -> str | None:
+        allowed = [n for n in ctx.tools if choice in ("required", n)]
+        one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                          "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
+                         for n in allowed]}
+        rep = "+" if ctx.parallel else ""
+        return (f'start: call{rep}\ncall: {json.dumps(self.open + chr(10))} body {json.dumps(chr(10) + self.close)}'
+                f'\nbody: %json {json.dumps(one)}\n')
+
+
+def _as_written(body: str, args: dict) -> str:
+    """The arguments' text as the model wrote it, where the call streamed it so (its name first,
+    then its arguments object): the streamed text is then a prefix of it. Else re-serialized."""
+    m = NAME.match(body)
+    rest = body[m.end():] if m else ""
+    a = ARGS.match(rest)
+    if a and rest[a.end():].startswith("{"):
+        got = json_prefix(rest[a.end():])
+        if got is not None and got[0] == args:
+            return rest[a.end():a.end() + got[1]]
+    return dump_args(args)
+
+
+def _joined(parts: list[str], partial: bool, _: str) -> str:
+    return held("".join(parts), partial).strip()
+
+
+class Generic(TaggedJson):
+    """A template without tool support: the appliance describes the tools and this format in a
+    system message (tools.py) and reads calls as hermes."""
+    name = "generic"
+
+    @classmethod
+    def detect(cls, src: str) -> bool:
+        return False
+
