@@ -8,6 +8,7 @@ import pytest
 
 from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.xml_calls import XmlCalls
+from appliance.engine.chat_formats.xml_minimax import NS, MiniMaxM3
 from appliance.engine.chat_formats.xml_rows import Glm, Glm46, Hy3, Ling3, MiniCpm5, MiniMaxM2, Qwen3Coder, SeedOss
 
 from ..chat_templates import cases as templates
@@ -20,7 +21,7 @@ FAMILY = {
     "ByteDance-Seed-OSS": "seed_oss", "MiniMax-M2": "minimax_m2", "openbmb-MiniCPM5-1B": "minicpm5",
     "GLM-4.6": "glm46", "GLM-4.7-Flash": "glm", "Spark2.5": "glm", "poolside-Laguna-S-2.1": "glm",
     "poolside-Laguna-XS-2.1": "glm", "poolside-Laguna-XS.2": "glm",
-    "inclusionai-ling-3.0-flash": "ling3", "tencent-Hy3": "hy3",
+    "inclusionai-ling-3.0-flash": "ling3", "tencent-Hy3": "hy3", "MiniMax-M3": "minimax_m3",
 }
 CASES = params(FAMILY)
 
@@ -133,3 +134,24 @@ def test_grammar_compiles_takes_a_call_and_reads_back(family, parallel):
     one = f.grammar(ctx, "add")
     assert accepts(one, _canonical(f, [("add", {"a": 1, "b": 2})], False))
     assert not accepts(one, _canonical(f, calls[:1], False))
+
+
+M3_TOOLS = {"plan": {"type": "object", "required": ["when", "tags"], "properties": {
+    "when": {"type": "object", "required": ["day"], "properties": {"day": {"type": "integer"}, "note": {"type": "string"}}},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "limit": {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"max": {"type": "integer"}}}]}}}}
+M3_CALL = (f'{NS}<tool_call>\n{NS}<invoke name="plan">{NS}<when>{NS}<day>3{NS}</day>{NS}<note>a <b>{NS}</note>{NS}</when>'
+           f'{NS}<tags>{NS}<item>x{NS}</item>{NS}<item>y{NS}</item>{NS}</tags>{NS}<limit>{NS}<max>5{NS}</max>{NS}</limit>'
+           f'{NS}</invoke>\n{NS}</tool_call>')
+
+
+def test_minimax_m3_nested_values_by_schema():
+    got = MiniMaxM3().parse("</mm:think>" + M3_CALL, Context(tools=M3_TOOLS), partial=False)
+    assert got.content == "" and [(c.name, json.loads(c.arguments)) for c in got.calls] == [
+        ("plan", {"when": {"day": 3, "note": "a <b>"}, "tags": ["x", "y"], "limit": {"max": 5}})]
+
+
+def test_minimax_m3_grammar():
+    grammar = MiniMaxM3().grammar(Context(tools=M3_TOOLS), "required")
+    assert compiles(grammar) and accepts(grammar, M3_CALL)
+    assert not accepts(grammar, M3_CALL.replace("<day>3", "<day>three"))
