@@ -22,6 +22,7 @@ every one of them.
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -70,6 +71,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# the ids of the lists and dicts a render was given (its messages, tools and variables), which the
+# template may read but not change: set around each render by `given`
+GIVEN: ContextVar[frozenset[int]] = ContextVar("template_inputs", default=frozenset())
+
+
+def given(*values: Any) -> frozenset[int]:
+    """The ids of every list and dict reachable from `values`."""
+    seen: set[int] = set()
+    todo = [v for v in values if isinstance(v, (list, dict, tuple))]
+    while todo:
+        v = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        todo.extend(x for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (list, dict, tuple)))
+    return frozenset(seen)
+
+
 @lru_cache(maxsize=1)
 def _lenient_undefined() -> type:
     """jinja2's Undefined, but an empty string where a template adds text to it, as llama.cpp's
@@ -110,8 +129,17 @@ def compile_template(source: str) -> jinja2.Template:
     from jinja2.ext import loopcontrols   # jinja2 on first use: config imports this module
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols, _generation_tag()], undefined=_lenient_undefined())
+    class Sandbox(ImmutableSandboxedEnvironment):
+        """Immutable for what the template is given; its own lists and dicts it may change, as
+        llama.cpp's engine lets it (Kimi K2's `ids.append(...)`, `.pop(0)`)."""
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            if isinstance(obj, (list, dict)) and id(obj) not in GIVEN.get():
+                return super(ImmutableSandboxedEnvironment, self).is_safe_attribute(obj, attr, value)
+            return super().is_safe_attribute(obj, attr, value)
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True,
+                  extensions=[loopcontrols, _generation_tag()], undefined=_lenient_undefined())
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import jinja2
 
 from .. import jsondepth
-from ..chat_templates import SHIPPED, TemplateError, by_llama_cpp, compile_template, load_template
+from ..chat_templates import GIVEN, SHIPPED, TemplateError, by_llama_cpp, compile_template, given, load_template
 from ..errors import InvalidRequest
 from .reasoning import has_thinking_switch
 from .types import ChatMessage, ToolCall
@@ -103,6 +103,7 @@ class ChatTemplate:
         now = datetime.now()   # llama-server's extra context; a request's kwargs may set them
         context = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
                    **({"enable_thinking": True} if self.thinking_switch else {}), **kwargs}
+        token = GIVEN.set(given(msgs, context))
         try:
             return self.template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
                                         bos_token=self.bos_token, eos_token=self.eos_token, **context)
@@ -116,6 +117,8 @@ class ChatTemplate:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
             raise TemplateError(f"the model's chat template failed on these messages: "
                                 f"{type(e).__name__}: {e}") from None
+        finally:
+            GIVEN.reset(token)
 
 
 def _message_dict(m: ChatMessage) -> dict[str, Any]:

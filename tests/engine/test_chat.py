@@ -176,5 +176,19 @@ def test_non_compiling_template_falls_back_to_chatml():
 
 
 def test_unknown_tag_falls_back_to_chatml():
-    t = ChatTemplate("{% generation %}{{ messages }}{% endgeneration %}")
+    t = ChatTemplate("{% transformers_only %}{{ messages }}{% endtransformers_only %}")
     assert t.is_default and t.load_warning is not None
+
+
+def test_hugging_faces_generation_block_renders_its_body():
+    """{% generation %} (Hugging Face's assistant-mask marker; Laguna, LFM2.5) renders as it is."""
+    t = ChatTemplate("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
+    assert not t.is_default and t.render(msgs(("user", "hi")), add_generation_prompt=False) == "[hi]"
+
+
+def test_a_template_may_change_its_own_lists_but_not_what_it_is_given():
+    """Kimi K2 queues call ids in a list it made (append, pop); the messages stay read-only."""
+    t = ChatTemplate("{% set q = namespace(ids=[]) %}{% set _ = q.ids.append('a') %}{{ q.ids.pop(0) }}")
+    assert t.render(msgs(("user", "hi"))) == "a"
+    with pytest.raises(InvalidRequest, match="unsafe"):
+        ChatTemplate("{{ messages[0].update({'content': 'x'}) }}").render(msgs(("user", "hi")))
