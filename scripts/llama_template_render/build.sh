@@ -6,7 +6,7 @@
 #   pip download llama-cpp-python==0.3.36 --no-binary :all: --no-deps -d /tmp/lcp && tar -C /tmp/lcp -xzf /tmp/lcp/*.tar.gz
 #   scripts/llama_template_render/build.sh /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp BUILD_DIR
 set -euo pipefail
-L=${1:?the llama.cpp source tree (the sdist's vendor/llama.cpp)}
+L=${1:?the llama.cpp source tree: the sdist vendor/llama.cpp}
 OUT=${2:-/tmp/llama_template_render}
 HERE=$(cd "$(dirname "$0")" && pwd)
 LIB=$(python -c 'import llama_cpp, os; print(os.path.join(os.path.dirname(llama_cpp.__file__), "lib"))')

@@ -20,7 +20,14 @@ ISO_DATE = "{iso_date}"   # a template's own strftime_now("%Y-%m-%d")
 # SmolLM2's vocabulary, which the tiny GGUF fixtures carry: the bos_token and eos_token a template sees
 BOS, EOS = "<|im_start|>", "<|im_end|>"
 
-TEMPLATES = sorted(p.stem for p in HERE.glob("*.jinja"))
+# every template of llama.cpp's models/templates/ (70): llama_server.json renders the cases below for each,
+# and llama_chat.json (scripts/llama_chat_reference/record.py) holds llama.cpp's parse of replies in each
+ALL_TEMPLATES = sorted(p.stem for p in HERE.glob("*.jinja"))
+# the ones the engine's prompt builder is held to (test_template_parity)
+TEMPLATES = ["CohereForAI-c4ai-command-r-plus-tool_use", "Mistral-Small-3.2-24B-Instruct-2506", "Qwen-QwQ-32B",
+             "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+             "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "google-gemma-2-2b-it", "meta-llama-Llama-3.1-8B-Instruct",
+             "meta-llama-Llama-3.2-3B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407"]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -50,3 +57,12 @@ def template(name: str) -> str:
 def expected() -> dict[str, dict[str, str]]:
     """template -> case -> llama-server's rendering (DATE_STRING and DATETIME for today)."""
     return json.loads(EXPECTED.read_text())
+
+
+CHAT_REFERENCE = HERE / "llama_chat.json"
+
+
+def chat_reference() -> dict:
+    """template -> {"format", "apply", "turn_end", "cases", "skipped"}: llama.cpp's parse of model replies
+    (scripts/llama_chat_reference/record.py describes the fields); {} where the file is absent."""
+    return json.loads(CHAT_REFERENCE.read_text()) if CHAT_REFERENCE.exists() else {}
