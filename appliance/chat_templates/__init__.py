@@ -63,8 +63,15 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False,
             separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii,
-                      separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators,
+                      sort_keys=sort_keys, default=_listed)
+
+
+def _listed(value: Any) -> Any:
+    """What tojson makes of a generator (`tools | map(attribute='function') | tojson`): its list."""
+    if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, dict)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _strftime_now(fmt: str) -> str:
@@ -141,6 +148,7 @@ def compile_template(source: str) -> jinja2.Template:
     env = Sandbox(trim_blocks=True, lstrip_blocks=True,
                   extensions=[loopcontrols, _generation_tag()], undefined=_lenient_undefined())
     env.filters["tojson"] = _tojson
+    env.filters["safe"] = str   # nothing is escaped here, so "safe" text is plain text (not Markup, whose + escapes)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)

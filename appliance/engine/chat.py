@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jinja2
 
@@ -63,6 +63,9 @@ class ChatTemplate:
         self.tool_role = self.llama_cpp is not None and "RESULT" in apply_llama_cpp(
             self.llama_cpp, [ChatMessage("user", "a"), ChatMessage("tool", "RESULT")], False)
         self.takes_tools = self.llama_cpp is None and self._takes_tools()
+        # the reply format's rewrite of the messages before they render (ChatLayer sets it)
+        self.rewrite: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
+        self.object_arguments = self.llama_cpp is None and self._takes_object_arguments()
 
     def _takes_tools(self) -> bool:
         """Whether the template declares the tools it is given (llama.cpp's supports_tools caps
@@ -75,6 +78,20 @@ class ChatTemplate:
         except Exception:   # noqa: BLE001 - a template that fails on tools does not take them
             return False
         return "tool_probe_name" in out
+
+    def _takes_object_arguments(self) -> bool:
+        """Whether earlier calls' arguments go to the template as objects (Hugging Face's
+        convention, which llama.cpp follows where the template can take them) or as the JSON
+        text (functionary's `'\n' + arguments` cannot add an object to text)."""
+        call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": {"arg": "value"}}}
+        probe = [{"role": "user", "content": "User message"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"}]
+        try:
+            self.template.render(messages=probe, add_generation_prompt=False, bos_token=self.bos_token,
+                                 eos_token=self.eos_token)
+        except Exception:   # noqa: BLE001 - a template that fails on an object takes the text
+            return False
+        return True
 
     def _takes_system(self) -> bool:
         """Whether the template takes a system message (llama.cpp's caps probe): one that refuses
@@ -95,11 +112,13 @@ class ChatTemplate:
                 messages = [ChatMessage("user", f"{RESULT_OPEN}\n{m.content or ''}\n{RESULT_CLOSE}")
                             if m.role == "tool" else m for m in messages]
             return apply_llama_cpp(self.llama_cpp, messages, add_generation_prompt)
-        msgs = [_message_dict(m) for m in messages]
+        msgs = [_message_dict(m, self.object_arguments) for m in messages]
         if not self.system_role and len(msgs) > 1 and msgs[0]["role"] == "system":
             msgs = [{**msgs[1], "content": msgs[0]["content"] + "\n" + msgs[1]["content"]}, *msgs[2:]]
         elif not self.system_role and msgs and msgs[0]["role"] == "system":
             msgs = msgs[1:]
+        if self.rewrite is not None:
+            msgs = self.rewrite(msgs)
         now = datetime.now()   # llama-server's extra context; a request's kwargs may set them
         context = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
                    **({"enable_thinking": True} if self.thinking_switch else {}), **kwargs}
@@ -121,14 +140,16 @@ class ChatTemplate:
             GIVEN.reset(token)
 
 
-def _message_dict(m: ChatMessage) -> dict[str, Any]:
+def _message_dict(m: ChatMessage, object_arguments: bool = True) -> dict[str, Any]:
     d: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None else ""}
     if m.name is not None:
         d["name"] = m.name
     if m.tool_calls:
-        # Hugging Face's convention: arguments as an object (templates apply tojson)
+        # Hugging Face's convention: arguments as an object (templates apply tojson), where the
+        # template can take one; else the text
         d["tool_calls"] = [{"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": _arguments(c)}}
+                            "function": {"name": c.name, "arguments": _arguments(c) if object_arguments
+                                         else c.arguments}}
                            for c in m.tool_calls]
     if m.tool_call_id is not None:
         d["tool_call_id"] = m.tool_call_id

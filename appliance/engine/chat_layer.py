@@ -34,6 +34,10 @@ class ChatLayer:
         self.format = chat_formats.detect(None if self.template.is_default else self.template.source)
         if type(self.format) is chat_formats.Format:   # content only: the reasoning markers the template names
             self.format.think = markers_for(template)
+        source = self.template.source
+        self.template.rewrite = lambda msgs: self.format.messages(msgs, source)
+        if not self.format.supports_thinking:   # llama-server turns enable_thinking on only where it reads thinking
+            self.template.thinking_switch = False
         # tools go to the template, as llama-server hands them over, where it declares them or
         # where a family reads its calls; else they are described in a system message
         self.tools_in_template = self.format.reads_calls or self.template.takes_tools

@@ -1,14 +1,15 @@
 """Real models' chat templates rendered as llama-server renders them.
 
-Each template of chat_templates/ (Llama 3.1 and 3.2, Qwen 2.5 and 3, QwQ, the DeepSeek-R1
-distills, Command-R+, Mistral Nemo and Small 3.2, Gemma 2) goes into a tiny GGUF as a model's
-file carries it, is read back through llama.cpp's vocabulary as the engine reads it, and renders
-each request of cases.py through the engine's prompt builder; the prompt must be llama.cpp's own
+Every template of llama.cpp's models/templates/ (70, copied into chat_templates/) renders each
+request of cases.py through the engine's prompt builder, and the prompt must be llama.cpp's own
 rendering of the same template (llama_server.json, written by scripts/llama_template_render/ with
-llama.cpp's common/chat.cpp), today's date included. The one difference is deliberate: a template
-whose tool-call format the engine does not parse (the generic path: Command-R+, the DeepSeek-R1
-distills, Gemma) gets the tools described in its system message and earlier calls written in that
-format, so that the calls the model answers with are parsed; there the test holds the rest.
+llama.cpp's common/chat.cpp), today's date included: the template's own tool declarations, earlier
+calls and results written back as it writes them, its thinking switch. Eleven of them (Llama 3.1
+and 3.2, Qwen 2.5 and 3, QwQ, the DeepSeek-R1 distills, Command-R+, Mistral Nemo and Small 3.2,
+Gemma 2) first go into a tiny GGUF as a model's file carries them and are read back through
+llama.cpp's vocabulary as the engine reads them. A template with no tool support that no format
+family reads would get the tools described in its system message (the generic path); there the
+test holds the rest.
 """
 from __future__ import annotations
 
@@ -39,7 +40,13 @@ class Runner(FakeRunner):
 def builders(tmp_path_factory) -> dict[str, PromptBuilder]:
     """A prompt builder per template, over what llama.cpp reads from the template's tiny GGUF."""
     out = {}
-    for name in cases.TEMPLATES:
+    for name in cases.ALL_TEMPLATES:
+        if name not in cases.TEMPLATES:   # the rest straight from the file: the GGUF round trip is the same
+            runner = Runner()
+            info = dataclasses.replace(runner.info, chat_template=cases.template(name), bos_text=cases.BOS,
+                                       eos_text=cases.EOS)
+            out[name] = PromptBuilder(runner, info)
+            continue
         path = write_tiny(tmp_path_factory.mktemp("tpl") / f"{name}.gguf", "llama", n_layer=1, n_embd=16,
                           n_head=2, n_head_kv=1, n_ff=16, chat_template=cases.template(name))
         model = load_model(path, vocab_only=True)
@@ -78,7 +85,7 @@ def today(text: str | None) -> str | None:
 EXPECTED = cases.expected()
 WEATHER = (ToolSpec("get_weather", cases.WEATHER["function"]["description"],
                     json.dumps(cases.WEATHER["function"]["parameters"])),)
-PAIRS = [(name, case) for name in cases.TEMPLATES for case in cases.CASES]
+PAIRS = [(name, case) for name in cases.ALL_TEMPLATES for case in cases.CASES]
 
 
 @pytest.mark.parametrize("name,case", PAIRS, ids=[f"{n}-{c}" for n, c in PAIRS])

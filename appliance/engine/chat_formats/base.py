@@ -66,9 +66,20 @@ class Format:
         return False
 
     @property
+    def supports_thinking(self) -> bool:
+        """Whether the format has reasoning (llama.cpp's supports_thinking): where it has none, a
+        template's enable_thinking is off unless the request turns it on, as llama-server sets it."""
+        return self.think is not None
+
+    @property
     def reads_calls(self) -> bool:
         """Whether this family reads tool calls (plain content does not)."""
         return type(self).calls is not Format.calls or type(self).parse is not Format.parse
+
+    def messages(self, msgs: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+        """The messages as the template `src` is given them: a family's rewrite of the request's
+        (llama.cpp's workarounds, such as Gemma 4's tool responses folded into the turn); as they are."""
+        return msgs
 
     def parse(self, text: str, ctx: Context, partial: bool) -> Parsed:
         reasoning, rest = split_reasoning(text, self.think, ctx, partial)

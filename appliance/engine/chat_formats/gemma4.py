@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .base import Call, Context, Format, Parsed, held
+from .gemma4_turns import fold_tool_responses
 from .peg import FAIL, MORE, SPACE, lit, until, until_any
 
 CHANNEL, CLOSE, CALL, CALL_END, QUOTE = "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'
@@ -31,10 +32,14 @@ KEY = re.compile(r"[^:}]+")
 class Gemma4(Format):
     name: ClassVar[str] = "gemma4"
     think = None
+    supports_thinking = True     # its own thought channel, read by parse
 
     @classmethod
     def detect(cls, src: str) -> bool:
         return "'<|tool_call>call:'" in src
+
+    def messages(self, msgs: list[dict[str, Any]], src: str) -> list[dict[str, Any]]:
+        return fold_tool_responses(msgs, src)
 
     def prompt_opens_thinking(self, prompt: str) -> bool:
         return False

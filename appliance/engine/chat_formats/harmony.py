@@ -33,6 +33,7 @@ STRAY = "<|channel|>commentary"
 class Harmony(Format):
     name: ClassVar[str] = "gpt-oss"
     think = None
+    supports_thinking = True     # its own reasoning, read by parse
 
     @classmethod
     def detect(cls, src: str) -> bool:

@@ -107,6 +107,7 @@ class PythonicThinking(Pythonic):
     """LFM2.5 8B-A1B: the same calls, after a <think> block."""
     name = "lfm2-thinking"
     reasons = True
+    supports_thinking = True     # its own reasoning, read by parse
 
 
 class _Calls:
