@@ -254,20 +254,26 @@ def reply_of(ref: ChatRef, request: dict, assistant: dict, end: str | None,
             reply = assistant.get("reasoning_content", "") + ends[0] + after_thinking(ref, request, ends[0]) \
                 + reply.lstrip()
             head["made"] = "forced-open: reasoning + thinking end tag + the rendered turn"
-            return head, reply, stripped
+            why = lacking(assistant, reply)
+            return (None, why, "") if why else (head, reply, stripped)
         return None, ("the generation prompt is not a prefix of the rendered history: prompt ..."
                       + json.dumps(prefix[max(0, n - 30):n + 30], ensure_ascii=False) + ", history ..."
                       + json.dumps(text[max(0, n - 30):n + 30], ensure_ascii=False)), ""
     reply, stripped = strip_end(text[len(prefix):], end)
+    why = lacking(assistant, reply)
+    return (None, why, "") if why else (head, reply, stripped)
+
+
+def lacking(assistant: dict, reply: str) -> str:
+    """Why the reply does not carry the assistant message ("" where it does)."""
     missing = [what for what, value in (("reasoning_content", assistant.get("reasoning_content")),
                                         ("content", assistant.get("content")))
                if value and value not in reply]
     missing += [f"call {c['function']['name']}" for c in assistant.get("tool_calls", [])
                 if c["function"]["name"] not in reply]
     if missing:
-        return None, (f"the rendered assistant turn lacks its {', '.join(missing)}: "
-                      + json.dumps(reply, ensure_ascii=False)), ""
-    return head, reply, stripped
+        return f"the rendered assistant turn lacks its {', '.join(missing)}: " + json.dumps(reply, ensure_ascii=False)
+    return ""
 
 
 def generated(ref: ChatRef, name: str, supports_thinking: bool, end: str | None,
