@@ -20,7 +20,7 @@ import json
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, dump_args, schema_types
-from .jsoncalls import SPACE, Cursor, Fail, Short, held_text  # noqa: F401
+from .jsoncalls import SPACE, Cursor, Fail, Short, closed_args, held_text
 
 DSML = "｜DSML｜"
 THINK = ("<think>", "</think>")
@@ -111,6 +111,8 @@ class Dsml(Format):
             return False
         except Short:
             if cur.call is not None:
+                if not partial:
+                    cur.call.arguments = closed_args(cur.call.arguments)
                 calls.append(cur.call)
             elif not partial and not calls:
                 out.content += src[start:]

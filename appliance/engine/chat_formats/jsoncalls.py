@@ -164,11 +164,11 @@ def first_of(cur: Cursor, names: list[str], read: Callable[[str], Call]) -> Call
 
 
 def held_text(text: str, partial: bool, markers: tuple[str, ...] = ()) -> str:
-    """Text as far as it is final: while partial, less a tail that may still become one of
-    `markers`, and less trailing whitespace."""
-    if not partial:
-        return text
-    return text[: len(text) - partial_suffix(text, markers)].rstrip(SPACE)
+    """Text read up to one of `markers` (or the end), as far as it is final: less a tail that
+    may still become a marker (llama.cpp's `until` stops before it, whole replies too), and
+    while partial less trailing whitespace."""
+    text = text[: len(text) - partial_suffix(text, markers)] if markers else text
+    return text.rstrip(SPACE) if partial else text
 
 
 def closed_args(args: str) -> str:
