@@ -9,8 +9,8 @@
 """
 from __future__ import annotations
 
-from .jsoncalls import AutoJson, Cursor, Fail, Short, held_text, SPACE
-from .base import Call, Context, Parsed, open_json
+from .base import Context, Parsed
+from .jsoncalls import AutoJson, Cursor, Short, held_text
 
 
 class MistralSmall(AutoJson):
