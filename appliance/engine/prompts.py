@@ -32,7 +32,10 @@ class PromptBuilder:
         self.runner, self.info = runner, info
         self.chat = ChatLayer(info.chat_template, info.bos_text, info.eos_text, template_kwargs, reasoning_format)
         self.template = self.chat.template
-        self.constraints = Constraints(runner.guidance_tokenizer, info.n_vocab)
+        self.constraints = Constraints(
+            runner.guidance_tokenizer, info.n_vocab,
+            tokenize=lambda text: runner.tokenize(text, add_special=False, parse_special=True),
+            piece=lambda tok: runner.detokenize([tok]).decode("utf-8", errors="replace"))
 
     def prepare(self, req: Request) -> Prepared:
         """The prompt's ids and the request's parser and matcher (one of each per choice); a

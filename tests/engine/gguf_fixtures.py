@@ -15,7 +15,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import gguf
 from gguf.quants import quantize
@@ -161,9 +161,12 @@ class _Init:
         return 1.0 + self.rand(n, std=self.norm_std)
 
 
+MARKER_SLOTS = range(3, 17)   # SmolLM2's control tokens after <|endoftext|>, <|im_start|>, <|im_end|>
+
+
 def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: str | None,
                    special_ids: dict[str, int] | None = None, add_bos: bool | None = None,
-                   quant: str | None = None) -> None:
+                   quant: str | None = None, markers: Sequence[str] = ()) -> None:
     w.add_name(name)
     w.add_context_length(d.n_ctx)
     w.add_embedding_length(d.n_embd)
@@ -200,7 +203,12 @@ def _write_hparams(w: gguf.GGUFWriter, d: TinyDims, name: str, chat_template: st
     w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{quant}" + ("_MOE" if quant == "MXFP4" else "")] if quant
                     else gguf.LlamaFileType.ALL_F32)
     overrides = {} if add_bos is None else {"tokenizer.ggml.add_bos_token": add_bos}
+    assert len(markers) <= len(MARKER_SLOTS), f"at most {len(MARKER_SLOTS)} markers"
     for key, value, vtype, sub in tokenizer_fields():
+        if key == "tokenizer.ggml.tokens" and markers:
+            value = list(value)    # type: ignore[arg-type]
+            for at, text in zip(MARKER_SLOTS, markers):
+                value[at] = text.encode()
         if key not in overrides:
             w.add_key_value(key, value, vtype, sub)
     for key, flag in overrides.items():
@@ -280,7 +288,8 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
                chat_template: str | None = None, name: str | None = None,
                split_max_tensors: int = 0, special_ids: dict[str, int] | None = None,
                pooling: str | None = None, add_bos: bool | None = None,
-               rope_scaling: tuple[str, float] | None = None, quant: str | None = None) -> Path:
+               rope_scaling: tuple[str, float] | None = None, quant: str | None = None,
+               markers: Sequence[str] = ()) -> Path:
     """Write a random-weight F32 GGUF of `arch` (one of TINY_ARCHS) with SmolLM2's tokenizer
     that llama.cpp loads; returns the path. The weights are `tiny_tensors` (same arguments).
     "mixtral" is written as general.architecture "llama" with experts. With
@@ -292,13 +301,16 @@ def write_tiny(path: os.PathLike[str] | str, arch: str, *, n_layer: int = 2, n_e
     converted YaRN checkpoint's GGUF does (rope.scaling.type, .factor, .original_context_length).
     `quant` (a ggml type gguf can quantize: Q4_0, Q4_1, Q8_0...) stores every layer matrix in that
     type and the embedding and output matrices in Q8_0, as the embedded SmolLM2 file is laid out
-    (its layers Q4_1): a model of a real one's shape and bytes for timing, with random weights."""
+    (its layers Q4_1): a model of a real one's shape and bytes for timing, with random weights.
+    `markers` (at most 14) replace the texts of SmolLM2's control tokens 3-16 (<repo_name>...), so
+    that a chat format's markers (<|channel|>, <|call|>...) are single special tokens, as they are
+    in the vocabularies of the models that write them."""
     d = tiny_dims(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                   n_ff=n_ff, n_ctx=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
                   head_dim=head_dim)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), d.file_arch, split_max_tensors=split_max_tensors)
-    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids, add_bos, quant)
+    _write_hparams(w, d, name or f"tiny-random-{arch}", chat_template, special_ids, add_bos, quant, markers)
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType[pooling.upper()])
     if rope_scaling is not None:

@@ -103,6 +103,18 @@ class Format:
 
 # --- helpers the families share ---------------------------------------------------------------
 
+def with_reasoning(grammar: str, think: tuple[str, str], inside: bool) -> str:
+    """A call grammar (its rule `start`) that lets the model reason first, as llama.cpp's
+    grammars do: the thinking block (its opening marker too, unless the prompt opened it) up to
+    its closing marker, whitespace, then the calls; or the calls at once."""
+    open_, close = think
+    body = grammar.replace("start:", "calls_root:", 1)
+    head = "" if inside else json.dumps(open_) + " "
+    return (f"start: ({head}thought THOUGHT_WS?)? calls_root\n"
+            f"thought[stop={json.dumps(close)}]: /(.|\\n)*/\n"
+            "THOUGHT_WS: /[ \\t\\r\\n]+/\n" + body)
+
+
 def partial_suffix(text: str, markers: Iterable[str]) -> int:
     """How many characters at the end of `text` may still grow into one of `markers`."""
     best = 0

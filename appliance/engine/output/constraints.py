@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import InvalidRequest
 from ..types import Constraint
+from .special_tokens import with_special_tokens
 
 ANY_OBJECT = {"type": "object"}
 
@@ -69,20 +70,35 @@ class Matcher:
 
 
 class Constraints:
-    def __init__(self, tokenizer_factory: Callable[[], Any], n_vocab: int) -> None:
+    def __init__(self, tokenizer_factory: Callable[[], Any], n_vocab: int,
+                 tokenize: Callable[[str], list[int]] | None = None,
+                 piece: Callable[[int], str] | None = None) -> None:
         self._factory = tokenizer_factory
         self._tokenizer: Any = None
         self.n_vocab = n_vocab
+        self._tokenize, self._piece = tokenize, piece   # the vocabulary: a format's special markers
 
     def matcher(self, c: Constraint) -> Matcher:
         import llguidance
 
-        grammar = _grammar(c.kind, c.schema_json)
         if self._tokenizer is None:
             self._tokenizer = self._factory()  # ~0.4 s once: every token's bytes
+        if c.kind == "lark" and self._tokenize is not None:   # a tool call's markers as the special tokens they are
+            spelled = llguidance.LLMatcher(self._tokenizer, _grammar("lark", self._marked(c.schema_json or "")),
+                                           log_level=0)
+            if not spelled.is_error():
+                return Matcher(spelled, self.n_vocab)
+        grammar = _grammar(c.kind, c.schema_json)
         m = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if m.is_error():
             param, what = {"lark": ("tools", "JSON schema"), "gbnf": ("grammar", "grammar")}.get(
                 c.kind, ("response_format", "JSON schema"))
             raise InvalidRequest(f"{param}: invalid {what}: {m.get_error()}", param=param)
         return Matcher(m, self.n_vocab)
+
+    def _marked(self, lark: str) -> str:
+        def specials(text: str) -> list[str]:
+            ids = self._tokenize(text)
+            return [self._piece(t) for t in ids if self._tokenizer.is_special_token(t)]
+
+        return with_special_tokens(lark, specials)

@@ -166,9 +166,13 @@ class Vocab:
 
     def guidance_tokenizer(self):
         """llguidance's view of this vocabulary, for structured output (built on first use)."""
+        import warnings
+
         import llguidance.llamacpp
 
-        return llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, eos_token=sorted(self.eog_ids()))
+        with warnings.catch_warnings():   # it asks every token's attributes by llama-cpp-python's deprecated name
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, eos_token=sorted(self.eog_ids()))
 
 
 class TextMethods:

@@ -1,0 +1,206 @@
+"""Replies in the models' own formats, end to end: a tiny GGUF carries a real model's chat
+template and a vocabulary in which its format's markers are special tokens (llama.cpp's preserved
+tokens for that template); a scripted runner writes a reply that llama.cpp's parser read
+(chat_templates/llama_chat.json) token by token; the engine's prompt builder, scheduler,
+detokenizer and output parser turn it into events; and every dialect gives the message llama.cpp
+read: OpenAI chat (whole and streamed), the Responses API, Anthropic Messages and Ollama.
+
+A forced tool choice runs the same script under the format's grammar, whose markers are the
+vocabulary's special tokens: the call comes back only if the grammar let every token through.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import pytest
+
+from appliance.config import Config, EngineConfig, ServerConfig
+from appliance.engine.prompts import PromptBuilder
+from appliance.engine.sched.scheduler import Scheduler
+from appliance.engine.types import Done
+from tests.engine.chat_templates import cases
+from tests.engine.gguf_fixtures import write_tiny
+from tests.engine.scripted_runner import ScriptedRunner
+from web import create_app
+
+from .test_serving_core import Pool, Stream
+
+REFERENCE = cases.chat_reference()
+# (template, generated case): one of each family the people this is for run
+CASES = [("openai-gpt-oss-120b", "reasoning_then_call"), ("openai-gpt-oss-120b", "content_then_call"),
+         ("Qwen3-Coder", "two_calls"), ("Qwen3.5-4B", "reasoning_then_call"), ("GLM-4.7-Flash", "reasoning_then_call"),
+         ("MiniMax-M2", "nested_unicode_args"), ("deepseek-ai-DeepSeek-V3.1", "two_calls"),
+         ("moonshotai-Kimi-K2", "two_calls"), ("google-gemma-4-31B-it", "reasoning_then_call"),
+         ("google-gemma-4-31B-it", "plain"), ("LFM2-8B-A1B", "test-chat 6"), ("Qwen-Qwen2.5-7B-Instruct", "two_calls")]
+EXTRA_MARKERS = {"openai-gpt-oss-120b": ["<|call|>", "<|return|>"]}
+
+
+def case(template: str, name: str) -> dict:
+    """A recorded reply: a generated case of the template's, or one of test-chat.cpp's (LFM2's
+    template writes no call in history for the generated ones)."""
+    return next(c for c in REFERENCE[template]["cases"] if c["name"] == name)
+
+
+@lru_cache(maxsize=None)
+def model(template: str, tmp: str) -> str:
+    from pathlib import Path
+
+    # llama.cpp's preserved tokens that are whole tags (MiniMax's `<invoke name="` and `">` are
+    # not tokens of its vocabulary, and llama.cpp's vocabulary load refuses them as special ones)
+    markers = [m for m in REFERENCE[template]["apply"]["tools"]["preserved_tokens"] + EXTRA_MARKERS.get(template, [])
+               if m.endswith(">") and '"' not in m]
+    path = write_tiny(Path(tmp) / f"{template}.gguf", "llama", n_layer=1, n_embd=16, n_head=2, n_head_kv=1,
+                      n_ff=16, chat_template=cases.template(template), markers=markers[:14])
+    return str(path)
+
+
+class ScriptedEngine:
+    """The loaded model the web app talks to: the engine's own pieces in-process, over a
+    scripted runner that answers `reply`."""
+
+    stats = None
+
+    def __init__(self, path: str) -> None:
+        from pathlib import Path
+
+        self.runner = ScriptedRunner(Path(path))
+        self.info = self.runner.info
+        self.prompts = PromptBuilder(self.runner, self.info)
+        self.reply, self.n, self.tokens = "", 0, []
+
+    def new_id(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}-{self.n}"
+
+    def submit(self, request):
+        prep = self.prompts.prepare(request)
+        self.tokens = self.runner.say(self.reply, len(prep.ids))
+        events: list = []
+        sched = Scheduler(self.runner, EngineConfig(n_slots=1, n_ctx=self.info.n_ctx, prompt_cache="off"), events.append)
+        sched.submit(request, prep.ids, prep.matcher, prep.parser, prep.more)
+        while sched.has_work():
+            sched.step()
+        self.generated = list(next(e.token_ids for e in events if isinstance(e, Done)))
+        return Stream(request.id, events)
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("formats"))
+
+
+def app_for(template: str, tmp: str, reply: str):
+    pool = Pool()
+    pool.engine = ScriptedEngine(model(template, tmp))
+    pool.engine.reply = reply
+    app = create_app(Config(server=ServerConfig(conversations_db=f"{tmp}/c-{template}.db")), pool)
+    return app, pool.engine
+
+
+def body_of(c: dict) -> dict:
+    r = c["request"]
+    body = {"model": "m", "messages": r["messages"], "max_tokens": 400, "temperature": 0}
+    if r.get("tools"):
+        body.update(tools=r["tools"], tool_choice=r.get("tool_choice", "auto"))
+    kwargs = dict(r.get("kwargs") or {})
+    if "enable_thinking" in r:
+        kwargs.setdefault("enable_thinking", r["enable_thinking"])
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    return body
+
+
+def want_of(c: dict) -> tuple[str, str, list]:
+    m = c["message"]
+    return (m["content"] or "", m["reasoning_content"] or "",
+            [(t["name"], json.loads(t["arguments"] or "{}")) for t in m["tool_calls"]])
+
+
+def openai_message(app, body: dict) -> tuple[str, str, list]:
+    r = app.test_client().post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.get_data(as_text=True)
+    msg = r.get_json()["choices"][0]["message"]
+    return (msg.get("content") or "", msg.get("reasoning_content") or "",
+            [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in msg.get("tool_calls") or []])
+
+
+def openai_streamed(app, body: dict) -> tuple[tuple[str, str, list], list[str]]:
+    r = app.test_client().post("/v1/chat/completions", json={**body, "stream": True})
+    content, reasoning, names, args = "", "", {}, {}
+    finish = []
+    for line in r.get_data(as_text=True).splitlines():
+        if not line.startswith("data: {"):
+            continue
+        choice = json.loads(line[6:])["choices"][0]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        reasoning += delta.get("reasoning_content") or ""
+        for t in delta.get("tool_calls") or []:
+            if t.get("function", {}).get("name"):
+                names[t["index"]] = t["function"]["name"]
+            args[t["index"]] = args.get(t["index"], "") + (t.get("function", {}).get("arguments") or "")
+        if choice.get("finish_reason"):
+            finish.append(choice["finish_reason"])
+    calls = [(names[i], json.loads(args[i] or "{}")) for i in sorted(names)]
+    return (content, reasoning, calls), finish
+
+
+@pytest.mark.parametrize("template,name", CASES, ids=[f"{t}-{n}" for t, n in CASES])
+def test_every_dialect_reads_the_models_own_format_as_llama_cpp(tmp, template, name):
+    c = case(template, name)
+    want = want_of(c)
+    app, engine = app_for(template, tmp, c["reply"])
+    body = body_of(c)
+    assert openai_message(app, body) == want
+    assert len(engine.tokens) < len(c["reply"]) / 1.5 or not want[2]   # markers went in as single tokens
+    streamed, finish = openai_streamed(app, body)
+    assert streamed == want and finish == ["tool_calls" if want[2] else "stop"]
+    # the Responses API: reasoning, message and function_call items
+    r = app.test_client().post("/v1/responses", json={"model": "m", "input": body["messages"],
+                                                      **({"tools": [{"type": "function", **t["function"]} for t in
+                                                                    body["tools"]]} if body.get("tools") else {}),
+                                                      **({"reasoning": {"effort": "high"}} if want[1] else {})})
+    out = r.get_json()["output"]
+    calls = [(o["name"], json.loads(o["arguments"])) for o in out if o["type"] == "function_call"]
+    text = "".join(p["text"] for o in out if o["type"] == "message" for p in o["content"])
+    assert calls == want[2] and text == want[0]
+    # Anthropic: thinking, text and tool_use blocks
+    tools = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+              "input_schema": t["function"].get("parameters", {"type": "object"})} for t in body.get("tools") or []]
+    r = app.test_client().post("/v1/messages", json={"model": "m", "max_tokens": 400, "messages": body["messages"],
+                                                     **({"tools": tools} if tools else {})})
+    blocks = r.get_json()["content"]
+    assert [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"] == want[2]
+    assert "".join(b["text"] for b in blocks if b["type"] == "text") == want[0]
+    assert "".join(b["thinking"] for b in blocks if b["type"] == "thinking") == want[1]
+    # Ollama: message.content, message.thinking, message.tool_calls
+    r = app.test_client().post("/api/chat", json={"model": "m", "messages": body["messages"], "stream": False,
+                                                  **({"tools": body["tools"]} if body.get("tools") else {})})
+    msg = r.get_json()["message"]
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in msg.get("tool_calls") or []] == want[2]
+    assert msg["content"] == want[0] and msg.get("thinking", "") == want[1]
+
+
+FORCED = [("openai-gpt-oss-120b", "one_call"), ("Qwen3-Coder", "one_call"), ("GLM-4.7-Flash", "one_call"),
+          ("MiniMax-M2", "one_call"), ("deepseek-ai-DeepSeek-V3.1", "one_call"), ("moonshotai-Kimi-K2", "one_call"),
+          ("google-gemma-4-31B-it", "one_call"), ("Qwen-Qwen2.5-7B-Instruct", "one_call")]
+
+
+@pytest.mark.parametrize("template,name", FORCED, ids=[f"{t}-{n}" for t, n in FORCED])
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_forced_choice_lets_the_models_own_call_through_its_grammar(tmp, template, name, choice):
+    c = case(template, name)
+    want = want_of(c)
+    app, _ = app_for(template, tmp, c["reply"])
+    body = body_of(c)
+    body["tool_choice"] = "required" if choice == "required" else \
+        {"type": "function", "function": {"name": want[2][0][0]}}
+    assert openai_message(app, body)[2] == want[2]
+    # every token of the script went through the grammar's mask (it ends the reply once complete)
+    generated = app.extensions["appliance"].pool.engine.generated
+    assert generated and generated == engine_script(app)[:len(generated)]
+
+
+def engine_script(app) -> list[int]:
+    return app.extensions["appliance"].pool.engine.tokens
