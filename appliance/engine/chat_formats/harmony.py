@@ -24,10 +24,20 @@ import json
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, held, open_json
-from .peg import FAIL, MORE, SPACE, TYPE, lit, until
+from .peg import FAIL, MORE, SPACE, TYPE, lit, until, until_rule
 
 START, END, MESSAGE, CHANNEL = "<|start|>assistant", "<|end|>", "<|message|>", "<|channel|>"
 STRAY = "<|channel|>commentary"
+
+# the messages before the last one, and the pieces of a header (llama.cpp's rules of those names);
+# each marker its own literal, so that a header is cut into the same lexemes in every rule
+_MESSAGES = (
+    'message: preamble | analysis\n'
+    'preamble: "<|channel|>" "commentary" "<|message|>" body\n'
+    'analysis: ("<|channel|>" "commentary" " to=assistant"?)? "<|channel|>" "analysis" "<|message|>" body\n'
+    + until_rule("body", END) +
+    'channel: "<|channel|>" ("commentary" | "analysis")\n'
+    'constraint: /[ \\t\\n\\r\\f\\v]+/? "<|constrain|>"? /[A-Za-z0-9_-]+/\n')
 
 
 class Harmony(Format):
@@ -54,16 +64,33 @@ class Harmony(Format):
         return Parsed(held(content, partial), held(reasoning, partial), r.calls)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """One call, after an optional analysis message: the reply's canonical shape."""
+        """The whole reply under a forced choice, as llama.cpp's grammar for it (gpt-oss.cpp):
+        analysis (reasoning) and commentary preamble (content) messages, each ended by `<|end|>`
+        and followed by the next `<|start|>assistant`, then one call (`<|call|>` ends the turn)
+        of an allowed tool (`choice`: "required" or that tool's name), its recipient in the role
+        header (` to=functions.NAME<|channel|>commentary json<|message|>`, the form the model
+        writes) or after the channel (`<|channel|>commentary to=functions.NAME <|constrain|>json
+        <|message|>`), on the commentary or analysis channel, with an optional content type, and
+        the arguments as JSON of the tool's schema. The markers are literals in rules, so that
+        they can be named as the special tokens they are (special_tokens.py)."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
         calls = " | ".join(f"call_{i}" for i in range(len(allowed)))
-        rules = [f'call_{i}: {json.dumps(f"{CHANNEL}commentary to=functions.{n} <|constrain|>json{MESSAGE}")} '
-                 f"%json {json.dumps(ctx.tools[n] or {'type': 'object'})}" for i, n in enumerate(allowed)]
-        return (f"start: (analysis {json.dumps(START)})? ({calls})\n"
-                r"analysis[lazy]: /<\|channel\|>analysis<\|message\|>(.|\n)*<\|end\|>/"  # to the first <|end|>
-                "\n" + "\n".join(rules) + "\n")
+        rules = [f"call_{i}: ({json.dumps(f' to=functions.{n}')} channel | channel {json.dumps(f' to=functions.{n}')})"
+                 f" constraint? {json.dumps(MESSAGE)} %json {json.dumps(ctx.tools[n] or {'type': 'object'})}"
+                 for i, n in enumerate(allowed)]
+        return (f"start: (message {json.dumps(START)})* ({calls})\n" + _MESSAGES + "\n".join(rules) + "\n")
+
+    def answer_grammar(self, schema_json: str | dict) -> str:
+        """The whole reply under a response format (a JSON schema), as llama.cpp's grammar for it:
+        the schema applies to the answer, not to the reasoning. Analysis messages first, each
+        followed by the next `<|start|>assistant`, then the final channel (an optional content
+        type, `final <|constrain|>json`, as the model writes it) and the answer as JSON of the
+        schema."""
+        schema = json.loads(schema_json) if isinstance(schema_json, str) else schema_json
+        return (f'start: (analysis {json.dumps(START)})* "<|channel|>" "final" constraint? "<|message|>" '
+                f"%json {json.dumps(schema)}\n" + _MESSAGES)
 
 
 class _Reading:

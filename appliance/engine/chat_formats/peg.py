@@ -6,6 +6,7 @@ matched ends, MORE or FAIL.
 """
 from __future__ import annotations
 
+import json
 import re
 
 MORE = -1          # the text ends inside what is being matched
@@ -41,3 +42,26 @@ def until_any(text: str, pos: int, delims: tuple[str, ...]) -> tuple[int, bool]:
         if ended and end < best[0]:
             best = (end, True)
     return best
+
+
+# --- the same steps as grammar rules (Lark, llguidance) -----------------------------------------
+
+def until_rule(name: str, marker: str) -> str:
+    """Lark rules for `name`: any text, then `marker` (llama.cpp's `until` and the delimiter),
+    ending at the marker's first occurrence, whether the model spells the marker out or writes it
+    as the special token of its vocabulary (special_tokens.py names the quoted literal as that
+    token). A `[stop=...]` lexeme cannot do both: llguidance refuses a special token as a stop
+    value ("special tokens cannot be used in terminals"), and a quoted stop text matches the
+    spelled bytes only. So: a lazy lexeme that ends with the spelled marker, or greedy text (no
+    text matches a special token, so it ends there) and the marker as a literal."""
+    return (f"{name}: {name}_spelled | {name}_text {json.dumps(marker, ensure_ascii=False)}\n"
+            f"{name}_spelled[lazy]: /(?s:.*){regex_text(marker)}/\n"
+            f"{name}_text: /(?s:.*)/\n")
+
+
+def regex_text(s: str) -> str:
+    """`s` as a Lark /regex/ that matches it literally."""
+    return "".join("\\" + c if c in _META else c for c in s)
+
+
+_META = set("\\.^$|?*+()[]{}/-#&~")

@@ -1,13 +1,15 @@
 """gpt-oss's harmony format against llama.cpp's parse of every recorded reply, streamed and whole."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.harmony import Harmony
 
 from ..chat_templates import cases as templates
-from .byte_grammar import accepts, compiles
+from .byte_grammar import accepts, accepts_special, compiles
 from .family_cases import check_streamed, check_whole, params
 from .reference import chunkings, streamed
 
@@ -97,3 +99,37 @@ def test_grammar_is_one_call_after_an_optional_analysis():
     got = H.parse(thought + call, ctx, partial=False)
     assert (got.reasoning, [(c.name, c.arguments) for c in got.calls]) == (
         "Let me call it.", [("get_weather", '{"city": "Paris"}')])
+
+
+MARKERS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>")
+THOUGHT = "<|channel|>analysis<|message|>Let me <think> about it.<|end|><|start|>assistant"
+
+
+@pytest.mark.parametrize("reply", [
+    ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}',
+    THOUGHT + ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}',
+    THOUGHT + "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
+              '<|channel|>analysis to=functions.get_weather<|message|>{"city": "Paris"}',
+    "<|channel|>commentary to=assistant" + THOUGHT + ' to=functions.ping<|channel|>analysis <|constrain|>json<|message|>{}',
+])
+def test_grammar_takes_the_headers_llama_cpp_reads_spelled_and_as_special_tokens(reply):
+    ctx = Context(tools=TOOLS)
+    g = H.grammar(ctx, "required")
+    assert accepts(g, reply) and accepts_special(g, reply, MARKERS)
+    assert H.parse(reply, ctx, partial=False).calls
+
+
+def test_answer_grammar_holds_the_final_message_to_the_schema_not_the_reasoning():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    g = H.answer_grammar(json.dumps(schema))
+    assert compiles(g)
+    for reply in ['<|channel|>final<|message|>{"n": 3}', '<|channel|>final <|constrain|>json<|message|>{"n": 3}',
+                  THOUGHT + "<|channel|>final<|message|>{\n  \"n\": 3\n}",
+                  THOUGHT + THOUGHT + "<|channel|>final<|message|>{\"n\": 3}"]:
+        assert accepts(g, reply) and accepts_special(g, reply, MARKERS), reply
+        got = H.parse(reply, Context(), partial=False)
+        assert json.loads(got.content) == {"n": 3}
+    for wrong in ['<|channel|>final<|message|>{"n": "3"}', "<|channel|>final<|message|>Three",
+                  '<|channel|>analysis<|message|>{"n": 3}<|end|>',
+                  '<|channel|>commentary<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>{"n": 3}']:
+        assert not accepts(g, wrong) and not accepts_special(g, wrong, MARKERS), wrong
