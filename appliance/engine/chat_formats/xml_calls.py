@@ -72,6 +72,7 @@ class XmlCalls(Format):
     name: ClassVar[str] = "qwen3_coder_thinking"
     prompt_think: ClassVar[str] = "<think>\n"     # what a prompt that opens thinking ends with
     think_ends_at_call: ClassVar[bool] = True       # a call closes an open thinking block
+    bare_close: ClassVar[bool] = False              # a reply that does not think starts with the close
     open_ws: ClassVar[str | None] = None            # after <think>: None any whitespace, else these chars
     close_ws: ClassVar[str | None] = None           # after </think>: the same
     section: ClassVar[tuple[str, str] | None] = None    # one block around several calls
@@ -83,6 +84,7 @@ class XmlCalls(Format):
     tail: ClassVar[str] = "drop"          # after the calls: "drop" (llama.cpp ignores it), "content"
     bare_first: ClassVar[bool] = False    # the first call may come without its wrap (Qwen3-Coder)
     stop: ClassVar[str] = ""              # the reply ends at this (an end-of-turn spelled as text)
+    cdata: ClassVar[tuple[str, str] | None] = None     # a string value may be wrapped in these (MiniCPM5)
     detect_all: ClassVar[tuple[str, ...]] = ("<tool_call>", "<function=", "<parameter=", "<think>")
     detect_none: ClassVar[tuple[str, ...]] = ("'<tool_call><function=' ~ tool_call.name ~ '>'",)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .base import Context, schema_types
 from .xml_calls import XmlCalls, _Cursor, _Fail
-from .xml_grammar import _q, _rx
+from .xml_grammar import Lark, _permute, _q, head
 
 NS = "]<]minimax[>["
 
@@ -27,7 +27,7 @@ class MiniMaxM3(XmlCalls):
     name = "minimax_m3"
     think = ("<mm:think>", "</mm:think>")
     prompt_think = "<mm:think>"
-    think_ends_at_call, close_ws = False, ""
+    think_ends_at_call, close_ws, bare_close = False, "", True
     section = (NS + "<tool_call>", NS + "</tool_call>")
     wrap = ("", "")
     call = (NS + '<invoke name="', '">', NS + "</invoke>")
@@ -100,41 +100,43 @@ class MiniMaxM3(XmlCalls):
         return out
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
+        """The whole reply under a forced choice: reasoning (or the bare </mm:think>), any text,
+        then the section of calls, each value written as its schema reads (see xml_grammar)."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
-        rules: list[str] = []
-        calls = [f'{_q(self.call[0] + n + self.call[1])} {_members_rule(ctx.tools[n] or {}, f"c{i}", rules)} '
-                 f'{_q(self.call[2])}' for i, n in enumerate(allowed)]
-        rules.append("call: " + " | ".join(f"({c})" for c in calls))
-        more = ' ("\\n" call)*' if ctx.parallel else ""
-        return "\n".join([f'start: {_q(self.section[0] + chr(10))} call{more} {_q(chr(10) + self.section[1])}',
-                          *rules]) + "\n"
+        g = Lark()
+        calls = [f'{_q(self.call[0] + n + self.call[1])} {_members_rule(g, ctx.tools[n] or {}, f"c{i}")} '
+                 f'WS? {_q(self.call[2])}' for i, n in enumerate(allowed)]
+        g.add("call", " | ".join(f"({c})" for c in calls))
+        more = " (WS? call)*" if ctx.parallel else ""
+        g.add("section_rest", f"WS? call{more} WS? {_q(self.section[1])}")
+        return g.text(head(self, ctx, g, g.until(self.section[0])) + " section_rest WS?")
 
 
-def _members_rule(schema: dict, name: str, rules: list[str]) -> str:
-    """The members of an object (required first, then the optional ones), as rules named from `name`."""
+def _members_rule(g: Lark, schema: dict, name: str) -> str:
+    """The members of an object, as rules named from `name`: the required ones in any order, then
+    any of the optional ones."""
     props = schema.get("properties") or {}
-    need = set(schema.get("required") or ())
-    parts = []
-    for j, key in enumerate([k for k in props if k in need] + [k for k in props if k not in need]):
-        rule = f"{name}_{j}"
-        rules.append(f"{rule}: {_q(f'{NS}<{key}>')} {_value_rule(props[key], f'{NS}</{key}>', rule, rules)}")
-        parts.append(rule + ("" if key in need else "?"))
-    return " ".join(parts)
+    props = props if isinstance(props, dict) else {}
+    need = [k for k in (schema.get("required") or ()) if k in props]
+    rule = {k: g.add(f"{name}_{j}", f"WS? {_q(f'{NS}<{k}>')} {_value_rule(g, v, f'{NS}</{k}>', f'{name}_{j}')}")
+            for j, (k, v) in enumerate(props.items())}
+    args = _permute(g, f"{name}p", [rule[k] for k in need])
+    optional = [rule[k] for k in props if k not in need]
+    return f"{args} ({' | '.join(optional)})*" if optional else args
 
 
-def _value_rule(schema: Any, close: str, name: str, rules: list[str]) -> str:
+def _value_rule(g: Lark, schema: Any, close: str, name: str) -> str:
     schema = schema if isinstance(schema, dict) else {}
     if "string" in schema_types(schema):
-        rules.append(f"{name}_s[lazy]: /(?s:.*){_rx(close)}/")
-        return f"{name}_s"
+        return g.until(close)
     alternatives = schema.get("anyOf") or schema.get("oneOf")
     if alternatives:
-        return "(" + " | ".join(_value_rule(alt, close, f"{name}a{k}", rules) for k, alt in enumerate(alternatives)) + ")"
+        return "(" + " | ".join(_value_rule(g, alt, close, f"{name}a{k}") for k, alt in enumerate(alternatives)) + ")"
     if schema.get("type") == "object" and schema.get("properties"):
-        return f"{_members_rule(schema, name + 'm', rules)} {_q(close)}"
+        return f"{_members_rule(g, schema, name + 'm')} WS? {_q(close)}"
     if schema.get("type") == "array":
-        item = _value_rule(schema.get("items"), NS + "</item>", name + "i", rules)
-        return f"({_q(NS + '<item>')} {item})* {_q(close)}"
+        item = _value_rule(g, schema.get("items"), NS + "</item>", name + "i")
+        return f"(WS? {_q(NS + '<item>')} {item})* WS? {_q(close)}"
     return f"%json {json.dumps(schema)} {_q(close)}"

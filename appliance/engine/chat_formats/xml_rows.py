@@ -69,15 +69,16 @@ class MiniCpm5(SeedOss):
     wrap = ("", "")
     call = ('<function name="', '">', "</function>")
     arg = ('<param name="', '">', "", "</param>")
+    cdata = ("<![CDATA[", "]]>")
     detect_all = ("Tool usage guidelines:", '<function name="', '<param name="')
 
     def starts(self, ctx: Context) -> tuple[str, ...]:
         return ("<function",)
 
     def _raw(self, cur: _Cursor) -> str:
-        if cur.at("<![CDATA["):
-            cur.lit("<![CDATA[")
-            raw = cur.until("]]>")
+        if cur.at(self.cdata[0]):
+            cur.lit(self.cdata[0])
+            raw = cur.until(self.cdata[1])
             cur.lit(self.arg[3])
             return raw
         return super()._raw(cur)

@@ -155,3 +155,82 @@ def test_minimax_m3_grammar():
     grammar = MiniMaxM3().grammar(Context(tools=M3_TOOLS), "required")
     assert compiles(grammar) and accepts(grammar, M3_CALL)
     assert not accepts(grammar, M3_CALL.replace("<day>3", "<day>three"))
+
+
+# --- the grammars under a forced choice, with the markers as special tokens ------------------------
+
+def _special_vocab(markers: list[str]):
+    """The 256 bytes, an end of text, and `markers` as special tokens (as a model's vocabulary has them)."""
+    import llguidance
+
+    class Vocab:
+        eos_token_id, bos_token_id = 256, None
+        tokens = [bytes([i]) for i in range(256)] + [b"<eos>"] + [m.encode() for m in markers]
+        special_token_ids = list(range(256, 257 + len(markers)))
+
+        def __call__(self, text: bytes) -> list[int]:
+            return list(text)
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocab()))
+
+
+def _takes_with_specials(grammar: str, markers: list[str], text: str) -> bool:
+    """`text`, its markers written as special tokens, is a whole sentence of `grammar` once
+    special_tokens.py has named those tokens in it."""
+    import re
+
+    import llguidance
+
+    from appliance.engine.output.special_tokens import with_special_tokens
+
+    rx = re.compile("|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)))
+    lark = with_special_tokens(grammar, lambda t: rx.findall(t))
+    m = llguidance.LLMatcher(_special_vocab(markers), llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+    assert not m.is_error(), m.get_error()
+    ids, pos = [], 0
+    for hit in rx.finditer(text):
+        ids += list(text[pos:hit.start()].encode()) + [257 + markers.index(hit.group())]
+        pos = hit.end()
+    ids += list(text[pos:].encode())
+    return m.consume_tokens(ids) and m.is_accepting()
+
+
+GLM_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+
+
+@pytest.mark.parametrize("family,open_,markers,reply", [
+    (XmlCalls, True, ["<think>", "</think>", "<tool_call>", "</tool_call>"],
+     "Let me think.\n</think>\n\nSure.\n\n" + Q),
+    (XmlCalls, False, ["<think>", "</think>", "<tool_call>", "</tool_call>"], "<think>\nhm\n</think>\n" + Q + "\n"),
+    (Glm, True, GLM_MARKERS, "The user wants it.</think>Checking." + G),
+    (Glm, False, GLM_MARKERS, "\n<think></think>\n" + G.replace("<arg_key>", "\n<arg_key>")),
+    (MiniMaxM2, True, ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"],
+     'x</think>\n\n<minimax:tool_call>\n<invoke name="add">\n<parameter name="b">2.5</parameter>\n'
+     '<parameter name="a">1</parameter>\n</invoke>\n</minimax:tool_call>'),
+])
+def test_grammar_takes_reasoning_text_and_a_call_spelled_or_as_special_tokens(family, open_, markers, reply):
+    f, ctx = family(), Context(tools=TOOLS, thinking_open=open_)
+    grammar = f.grammar(ctx, "required")
+    assert accepts(grammar, reply), "spelled out"
+    assert _takes_with_specials(grammar, markers, reply), "as special tokens"
+    assert f.parse(reply, ctx, partial=False).calls
+
+
+@pytest.mark.parametrize("reply,ok", [
+    # required arguments in any order (llama.cpp's permute), each once; JSON with whitespace around it
+    ("<tool_call>add<arg_key>b</arg_key><arg_value> 2.5\n</arg_value><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", True),
+    ("<tool_call>add<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", False),
+    ("<tool_call>add<arg_key>a</arg_key><arg_value>x</arg_value><arg_key>b</arg_key><arg_value>1</arg_value></tool_call>", False),
+])
+def test_grammar_arguments_any_order_typed_by_schema(reply, ok):
+    assert accepts(Glm().grammar(Context(tools=TOOLS), "add"), reply) == ok
+
+
+def test_llguidance_takes_no_special_token_as_stop():
+    """Why xml_grammar writes `until` as two alternatives rather than a `stop=` rule: llguidance
+    refuses a special token as a stop value."""
+    import llguidance
+
+    lark = 'start: thought "x"\nthought[stop=</think>]: /(?s:.*)/\n'
+    m = llguidance.LLMatcher(_special_vocab(["</think>"]), llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+    assert m.is_error() and "special tokens" in m.get_error()
