@@ -20,9 +20,10 @@ from typing import Any, ClassVar
 
 from .base import Call, Context, Format, Parsed, held
 from .gemma4_turns import fold_tool_responses
-from .peg import FAIL, MORE, SPACE, lit, until, until_any
+from .peg import FAIL, MORE, SPACE, lit, until, until_any, until_rule
 
 CHANNEL, CLOSE, CALL, CALL_END, QUOTE = "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'
+RESPONSE = "<|tool_response>"    # what the model writes after its calls, to hand over to the tools
 THOUGHT = "<|channel>thought"
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
@@ -57,25 +58,32 @@ class Gemma4(Format):
         return Parsed(held("".join(r.content), partial), held(reasoning, partial), calls)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """Calls of the allowed tools with their arguments in Gemma's notation (values untyped
-        by the schema: llama.cpp's grammar does the same)."""
+        """The whole reply under a forced choice: the thought channel (optional; empty channels
+        before it, as llama.cpp consumes them), any text up to the first `<|tool_call>` (llama.cpp's
+        parse skips it), then calls of the allowed tools (`choice`: "required" or that tool's name;
+        back to back, several with parallel calls) with their arguments in Gemma's notation and
+        its whitespace (after `{`, `[`, `,`, `:` and before the closing bracket), and the
+        `<|tool_response>` the model writes after them, optional. Values are not
+        typed by the schema: llama.cpp's grammar does not type them either. Markers are literals
+        in rules, so that they can be named as the special tokens they are."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
         names = " | ".join(json.dumps(n) for n in allowed)
-        rep = "+" if ctx.parallel else ""
+        more = f" ({json.dumps(CALL)} call)*" if ctx.parallel else ""
         return "\n".join([
-            f"start: call{rep}",
-            f"call: {json.dumps(CALL + 'call:')} name dict {json.dumps(CALL_END)}",
-            f"name: {names}",
-            'dict: "{" (kv ("," kv)*)? "}"',
-            'kv: KEY ":" value',
-            "KEY: /[A-Za-z_][A-Za-z0-9_]*/",
+            f"start: thought? pre call{more} {json.dumps(RESPONSE)}?",
+            f'thought: {json.dumps(CHANNEL)}+ "thought" thought_text',
+            f'call: "call:" ({names}) dict {json.dumps(CALL_END)}',
+            'dict: "{" WS? ("}" | kv ("," WS? kv)* WS? "}")',
+            'kv: KEY ":" WS? value',
+            'array: "[" WS? ("]" | value ("," WS? value)* WS? "]")',
             'value: string | dict | array | NUMBER | "true" | "false" | "null"',
-            'array: "[" (value ("," value)*)? "]"',
-            r'string[lazy]: /<\|"\|>(.|\n)*<\|"\|>/',     # up to the first closing quote
+            f"string: {json.dumps(QUOTE)} string_text",
+            r"KEY: /[^:}\s][^:}]*/",
             r"NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/",
-        ]) + "\n"
+            r"WS: /[ \t\n\r\f\v]+/",
+        ]) + "\n" + until_rule("thought_text", CLOSE) + until_rule("pre", CALL) + until_rule("string_text", QUOTE)
 
 
 class _Reading:

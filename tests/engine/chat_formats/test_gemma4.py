@@ -9,7 +9,7 @@ from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.gemma4 import Gemma4
 
 from ..chat_templates import cases as templates
-from .byte_grammar import accepts, compiles
+from .byte_grammar import accepts, accepts_special, compiles
 from .family_cases import check_streamed, check_whole, params
 
 TEMPLATES = ["google-gemma-4-31B-it", "google-gemma-4-31B-it-interleaved"]
@@ -78,3 +78,19 @@ def test_grammar_reads_back_as_the_call():
     assert not accepts(G.grammar(Context(tools=ctx.tools, parallel=False), "required"), call + call)
     got = G.parse(call, ctx, partial=False).calls
     assert [(c.name, json.loads(c.arguments)) for c in got] == [("get_weather", {"city": 'Paris, "FR"'})]
+
+
+MARKERS = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>")
+
+
+@pytest.mark.parametrize("reply", [
+    '<|channel>thought\nA <b>plan</b>, "quoted".<channel|><|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+    'Let me check.\n<|tool_call>call:get_weather{ city: <|"|>Paris<|"|>, days: [1, 2.5e1, -3],'
+    ' opts: {deep: {on: true, off: null}} }<tool_call|><|tool_call>call:ping{}<tool_call|><|tool_response>',
+    '<|channel><|channel>thought<channel|><|tool_call>call:ping{}<tool_call|>',
+])
+def test_grammar_takes_thought_text_and_spacing_spelled_and_as_special_tokens(reply):
+    ctx = Context(tools={"get_weather": {"type": "object"}, "ping": {}})
+    g = G.grammar(ctx, "required")
+    assert accepts(g, reply) and accepts_special(g, reply, MARKERS)
+    assert G.parse(reply, ctx, partial=False).calls
