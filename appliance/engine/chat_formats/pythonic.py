@@ -20,7 +20,7 @@ import re
 from typing import Any, ClassVar
 
 from .base import Call, Context, Format, Parsed, held
-from .peg import FAIL, MORE, SPACE, lit, until
+from .peg import FAIL, MORE, SPACE, lit, until, until_rule
 
 OPEN, CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 THINK = ("<think>", "</think>")
@@ -78,29 +78,45 @@ class Pythonic(Format):
         return text[pos:at] + (text[end:] if end >= 0 else ""), calls
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """A call list of the allowed tools, arguments as keyword literals in the tool's order
-        of properties, each optional (the schema is not checked beyond strings being quoted)."""
+        """The whole reply under a forced choice, as llama.cpp's grammar for it (lfm2.cpp and
+        python_style_tool_calls): the <think> block where the template writes one (optional),
+        any text up to `<|tool_call_start|>`, then one call list of the allowed tools (`choice`:
+        "required" or that tool's name; one call, or several with parallel calls) and
+        `<|tool_call_end|>`. A call's keyword arguments are its tool's properties, in any order,
+        at least one where it has any; a parameter the schema types as a string takes a quoted
+        string, any other a Python or JSON literal (llama.cpp does not type those either). The
+        whitespace is llama.cpp's: after `[`, `(`, `,`, `:`, before `)` and `]`, and after a
+        list or dict."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
         rules = []
         for i, n in enumerate(allowed):
             props = (ctx.tools[n] or {}).get("properties") or {}
-            args = [f'"{k}=" {"STRING" if (v or {}).get("type") == "string" else "value"}'
-                    for k, v in props.items()]
-            body = f'({" | ".join(args)}) (", " ({" | ".join(args)}))*' if args else ""
-            rules.append(f'call_{i}: {json.dumps(n + "(")} {body} ")"')
+            args = " | ".join(f'{json.dumps(k + "=")} {"string" if isinstance(v, dict) and v.get("type") == "string" else "value"}'
+                              for k, v in props.items())
+            body = f' arg_{i} ("," WS? arg_{i})*' if args else ""
+            rules.append(f'call_{i}: {json.dumps(n + "(")} WS?{body}{" WS?" if args else ""} ")"')
+            if args:
+                rules.append(f"arg_{i}: {args}")
         calls = " | ".join(f"call_{i}" for i in range(len(allowed)))
-        more = '(", " call)*' if ctx.parallel else ""
+        more = ' ("," WS? call)*' if ctx.parallel else ""
+        think = ""
+        if self.reasons and ctx.extract_reasoning:
+            think = f"({json.dumps(THINK[0])} thought)? "
         return "\n".join([
-            f'start: {json.dumps(OPEN + "[")} call {more} {json.dumps("]" + CLOSE)}',
+            f'start: {think}pre "[" WS? call{more} WS? "]" {json.dumps(CLOSE)}',
             f"call: {calls}", *rules,
-            'value: STRING | NUMBER | "True" | "False" | "None" | list | dict',
-            'list: "[" (value (", " value)*)? "]"',
-            'dict: "{" (STRING ": " value (", " STRING ": " value)*)? "}"',
-            'STRING: /"([^"\\\\]|\\\\["\\\\\\/bfnrt])*"/',
-            "NUMBER: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/",
-        ]) + "\n"
+            'value: string | NUMBER | "True" | "False" | "None" | "true" | "false" | "null" | list | dict',
+            'list: "[" WS? ("]" | value ("," WS? value)* WS? "]") WS?',
+            'dict: "{" WS? ("}" | member (WS? "," WS? member)* WS? "}") WS?',
+            'member: string WS? ":" WS? value',
+            "string: DQ | SQ",
+            r"""DQ: /"([^"\\]|\\["\\\/bfnrt]|\\u[0-9a-fA-F]{4})*"/""",
+            r"""SQ: /'([^'\\]|\\['\\\/bfnrt]|\\u[0-9a-fA-F]{4})*'/""",
+            r"NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/",
+            r"WS: /[ \t\n\r\f\v]+/",
+        ]) + "\n" + until_rule("pre", OPEN, THINK[0] if think else "") + (until_rule("thought", THINK[1]) if think else "")
 
 
 class PythonicThinking(Pythonic):

@@ -9,7 +9,7 @@ from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.pythonic import Pythonic, PythonicThinking
 
 from ..chat_templates import cases as templates
-from .byte_grammar import accepts, compiles
+from .byte_grammar import accepts, accepts_special, compiles
 from .family_cases import check_streamed, check_whole, params
 
 TEMPLATES = ["LFM2-8B-A1B", "LFM2.5-8B-A1B", "LFM2.5-Instruct"]
@@ -82,3 +82,29 @@ def test_grammar_reads_back_as_the_calls():
     got = P.parse(text, ctx, partial=False).calls
     assert [(c.name, json.loads(c.arguments)) for c in got] == [
         ("get_time", {"city": "Paris"}), ("set", {"on": True, "cfg": {"a": [1, None]}})]
+
+
+MARKERS = ("<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>")
+
+
+@pytest.mark.parametrize("fmt,reply", [
+    (P, "Let me <b>check</b>.\n<|tool_call_start|>[get_time(city='Paris'),\n set( on=true, cfg={ 'k' : [1, None] } )]"
+        "<|tool_call_end|>"),
+    (PT, '<think>The user asks for "time".</think>Checking.<|tool_call_start|>[ get_time(city="Paris") ]<|tool_call_end|>'),
+    (PT, '<|tool_call_start|>[get_time(city="a\\"b")]<|tool_call_end|>'),
+])
+def test_grammar_takes_reasoning_text_and_spacing_spelled_and_as_special_tokens(fmt, reply):
+    ctx = Context(tools=TOOLS)
+    g = fmt.grammar(ctx, "required")
+    assert accepts(g, reply) and accepts_special(g, reply, MARKERS)
+    assert fmt.parse(reply, ctx, partial=False).calls
+
+
+def test_grammar_takes_a_reasoning_block_that_holds_a_call():
+    """The reasoning block comes first: text before the call list cannot open with <think>, so a
+    call written inside the reasoning does not end the reply."""
+    reply = "<think>Hmm <|tool_call_start|>[empty()]<|tool_call_end|></think><|tool_call_start|>[empty()]<|tool_call_end|>"
+    ctx = Context(tools=TOOLS, parallel=False)
+    g = PT.grammar(ctx, "required")
+    assert accepts(g, reply)
+    assert not accepts(g, reply[: reply.index("</think>")])
