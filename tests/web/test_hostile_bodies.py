@@ -14,8 +14,8 @@ from appliance.config import Config, ServerConfig
 from appliance.engine.chat import ChatTemplate
 from appliance.engine.output.constraints import _grammar
 from appliance.chat_templates import load_template
-from appliance.engine.tools import grammar
-from appliance.engine.types import ChatMessage, ToolCall, ToolSpec
+from appliance.engine import chat_formats
+from appliance.engine.types import ChatMessage, ToolCall
 from appliance.errors import EngineUnavailable, InvalidRequest
 from tests.engine.fake_runner import FakeRunner
 from web import create_app
@@ -164,8 +164,8 @@ def test_the_deepest_schema_and_arguments_render_and_compile_to_a_400_not_a_cras
         assert ChatTemplate(load_template(name)[1]).render(messages, tools=[tool])
     # llguidance refuses a schema this deep with an error (a 400 at submit), never a stack overflow
     compiled = [_grammar("json_schema", json.dumps(deep)),
-                llguidance.LLMatcher.grammar_from_lark(grammar((ToolSpec("f", "", json.dumps(deep)),), "required",
-                                                               False, "hermes"))]
+                llguidance.LLMatcher.grammar_from_lark(chat_formats.Generic().grammar(
+                    chat_formats.Context(tools={"f": deep}, parallel=False), "required"))]
     assert all(llguidance.LLMatcher.validate_grammar(g) for g in compiled)
 
 

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping
 
+from ... import jsondepth
+
 THINK = ("<think>", "</think>")
 
 
@@ -165,13 +167,15 @@ def split_reasoning(text: str, think: tuple[str, str] | None, ctx: Context, part
 
 
 def json_prefix(text: str) -> tuple[Any, int] | None:
-    """The JSON value at the start of `text` (after whitespace) and where it ends, or None."""
+    """The JSON value at the start of `text` (after whitespace) and where it ends, or None; a
+    value nested past jsondepth's limit is None too (a model may write any depth; what is
+    accepted must encode again and pass through a template's tojson)."""
     start = len(text) - len(text.lstrip())
     try:
         value, end = _DECODER.raw_decode(text, start)
     except (ValueError, RecursionError):
         return None
-    return value, end
+    return (value, end) if jsondepth.within(value, jsondepth.MAX_DEPTH) else None
 
 
 _DECODER = json.JSONDecoder()

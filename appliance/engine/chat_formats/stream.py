@@ -86,6 +86,10 @@ class ChatStream:
                 log.warning("a streamed tool call's arguments changed after they were sent: %r -> %r",
                             was.arguments, call.arguments)
             if (call.closed or final) and i == self.done:
+                if not call.closed:      # cut off: its arguments closed as far as they came
+                    tail = closing(was.arguments)
+                    parts += [ToolCallPart(i, arguments=tail)] if tail else []
+                    was.arguments += tail
                 calls.append(ToolCall(self.ids[i], was.name, was.arguments or "{}"))
                 self.done += 1
         if final:   # a call once named stays a call, as far as it got, its arguments closed
@@ -134,6 +138,6 @@ def closing(args: str) -> str:
     tail = ('"' if in_str else "") + "".join(reversed(stack))
     try:
         json.loads(args + tail)
-    except ValueError:
+    except (ValueError, RecursionError):   # not closable, or nested past what the parser takes
         return ""
     return tail

@@ -26,7 +26,7 @@ ANY_OBJECT = {"type": "object"}
 def _grammar(kind: str, schema_json: str | None) -> str:
     import llguidance
 
-    if kind == "lark":  # tool calls: a grammar written by tools.grammar
+    if kind == "lark":  # tool calls: a grammar written by the reply format (chat_formats/)
         return llguidance.LLMatcher.grammar_from_lark(schema_json or "")
     if kind == "gbnf":  # llama-server's `grammar`: GBNF, which llguidance reads once turned into Lark
         from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
