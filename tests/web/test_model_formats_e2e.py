@@ -204,3 +204,24 @@ def test_a_forced_choice_lets_the_models_own_call_through_its_grammar(tmp, templ
 
 def engine_script(app) -> list[int]:
     return app.extensions["appliance"].pool.engine.tokens
+
+
+def test_bad_replies_lose_nothing(tmp):
+    """A call of a tool the request did not offer stays content as written; a call cut off by
+    max_tokens ends with finish_reason "length", its arguments closed as far as they came."""
+    c = case("moonshotai-Kimi-K2", "one_call")
+    unknown = c["reply"].replace("get_weather", "launch_rockets")
+    app, _ = app_for("moonshotai-Kimi-K2", tmp, unknown)
+    body = body_of(c)
+    r = app.test_client().post("/v1/chat/completions", json=body).get_json()["choices"][0]
+    assert r["message"]["content"] == unknown and not r["message"].get("tool_calls")
+    assert r["finish_reason"] == "stop"
+    c = case("Qwen-Qwen2.5-7B-Instruct", "nested_unicode_args")
+    app, engine = app_for("Qwen-Qwen2.5-7B-Instruct", tmp, c["reply"])
+    body = {**body_of(c), "max_tokens": 30}
+    r = app.test_client().post("/v1/chat/completions", json=body).get_json()["choices"][0]
+    assert r["finish_reason"] == "length" and r["message"]["content"] in (None, "")
+    call = r["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "set_flags" and isinstance(json.loads(call["arguments"]), dict)
+    streamed, finish = openai_streamed(app, body)
+    assert finish == ["length"] and streamed[2] == [("set_flags", json.loads(call["arguments"]))]
