@@ -14,6 +14,11 @@ part of the markers (a value keeps every other character); the others allow any 
 tags and keep a value's text as written. A reply is read the way llama.cpp's PEG parsers read it:
 content up to the first call, then calls; a block that does not read as a call of the request's
 tools ends the calls, and what follows it stays content (llama.cpp drops it or fails; see `tail`).
+Streamed (partial), a call is given while open once its required arguments have all been read,
+so that it can then fail to be a call only on an optional argument or its closing tag; its
+arguments grow by whole arguments: `{"city": "Paris"`, then `{"city": "Paris", "days": 3`, then
+closed. (A bad optional argument after that drops the call from the whole reply, as llama.cpp's
+parse does, while the stream has named it, as llama-server's has.)
 This class is the Qwen3.5 / Nemotron 3 / StepFun row; the others are in xml_rows.py, the grammar
 that writes a row's calls in xml_grammar.py.
 """
@@ -41,6 +46,7 @@ class _Fail(Exception):
 class _Cursor:
     def __init__(self, text: str, pos: int, flex: bool) -> None:
         self.text, self.pos, self.flex = text, pos, flex
+        self.pending: Call | None = None    # the open call, while it may still turn out not to be one
 
     def at(self, s: str) -> bool:
         """Whether `s` is next (raises _More where the text ends inside it)."""
@@ -151,8 +157,9 @@ class XmlCalls(Format):
             try:
                 self._block(cur, ctx, calls, bare)
             except _More:   # the text ends inside a call: so far, it is one (llama.cpp's lenient parse)
-                if partial:     # a call is given once read whole: it may still turn out not to be one
-                    calls[n:] = [c for c in calls[n:] if c.closed]
+                if partial:     # an open call is given once it can only end as a call (see _call)
+                    calls[n:] = [c for c in calls[n:] if c is not cur.pending]
+                    return held(content, partial), calls
                 for c in calls[n:]:
                     if not c.closed:
                         c.arguments, c.closed = c.arguments + "}", True
@@ -219,9 +226,9 @@ class XmlCalls(Format):
             cur.ws()
             if not (cur.at(self.arg[0]) or cur.at(end)):
                 raise _Fail
-        schema = ctx.tools[name] or {}
+        need = set((ctx.tools[name] or {}).get("required") or ())
         args: dict[str, Any] = {}
-        call = Call(name, "{", closed=False)
+        call = cur.pending = Call(name, "{", closed=False)
         calls.append(call)
         while True:
             cur.ws()
@@ -230,12 +237,13 @@ class XmlCalls(Format):
             key, value = self._arg(cur, ctx, name)
             args[key] = value
             call.arguments = dump_args(args)[:-1]
-        missing = set(schema.get("required") or ()) - set(args)
-        if missing:
+            if need <= set(args):   # it can now fail only on an optional argument or its close
+                cur.pending = None
+        if need - set(args):
             raise _Fail
         if close:
             cur.lit(close)
-        call.arguments, call.closed = dump_args(args), True
+        call.arguments, call.closed, cur.pending = dump_args(args), True, None
 
     def _arg(self, cur: _Cursor, ctx: Context, tool: str) -> tuple[str, Any]:
         key_open, key_close, value_open, _ = self.arg

@@ -85,11 +85,34 @@ def test_automatic_parser_rows_keep_what_is_not_a_call(reply, content, ncalls):
     assert got.content == content and len(got.calls) == ncalls
 
 
-def test_a_call_is_streamed_once_read_whole():
-    """A call that turns out not to be one (a bad value) is never given while it is open."""
-    reply = Q.replace("</function>", "<parameter=days>\nthree\n</parameter>\n</function>")
-    for i in range(len(reply)):
-        assert XmlCalls().parse(reply[:i], Context(tools=TOOLS), partial=True).calls == []
+def _open_calls(f: XmlCalls, reply: str, ctx: Context) -> list[list[tuple[str, str, bool]]]:
+    """The calls of each partial parse of `reply`, where they change."""
+    out: list[list[tuple[str, str, bool]]] = []
+    for i in range(len(reply) + 1):
+        now = [(c.name, c.arguments, c.closed) for c in f.parse(reply[:i], ctx, partial=True).calls]
+        if not out or now != out[-1]:
+            out.append(now)
+    return out
+
+
+def test_an_open_call_is_named_once_its_required_arguments_are_read_then_grows_by_argument():
+    reply = Q.replace("</function>", "<parameter=days>\n3\n</parameter>\n<parameter=when>\nnow\n</parameter>\n</function>")
+    assert _open_calls(XmlCalls(), reply, Context(tools=TOOLS)) == [
+        [], [("get_weather", '{"city": "Paris"', False)], [("get_weather", '{"city": "Paris", "days": 3', False)],
+        [("get_weather", '{"city": "Paris", "days": 3, "when": "now"', False)],
+        [("get_weather", '{"city": "Paris", "days": 3, "when": "now"}', True)]]
+    add = '<minimax:tool_call><invoke name="add"><parameter name="b">2.5</parameter><parameter name="a">1</parameter>'
+    assert [c[0][1] for c in _open_calls(MiniMaxM2(), add, Context(tools=TOOLS)) if c] == ['{"b": 2.5, "a": 1']
+
+
+def test_a_call_is_not_given_while_a_required_argument_may_still_fail():
+    """A call whose required argument does not read (a bad value) is never given: not while open,
+    not whole. (An optional argument that fails after the call was named leaves the stream with
+    the call, as llama-server's stream does, while the whole reply has none.)"""
+    reply = ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\nhalf\n</parameter>\n"
+             "</function>\n</tool_call>")
+    assert XmlCalls().parse(reply, Context(tools=TOOLS), partial=False).calls == []
+    assert _open_calls(XmlCalls(), reply, Context(tools=TOOLS)) == [[]]
 
 
 def test_minimax_m2_section_of_several_invokes():
