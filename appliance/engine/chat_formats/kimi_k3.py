@@ -20,7 +20,7 @@ import json
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, held
-from .peg import FAIL, MORE, lit, until, until_any
+from .peg import FAIL, MORE, lit, until, until_any, until_rule
 
 SEP = "<|sep|>"
 MSG_START = '<|open|>message role="assistant"<|sep|>'
@@ -57,8 +57,15 @@ class KimiK3(Format):
         return Parsed(held("".join(r.content), partial), held(reasoning, partial), r.calls)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """The tools section with one call (or several) of the allowed tools, each argument of
-        the tool's properties (strings as text up to the closer, others as JSON)."""
+        """The whole reply under a forced choice, as llama.cpp's grammar for it (kimi-k3.cpp):
+        the think section (the generation prompt opened it; else its openers are optional),
+        ended by its closer or by the response opener; the response section (optional); then
+        the tools section with one call (or several, with parallel calls) of the allowed tools
+        (`choice`: "required" or that tool's name), each with any of its tool's arguments: a
+        parameter the schema types as a string (or not at all) as text up to the argument's
+        closer, any other as JSON of its schema; the attributes after a call's tool name and an
+        argument's key as written (up to `<|sep|>`); then the message's closer and
+        `<|end_of_msg|>`, optional. Markers are literals in rules (special tokens)."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
@@ -66,23 +73,28 @@ class KimiK3(Format):
         for i, n in enumerate(allowed):
             props = (ctx.tools[n] or {}).get("properties") or {}
             args = []
-            for j, (key, schema) in enumerate(props.items()):
-                kind = _type(schema)
-                value = "text_end" if kind == "string" else f"%json {json.dumps(schema or {})} {json.dumps(ARG_END)}"
-                args.append(f"arg_{i}_{j}")
-                head = json.dumps(f'{ARG_START}{key}" type="{kind}"{SEP}')
-                rules.append(f"arg_{i}_{j}: {head} {value}")
-            body = f"({' | '.join(args)})*" if args else ""
-            head = json.dumps(f'{CALL_START}{n}" index="1"{SEP}')
-            rules.append(f"call_{i}: {head} {body} {json.dumps(CALL_END)}")
-        rep = "+" if ctx.parallel else ""
+            for key, schema in props.items():
+                value = "text" if _type(schema) == "string" else f"WS? %json {json.dumps(schema or {})} WS? {json.dumps(ARG_END)}"
+                args.append(f'{json.dumps(ARG_START)} {json.dumps(key + chr(34))} attrs {value}')
+            body = f" arg_{i}*" if args else ""
+            rules.append(f'call_{i}: {json.dumps(CALL_START)} {json.dumps(n + chr(34))} attrs{body} {json.dumps(CALL_END)}')
+            if args:
+                rules.append(f"arg_{i}: " + " | ".join(args))
         calls = " | ".join(f"call_{i}" for i in range(len(allowed)))
+        rep = "+" if ctx.parallel else ""
+        head = "thought" if ctx.thinking_open else f"({json.dumps(MSG_START)}? {json.dumps(THINK_START)} thought)?"
         return "\n".join([
-            f"start: {json.dumps(THINK_END + RESP_START + RESP_END + TOOLS_START)} call{rep} "
-            f"{json.dumps(TOOLS_END + MSG_END)}",
+            f"start: {head} response? {json.dumps(TOOLS_START)} call{rep} {json.dumps(TOOLS_END)}"
+            f" {json.dumps(MSG_END)}? {json.dumps(EOM)}?",
+            f"response: {json.dumps(RESP_START)}? response_text",
             f"call: {calls}", *rules,
-            r"text_end[lazy]: /(.|\n)*<\|close\|>argument<\|sep\|>/",   # a string, to its closer
-        ]) + "\n"
+            r"WS: /[ \t\n\r]+/",
+        ]) + "\n" + "".join([
+            until_rule("thought", (THINK_END, RESP_START)),
+            until_rule("response_text", RESP_END, not_after="<|open|>"),
+            until_rule("attrs", SEP),
+            until_rule("text", ARG_END),
+        ])
 
 
 def _type(schema) -> str:

@@ -46,23 +46,27 @@ def until_any(text: str, pos: int, delims: tuple[str, ...]) -> tuple[int, bool]:
 
 # --- the same steps as grammar rules (Lark, llguidance) -----------------------------------------
 
-def until_rule(name: str, marker: str, not_after: str = "") -> str:
-    """Lark rules for `name`: any text, then `marker` (llama.cpp's `until` and the delimiter),
-    ending at the marker's first occurrence, whether the model spells the marker out or writes it
-    as the special token of its vocabulary (special_tokens.py names the quoted literal as that
-    token). A `[stop=...]` lexeme cannot do both: llguidance refuses a special token as a stop
-    value ("special tokens cannot be used in terminals"), and a quoted stop text matches the
-    spelled bytes only. So: a lazy lexeme that ends with the spelled marker, or greedy text (no
-    text matches a special token, so it ends there) and the marker as a literal.
+def until_rule(name: str, marker: str | tuple[str, ...], not_after: str = "") -> str:
+    """Lark rules for `name`: any text, then `marker` (llama.cpp's `until` and the delimiter; or
+    the first of several, its `until_one_of`), ending at the marker's first occurrence, whether
+    the model spells the marker out or writes it as the special token of its vocabulary
+    (special_tokens.py names the quoted literal as that token). A `[stop=...]` lexeme cannot do
+    both: llguidance refuses a special token as a stop value ("special tokens cannot be used in
+    terminals"), and a quoted stop text matches the spelled bytes only. So: a lazy lexeme that
+    ends with the spelled marker, or greedy text (no text matches a special token, so it ends
+    there) and the marker as a literal.
 
     `not_after`: a text the part may not start with, where a rule that may come first starts
     with it (a reasoning block's opening tag): the lexer takes the longest lexeme, so text that
     could also start with the tag would take the tag and the rule that starts with it never
     would be."""
+    markers = (marker,) if isinstance(marker, str) else marker
     unless = f" & ~/{regex_text(not_after)}(?s:.*)/" if not_after else ""
     text = f"{name.upper()}_TEXT"
-    return (f"{name}: {name}_spelled | {text} {json.dumps(marker, ensure_ascii=False)}\n"
-            f"{name}_spelled[lazy]: /(?s:.*){regex_text(marker)}/{unless}\n"
+    ends = " | ".join(json.dumps(m, ensure_ascii=False) for m in markers)
+    spelled = "|".join(regex_text(m) for m in markers)
+    return (f"{name}: {name}_spelled | {text} ({ends})\n"
+            f"{name}_spelled[lazy]: /(?s:.*)({spelled})/{unless}\n"
             f"{text}: /(?s:.*)/{unless}\n")
 
 

@@ -9,7 +9,7 @@ from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.kimi_k3 import KimiK3
 
 from ..chat_templates import cases as templates
-from .byte_grammar import accepts, compiles
+from .byte_grammar import accepts, accepts_special, compiles
 from .family_cases import check_streamed, check_whole, params
 
 TEMPLATES = ["Kimi-K3"]
@@ -80,3 +80,32 @@ def test_grammar_reads_back_as_the_call():
     assert compiles(g) and accepts(g, text) and not accepts(K.grammar(ctx, "ping"), text)
     got = K.parse(text, ctx, partial=False)
     assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [("get_weather", {"city": "Paris <x>", "days": 3})]
+
+
+MARKERS = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
+TOOLS_CALL = ('<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+        '<|open|>argument key="days" type="integer"<|sep|> 3 <|close|>argument<|sep|>'
+        '<|open|>argument key="opts" type="object"<|sep|>{"a": [1, "<b>"]}<|close|>argument<|sep|>'
+        '<|open|>argument key="city" type="string"<|sep|>Paris, "FR"<|close|>argument<|sep|>'
+        '<|close|>call<|sep|><|open|>call tool="ping" index="2"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>')
+
+
+@pytest.mark.parametrize("ctx,reply", [
+    (Context(tools=TOOLS, thinking_open=True), "Let me <think> it over.<|close|>think<|sep|>"
+     "<|open|>response<|sep|>On it.<|close|>response<|sep|>" + TOOLS_CALL + "<|close|>message<|sep|><|end_of_msg|>"),
+    (Context(tools=TOOLS, thinking_open=True), "Skipped the closer.<|open|>response<|sep|>On it.<|close|>response<|sep|>" + TOOLS_CALL),
+    (Context(tools=TOOLS, thinking_open=True), "<|close|>think<|sep|>" + TOOLS_CALL + "<|close|>message<|sep|>"),
+    (Context(tools=TOOLS), OPEN + "Hmm.<|close|>think<|sep|>" + TOOLS_CALL),
+])
+def test_grammar_takes_the_sections_spelled_and_as_special_tokens(ctx, reply):
+    g = K.grammar(ctx, "required")
+    assert accepts(g, reply) and accepts_special(g, reply, MARKERS)
+    got = K.parse(reply, ctx, partial=False).calls
+    assert [c.name for c in got] == ["get_weather", "ping"]
+    assert json.loads(got[0].arguments) == {"days": 3, "opts": {"a": [1, "<b>"]}, "city": 'Paris, "FR"'}
+
+
+def test_grammar_types_the_arguments_by_the_schema():
+    g = K.grammar(Context(tools=TOOLS, thinking_open=True), "get_weather")
+    bad = TOOLS_CALL.replace("> 3 <", ">three<")
+    assert not accepts(g, "<|close|>think<|sep|>" + bad)
