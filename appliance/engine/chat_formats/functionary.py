@@ -86,7 +86,11 @@ class Functionary(Format):
         return FAIL
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """Calls of the allowed tools, the first one's recipient right after the prompt's `>>>`."""
+        """The whole reply under a forced choice: calls of the allowed tools (`choice`: "required"
+        or that tool's name), the first one's recipient right after the prompt's `>>>`, the next
+        ones after their own `>>>` (with parallel calls), each `NAME\\n` and its arguments as JSON
+        of the tool's schema. No reasoning, and no content before the calls: neither llama.cpp's
+        parse nor this one reads a call after `all\\n` content."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
