@@ -16,7 +16,7 @@ import json
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, held, json_prefix, open_json
-from .peg import FAIL, MORE, SPACE, lit, until
+from .peg import FAIL, MORE, SPACE, lit, until, until_rule
 
 
 class GigaChat(Format):
@@ -71,13 +71,20 @@ class GigaChat(Format):
         return None
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
+        """The whole reply under a forced choice, as llama.cpp's grammar for it: the content (any
+        text, optional) up to the marker, then one call (GigaChat has no parallel calls) of an
+        allowed tool (`choice`: "required" or that tool's name) as `{"name": ..., "arguments":
+        ...}` with the arguments of its schema, JSON's whitespace anywhere. No reasoning. The
+        markers are literals (special tokens); the content ends at the first one."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
         one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                           "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
                          for n in allowed]}
-        return f"start: {json.dumps(self.opener)} %json {json.dumps(one)}\n"
+        rest = self.opener[len(self.section):]
+        head = f"pre {json.dumps(rest)}" if rest else "pre"
+        return f"start: {head} %json {json.dumps(one)}\n" + until_rule("pre", self.section)
 
 
 class GigaChat31(GigaChat):

@@ -80,7 +80,7 @@ def with_markers(lark: str, markers: Iterable[str]) -> str:
     from appliance.engine.output.special_tokens import with_special_tokens
 
     marks = tuple(markers)
-    return with_special_tokens(lark, lambda text: [p for p in _split(text, marks) if p in marks])
+    return with_special_tokens(lark, lambda text: [(p, 256 + marks.index(p)) for p in _split(text, marks) if p in marks])
 
 
 def accepts_special(lark: str, text: str, markers: Iterable[str]) -> bool:

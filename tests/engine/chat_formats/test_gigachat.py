@@ -9,7 +9,7 @@ from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.gigachat import GigaChat, GigaChat31
 
 from ..chat_templates import cases as templates
-from .byte_grammar import accepts, compiles
+from .byte_grammar import accepts, accepts_special, compiles
 from .family_cases import check_streamed, check_whole, params
 
 TEMPLATES = ["GigaChat3-10B-A1.8B", "GigaChat3.1-10B-A1.8B"]
@@ -60,3 +60,16 @@ def test_grammar_reads_back_as_the_call(fmt):
     assert compiles(g) and accepts(g, text) and not accepts(fmt.grammar(ctx, "ping"), text)
     assert [(c.name, json.loads(c.arguments)) for c in fmt.parse(text, ctx, partial=False).calls] == [
         ("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("fmt", [GigaChat(), GigaChat31()])
+@pytest.mark.parametrize("before", ["", "Let me <check>\nthe weather.\n\n"])
+def test_grammar_takes_content_before_the_call_spelled_and_as_special_tokens(fmt, before):
+    ctx = Context(tools=TOOLS)
+    g = fmt.grammar(ctx, "required")
+    text = before + fmt.opener + '{ "name" : "get_weather",\n "arguments": { "city": "Paris" } }'
+    markers = ("<|message_sep|>", "<|role_sep|>", "<|function_call|>")
+    assert accepts(g, text) and accepts_special(g, text, markers)
+    got = fmt.parse(text, ctx, partial=False)
+    assert (got.content, [(c.name, json.loads(c.arguments)) for c in got.calls]) == (
+        before, [("get_weather", {"city": "Paris"})])
