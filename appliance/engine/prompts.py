@@ -32,10 +32,7 @@ class PromptBuilder:
         self.runner, self.info = runner, info
         self.chat = ChatLayer(info.chat_template, info.bos_text, info.eos_text, template_kwargs, reasoning_format)
         self.template = self.chat.template
-        self.constraints = Constraints(
-            runner.guidance_tokenizer, info.n_vocab,
-            tokenize=lambda text: runner.tokenize(text, add_special=False, parse_special=True),
-            piece=lambda tok: runner.detokenize([tok]).decode("utf-8", errors="replace"))
+        self.constraints = Constraints(runner.guidance_tokenizer, info.n_vocab, self._tokens, self._piece)
 
     def prepare(self, req: Request) -> Prepared:
         """The prompt's ids and the request's parser and matcher (one of each per choice); a
@@ -53,6 +50,12 @@ class PromptBuilder:
             constraint = Constraint("lark", grammar)
         parser = self.chat.parser(req, text) if req.messages is not None else None
         return (self.constraints.matcher(constraint) if constraint else None), parser
+
+    def _tokens(self, text: str) -> list[int]:
+        return self.runner.tokenize(text, add_special=False, parse_special=True)
+
+    def _piece(self, tok: int) -> str:
+        return self.runner.detokenize([tok]).decode("utf-8", errors="replace")
 
     def prompt_ids(self, req: Request) -> tuple[list[int], str]:
         """The prompt's tokens, and its text (empty when the client sent token ids)."""

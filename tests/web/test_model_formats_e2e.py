@@ -225,3 +225,4 @@ def test_bad_replies_lose_nothing(tmp):
     assert call["name"] == "set_flags" and isinstance(json.loads(call["arguments"]), dict)
     streamed, finish = openai_streamed(app, body)
     assert finish == ["length"] and streamed[2] == [("set_flags", json.loads(call["arguments"]))]
+

@@ -108,12 +108,17 @@ class Format:
 def with_reasoning(grammar: str, think: tuple[str, str], inside: bool) -> str:
     """A call grammar (its rule `start`) that lets the model reason first, as llama.cpp's
     grammars do: the thinking block (its opening marker too, unless the prompt opened it) up to
-    its closing marker, whitespace, then the calls; or the calls at once."""
+    its closing marker, whitespace, then the calls; or the calls at once. The text ends at the
+    closing marker spelled out (a lazy lexeme ends at its first match) or written as a special
+    token (a greedy lexeme of bytes, which a special token, having no bytes, ends)."""
     open_, close = think
     body = grammar.replace("start:", "calls_root:", 1)
     head = "" if inside else json.dumps(open_) + " "
+    spelled = "".join(ch if ch.isalnum() else f"\\x{{{ord(ch):x}}}" for ch in close)
     return (f"start: ({head}thought THOUGHT_WS?)? calls_root\n"
-            f"thought[stop={json.dumps(close)}]: /(.|\\n)*/\n"
+            f"thought: thought_spelled | THOUGHT_TEXT? {json.dumps(close)}\n"
+            f"thought_spelled[lazy]: /(?s:.*){spelled}/\n"
+            "THOUGHT_TEXT: /(?s:.+)/\n"
             "THOUGHT_WS: /[ \\t\\r\\n]+/\n" + body)
 
 

@@ -97,8 +97,8 @@ class Constraints:
         return Matcher(m, self.n_vocab)
 
     def _marked(self, lark: str) -> str:
-        def specials(text: str) -> list[str]:
+        def specials(text: str) -> list[tuple[str, int]]:
             ids = self._tokenize(text)
-            return [self._piece(t) for t in ids if self._tokenizer.is_special_token(t)]
+            return [(self._piece(t), t) for t in ids if self._tokenizer.is_special_token(t)]
 
         return with_special_tokens(lark, specials)
