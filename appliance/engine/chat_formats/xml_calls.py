@@ -13,7 +13,8 @@ else JSON. Whitespace follows llama.cpp's grammars: the qwen3_coder rows write t
 part of the markers (a value keeps every other character); the others allow any whitespace between
 tags and keep a value's text as written. A reply is read the way llama.cpp's PEG parsers read it:
 content up to the first call, then calls; a block that does not read as a call of the request's
-tools ends the calls, and what follows it stays content (llama.cpp drops it or fails; see `tail`).
+tools ends the calls, and it and what follows stay content (llama.cpp's qwen3_coder parser drops
+them, its automatic parser fails; a bad reply loses nothing here).
 Streamed (partial), a call is given while open once its required arguments have all been read,
 so that it can then fail to be a call only on an optional argument or its closing tag; its
 arguments grow by whole arguments: `{"city": "Paris"`, then `{"city": "Paris", "days": 3`, then
@@ -87,7 +88,7 @@ class XmlCalls(Format):
     arg: ClassVar[tuple[str, str, str, str]] = ("<parameter=", ">\n", "", "\n</parameter>\n")
     flex: ClassVar[bool] = False          # whitespace allowed between tags
     string_wins: ClassVar[bool] = False   # a parameter that may be a string is always its text
-    tail: ClassVar[str] = "drop"          # after the calls: "drop" (llama.cpp ignores it), "content"
+    tail: ClassVar[str] = "content"       # after the calls: "content" (kept); "drop" (llama.cpp's way)
     bare_first: ClassVar[bool] = False    # the first call may come without its wrap (Qwen3-Coder)
     stop: ClassVar[str] = ""              # the reply ends at this (an end-of-turn spelled as text)
     cdata: ClassVar[tuple[str, str] | None] = None     # a string value may be wrapped in these (MiniCPM5)

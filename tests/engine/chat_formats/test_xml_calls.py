@@ -56,8 +56,10 @@ Q = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\
     (Q.replace("</function>", "<parameter=days>\n3\n</parameter>\n<parameter=when>\n7\n</parameter>\n</function>"),
      "", [("get_weather", {"city": "Paris", "days": 3, "when": 7})]),
     # a value that is not JSON of its type: no call; llama.cpp drops the rest, and so do we (it does not fail)
-    (Q.replace("</function>", "<parameter=days>\nthree\n</parameter>\n</function>"), "", []),
-    ("Hi " + Q.replace("get_weather", "get_wether"), "Hi ", []),
+    # no call of these tools (llama.cpp drops the block): its text stays content
+    (Q.replace("</function>", "<parameter=days>\nthree\n</parameter>\n</function>"),
+     Q.replace("</function>", "<parameter=days>\nthree\n</parameter>\n</function>"), []),
+    ("Hi " + Q.replace("get_weather", "get_wether"), "Hi " + Q.replace("get_weather", "get_wether"), []),
     # the reply ends inside a call: so far, it is one (llama.cpp's lenient parse)
     (Q[:-20], "", [("get_weather", {"city": "Paris"})]),
 ])
@@ -207,7 +209,7 @@ def _takes_with_specials(grammar: str, markers: list[str], text: str) -> bool:
     from appliance.engine.output.special_tokens import with_special_tokens
 
     rx = re.compile("|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)))
-    lark = with_special_tokens(grammar, lambda t: rx.findall(t))
+    lark = with_special_tokens(grammar, lambda t: [(m, 257 + markers.index(m)) for m in rx.findall(t)])
     m = llguidance.LLMatcher(_special_vocab(markers), llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
     assert not m.is_error(), m.get_error()
     ids, pos = [], 0
