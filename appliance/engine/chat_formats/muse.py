@@ -22,7 +22,7 @@ import json
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, held, json_prefix, schema_types
-from .peg import FAIL, MORE, SPACE, lit, until, until_any
+from .peg import FAIL, MORE, SPACE, lit, until, until_any, until_rule
 
 START, EOM, EOT, MESSAGE = "<|start|>assistant", "<|eom|>", "<|eot|>", "<|message|>"
 SELF, USER = " to=self<|message|>", " to=user"
@@ -55,24 +55,41 @@ class Muse(Format):
         return Parsed(held("".join(r.content), partial), held(reasoning, partial), r.calls)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """Calls of the allowed tools, one message each (joined by `<|eom|><|start|>assistant`)."""
+        """The whole reply under a forced choice, as llama.cpp's grammar for it (muse-glimmer.cpp)
+        and this parse read it: messages to `self` (reasoning), each ended by `<|eom|>` and
+        followed by the next `<|start|>assistant`; a message to the user (content, optional) ended
+        by `<|eom|>`; then a call (or several, one message each, with parallel calls) of an
+        allowed tool (`choice`: "required" or that tool's name): the recipient as written, the
+        ATEM markup with its whitespace, each of the tool's parameters in any order (one that may
+        be a string as text up to its closer, any other as JSON of its schema). Markers are
+        literals in rules (special tokens)."""
         allowed = [n for n in ctx.tools if choice in ("required", n)]
         if not allowed:
             return None
         rules = []
         for i, n in enumerate(allowed):
             args = []
-            for j, (key, schema) in enumerate(((ctx.tools[n] or {}).get("properties") or {}).items()):
-                value = "text_end" if "string" in schema_types(schema) else \
+            for key, schema in ((ctx.tools[n] or {}).get("properties") or {}).items():
+                value = "text" if "string" in schema_types(schema) else \
                     f"%json {json.dumps(schema or {})} {json.dumps(PARAM_END)}"
-                rules.append(f"arg_{i}_{j}: {json.dumps(f'{PARAM}{key}' + chr(34) + '>')} {value} {json.dumps(chr(10))}")
-                args.append(f"arg_{i}_{j}")
-            body = f"({' | '.join(args)})*" if args else ""
-            head = f" to={n}{MESSAGE}{CALLS}\n{INVOKE}{n}\">\n"
-            rules.append(f"call_{i}: {json.dumps(head)} {body} {json.dumps(INVOKE_END + chr(10) + CALLS_END)}")
-        more = f' ({json.dumps(EOM + START)} call)*' if ctx.parallel else ""
-        return "\n".join([f"start: call{more}", "call: " + " | ".join(f"call_{i}" for i in range(len(allowed))),
-                          *rules, r"text_end[lazy]: /(.|\n)*<\/atem:parameter>/"]) + "\n"
+                args.append(f"{json.dumps(PARAM)} {json.dumps(key + chr(34) + '>')} {value}")
+            if args:
+                rules.append(f"arg_{i}: " + " | ".join(args))
+            body = f" (arg_{i} WS?)*" if args else ""
+            rules.append(f'call_{i}: {json.dumps(INVOKE)} {json.dumps(n + chr(34) + ">")} WS?{body} {json.dumps(INVOKE_END)}')
+        more = f" ({json.dumps(EOM)} {json.dumps(START)} call)*" if ctx.parallel else ""
+        return "\n".join([
+            f"start: (analysis {json.dumps(START)})* (final {json.dumps(START)})? call{more}",
+            f'analysis: " to=" "self" {json.dumps(MESSAGE)} body',
+            f'final: (" to=" "user")? {json.dumps(MESSAGE)} body',
+            f'call: " to=" RECIPIENT? {json.dumps(MESSAGE)} {json.dumps(CALLS)} WS? (' + " | ".join(f"call_{i}" for i in range(len(allowed)))
+            + f") WS? {json.dumps(CALLS_END)}",
+            *rules,
+            r"WS: /[ \t\n\r]+/",
+            # a call's recipient: text up to <|message|> (llama.cpp's until), a name in practice;
+            # not `self` or `user`, which open the other messages
+            r"RECIPIENT: /[^<]+/ & ~/self|user/",
+        ]) + "\n" + until_rule("body", EOM) + until_rule("text", PARAM_END)
 
 
 class _Reading:

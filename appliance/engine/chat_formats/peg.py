@@ -56,17 +56,15 @@ def until_rule(name: str, marker: str | tuple[str, ...], not_after: str = "") ->
     ends with the spelled marker, or greedy text (no text matches a special token, so it ends
     there) and the marker as a literal.
 
-    `not_after`: a text the part may not start with, where a rule that may come first starts
-    with it (a reasoning block's opening tag): the lexer takes the longest lexeme, so text that
-    could also start with the tag would take the tag and the rule that starts with it never
-    would be."""
+    `not_after`: a text the part may not start with, where a literal that starts with it may
+    come instead (a reasoning block's opening tag): the lexer takes the longest lexeme, so text
+    that could take the tag would, and the rule that starts with it would never be taken."""
     markers = (marker,) if isinstance(marker, str) else marker
+    ends = "|".join(regex_text(m) for m in markers)
     unless = f" & ~/{regex_text(not_after)}(?s:.*)/" if not_after else ""
     text = f"{name.upper()}_TEXT"
-    ends = " | ".join(json.dumps(m, ensure_ascii=False) for m in markers)
-    spelled = "|".join(regex_text(m) for m in markers)
-    return (f"{name}: {name}_spelled | {text} ({ends})\n"
-            f"{name}_spelled[lazy]: /(?s:.*)({spelled})/{unless}\n"
+    return (f"{name}: {name}_spelled | {text} ({' | '.join(json.dumps(m, ensure_ascii=False) for m in markers)})\n"
+            f"{name}_spelled[lazy]: /(?s:.*)({ends})/{unless}\n"
             f"{text}: /(?s:.*)/{unless}\n")
 
 

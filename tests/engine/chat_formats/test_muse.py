@@ -9,7 +9,7 @@ from appliance.engine.chat_formats import Context, detect
 from appliance.engine.chat_formats.muse import Muse
 
 from ..chat_templates import cases as templates
-from .byte_grammar import accepts, compiles
+from .byte_grammar import accepts, accepts_special, compiles
 from .family_cases import check_streamed, check_whole, params
 
 TEMPLATES = ["muse-glimmer"]
@@ -65,3 +65,26 @@ def test_grammar_reads_back_as_the_calls():
     assert compiles(g) and accepts(g, CALL) and accepts(g, text) and not accepts(M.grammar(ctx, "ping"), CALL)
     assert [(c.name, json.loads(c.arguments)) for c in M.parse(text, ctx, partial=False).calls] == [
         ("get_weather", {"city": "12", "days": 3}), ("ping", {})]
+
+
+MARKERS = ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "<atem:function_calls>", "<atem:invoke",
+           "<atem:parameter", "</atem:parameter>", "</atem:invoke>", "</atem:function_calls>")
+SPACED = (' to=functions.get_weather<|message|><atem:function_calls><atem:invoke name="get_weather">'
+          '<atem:parameter name="days">3</atem:parameter>  <atem:parameter name="city">Paris, "FR"</atem:parameter>'
+          '</atem:invoke>\n\n</atem:function_calls>')
+
+
+@pytest.mark.parametrize("reply", [
+    SPACED,
+    " to=self<|message|>Weather, <b>so</b> a call.<|eom|><|start|>assistant to=self<|message|>Yes.<|eom|>"
+    "<|start|>assistant to=user<|message|>Checking.<|eom|><|start|>assistant" + SPACED
+    + "<|eom|><|start|>assistant to=ping<|message|><atem:function_calls>\n<atem:invoke name=\"ping\">\n</atem:invoke>\n"
+      "</atem:function_calls>",
+    " to=selfie<|message|>" + SPACED[SPACED.index("<atem:function_calls>"):],
+])
+def test_grammar_takes_messages_recipients_and_spacing_spelled_and_as_special_tokens(reply):
+    ctx = Context(tools=TOOLS)
+    g = M.grammar(ctx, "required")
+    assert accepts(g, reply) and accepts_special(g, reply, MARKERS)
+    got = M.parse(reply, ctx, partial=False).calls
+    assert (got[0].name, json.loads(got[0].arguments)) == ("get_weather", {"days": 3, "city": 'Paris, "FR"'})
