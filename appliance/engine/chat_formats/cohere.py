@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from .base import Context, Parsed
+from .json_grammar import Lark, allowed, json_calls, q, reasoning
 from .jsoncalls import AutoJson, Cursor, Fail, Short, held_text
 
 
@@ -49,6 +50,15 @@ class Cohere2MoE(CommandR7B):
 
     def prompt_opens_thinking(self, prompt: str) -> bool:
         return prompt.rstrip().endswith(self.reasoning[0])
+
+    def grammar(self, ctx: Context, choice: str) -> str | None:
+        """The reasoning (no leading whitespace: the parse skips none), then the action right after
+        it: content comes only in <|START_TEXT|>...<|END_TEXT|>, which ends the reply."""
+        names = allowed(ctx.tools, choice)
+        if not names:
+            return None
+        g = Lark()
+        return g.text(f"{reasoning(self, g, ctx, lead=False)} {json_calls(self, g, ctx, names, q(self.section[0]))}")
 
     def parse(self, text: str, ctx: Context, partial: bool) -> Parsed:
         src = self.reasoning[0] + text if ctx.thinking_open else text

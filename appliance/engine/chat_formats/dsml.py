@@ -20,6 +20,7 @@ import json
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed, dump_args, schema_types
+from .json_grammar import Lark, allowed, q, some, value
 from .jsoncalls import SPACE, Cursor, Fail, Short, closed_args, held_text
 
 DSML = "｜DSML｜"
@@ -183,28 +184,36 @@ class Dsml(Format):
 
 
 def _grammar(fmt: Dsml, ctx: Context, choice: str) -> str | None:
-    """The calls block with the allowed tools' invokes: required parameters first, in order, then
-    the optional ones in order; a string parameter's text without "<", any other's JSON."""
-    allowed = [n for n in ctx.tools if choice in ("required", n)]
-    if not allowed:
+    """The whole reply under a forced choice (json_grammar.py's contract), as deepseek.cpp's
+    grammar is: where the prompt opened thinking, the reasoning up to </think> (then content up to
+    the calls) or straight into the calls; else content up to the calls. Each invoke has its
+    required parameters in the schema's order, then optional ones in any order; a string
+    parameter's value is any text up to its closing tag, any other a JSON value of its schema."""
+    names = allowed(ctx.tools, choice)
+    if not names:
         return None
-    rules = []
-    for i, n in enumerate(allowed):
+    g = Lark()
+    w = g.ws
+    end = q(f"</{DSML}parameter>")
+    invokes = []
+    for n in names:
         schema = ctx.tools[n] or {}
         props = schema.get("properties") or {}
-        required = [p for p in props if p in (schema.get("required") or [])]
-        parts = []
-        for p in required + [p for p in props if p not in required]:
-            is_string = "string" in schema_types(props[p])
-            head = json.dumps(f'<{DSML}parameter name="{p}" string="{"true" if is_string else "false"}">')
-            value = "/[^<]*/" if is_string else f"%json {json.dumps(props[p])}"
-            one = f'{head} {value} {json.dumps(f"</{DSML}parameter>" + chr(10))}'
-            parts.append(one if p in required else f"({one})?")
-        rules.append(f'c{i}: {json.dumps(f"<{DSML}invoke name={chr(34)}{n}{chr(34)}>" + chr(10))} '
-                     f'{" ".join(parts)} {json.dumps(f"</{DSML}invoke>" + chr(10))}')
-    calls = "call+" if ctx.parallel else "call"
-    return (f"start: {json.dumps(fmt.fc[0] + chr(10))} {calls} {json.dumps(fmt.fc[1])}\n"
-            f"call: {' | '.join(f'c{i}' for i in range(len(allowed)))}\n" + "\n".join(rules) + "\n")
+        params = {}
+        for p, sub in props.items():
+            is_string = "string" in schema_types(sub)
+            head = q(f'<{DSML}parameter name="{p}" string="{"true" if is_string else "false"}">')
+            params[p] = f"{head} {g.upto(f'</{DSML}parameter>')}" if is_string else f"{head} {value(sub)} {end}"
+        required = [params[p] for p in props if p in (schema.get("required") or [])]
+        optional = [params[p] for p in props if p not in (schema.get("required") or [])]
+        body = f" {w} ".join(required) + (f" ({w} ({' | '.join(optional)}))*" if optional else "")
+        invokes.append(f'{q(f"<{DSML}invoke name={chr(34)}{n}{chr(34)}>{chr(10)}")} {body} {w} {q(f"</{DSML}invoke>")}')
+    g.choice("invoke", invokes)
+    g.add("calls", f"{w} {some('invoke', ctx.parallel, w)} {w} {q(fmt.fc[1])}")
+    said = f"{g.upto(fmt.fc[0])} calls"
+    if not (ctx.thinking_open and ctx.extract_reasoning):
+        return g.text(said)
+    return g.text(f"{g.upto(THINK[1])} {said} | {g.upto(fmt.fc[0])} calls")
 
 
 class DsmlV4(Dsml):

@@ -14,6 +14,7 @@ import re
 from typing import ClassVar
 
 from .base import Call, Context, Format, dump_args, held, json_prefix, open_json, partial_suffix
+from .json_grammar import Lark, allowed, q, value
 
 NAME = re.compile(r'\s*\{\s*"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
 ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
@@ -41,15 +42,12 @@ class TaggedJson(Format):
                 break
             body_at = at + len(self.open)
             end = text.find(self.close, body_at)
-            if end < 0:
-                if not partial:
-                    break                       # never closed: what it is, it is as content
+            if end < 0:   # still open: a call once its arguments have opened (cut off: as far as it got)
                 call = self._open_call(text[body_at:], ctx)
-                if call is None:
-                    content.append(text[pos:at])
-                    return _joined(content, partial, ""), calls   # held: it may still become one
+                if call is None and not partial:
+                    break                       # never a call: what it is, it is as content
                 content.append(text[pos:at])
-                calls.append(call)
+                calls += [call] if call is not None else []   # else held: it may still become one
                 return _joined(content, partial, ""), calls
             call = self._call(text[body_at:end], ctx)
             if call is None:                    # not a call of these tools: it stays content
@@ -95,17 +93,30 @@ class TaggedJson(Format):
             return None
         rest = body[m.end():]
         a = ARGS.match(rest)
-        args = open_json(rest[a.end():]) if a and rest[a.end():].startswith("{") else ""
-        return Call(name, args, closed=False)
+        if a is None or not rest[a.end():].startswith("{"):
+            return None                         # named once its arguments open: before, it may be no call
+        return Call(name, open_json(rest[a.end():]), closed=False)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        allowed = [n for n in ctx.tools if choice in ("required", n)]
+        """The whole reply under a forced choice (json_grammar.py's contract): an optional
+        <think> block (the prompt's open one: its rest and </think>), content up to the first call,
+        then each call's {"name": ..., "arguments": {...}} between the tags, any whitespace around."""
+        names = allowed(ctx.tools, choice)
+        if not names:
+            return None
         one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                           "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
-                         for n in allowed]}
-        rep = "+" if ctx.parallel else ""
-        return (f'start: call{rep}\ncall: {json.dumps(self.open + chr(10))} body {json.dumps(chr(10) + self.close)}'
-                f'\nbody: %json {json.dumps(one)}\n')
+                         for n in names]}
+        g = Lark()
+        w = g.ws
+        g.add("body", f"{w} {value(one)} {w} {q(self.close)}")
+        more = f"({w} {q(self.open)} body)* {w}" if ctx.parallel else w
+        think = self.think if ctx.extract_reasoning else None
+        thought = g.upto(think[1], inner=(self.open, self.close)) if think else ""
+        if think and ctx.thinking_open:
+            return g.text(f"{thought} {g.upto(self.open)} body {more}")
+        said = f"{g.upto(self.open, think[0] if think else '')} body {more}"
+        return g.text(f"{w} {q(think[0])} {thought} {g.upto(self.open)} body {more} | {said}" if think else said)
 
 
 def _as_written(body: str, args: dict) -> str:

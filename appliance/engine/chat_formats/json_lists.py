@@ -6,6 +6,9 @@ the templates without calls, as jsoncalls.AutoJson rows (llama.cpp's analysis of
     Apertus:                          <|tools_prefix|>[{"f": {...}}, ...]<|tools_suffix|>
     Apriel 1.5 / 1.6:                 <tool_calls>[{"name": "f", "arguments": {...}}]</tool_calls>
                                       (1.6: reasoning until [BEGIN FINAL RESPONSE], opened by the prompt)
+    MiniMax-M1:                       <tool_calls>\\n{"name": "f", "arguments": {...}}\\n</tool_calls> (one call)
+    NVIDIA Nemotron Nano v2:          <TOOLCALL>[{"name": "f", "arguments": {...}}, ...]</TOOLCALL>, after
+                                      <think>...</think> (opened by the prompt)
     Solar Open:                       <|tool_calls|><|tool_call:begin|>call00001<|tool_call:name|>f
                                       <|tool_call:args|>{...}<|tool_call:end|><|calls|>
     no calls (content, and reasoning where the template thinks): Gemma 2, Phi-3.5, RWKV World,
@@ -87,6 +90,20 @@ class Solar(AutoJson):
     name_suffix = "<|tool_call:args|>"
 
 
+class MiniMaxM1(AutoJson):
+    name = "minimax-m1"
+    needles = ("<tool_calls>", "ai name=assistant")
+    section = ("<tool_calls>\n", "</tool_calls>")
+
+
+class NemotronV2(AutoJson):
+    name = "nemotron-v2"
+    needles = ("<TOOLCALL>",)
+    reasoning = ("<think>", "</think>")
+    section = ("<TOOLCALL>", "</TOOLCALL>")
+    array = True
+
+
 class Plain(AutoJson):
     """A template that writes no calls: llama.cpp reads its replies as content (and reasoning)."""
     name = "plain"
@@ -108,6 +125,9 @@ class RwkvWorld(Plain):
     needles = ("Assistant:", "<think>")
     reasoning = ("<think>", "\n</think>")
 
+    def prompt_opens_thinking(self, prompt: str) -> bool:
+        return False    # llama.cpp finds no generation prompt here: its " <think>" is not prepended
+
 
 class SmolLM3(Plain):
     name = "smollm3"
@@ -121,5 +141,5 @@ class Granite33(Plain):
     reasoning = ("<think>", "</think>")
 
 
-FAMILIES = [Apertus, Apriel16, Apriel15, Solar, Qwen3, QwQ, Bielik, Reka, Granite33, Granite4, Hermes,
+FAMILIES = [Apertus, Apriel16, Apriel15, MiniMaxM1, NemotronV2, Solar, Qwen3, QwQ, Bielik, Reka, Granite33, Granite4, Hermes,
             SmolLM3, Gemma2, Phi35, RwkvWorld]

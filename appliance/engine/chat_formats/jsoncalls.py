@@ -20,6 +20,7 @@ import json
 from typing import Any, Callable, ClassVar
 
 from .base import Call, Context, Format, Parsed, open_json
+from .json_grammar import row_grammar
 from .jsonscan import (SPACE, Cursor, Fail, Short, closed_args, colon, first_of, held_text, need_colon,
                        optional_id, space_lit, tools_named)
 
@@ -326,54 +327,5 @@ class AutoJson(Format):
     # --- the grammar -----------------------------------------------------------------------
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """Calls of the allowed tools in this row's own markers and keys (llguidance Lark)."""
-        if self.tools is None:
-            return None
-        allowed = [n for n in ctx.tools if choice in ("required", n)]
-        if not allowed:
-            return None
-        rules, names = [], []
-        for i, n in enumerate(allowed):
-            schema = ctx.tools[n] or {"type": "object"}
-            names.append(f"c{i}")
-            rules.append(f"c{i}: {self._call_text(n, schema)}")
-        calls = " | ".join(names)
-        if self.tools == "json" and not (self.section[0] or self.per_call[0]) and not self.array:
-            start = "call"
-        elif self.tools == "json" and (self.section[0] or self.array):
-            sep = ' ", " ' if self.array else ' ", " '
-            body = f"call ({sep} call)*" if ctx.parallel else "call"
-            body = f'"[" {body} "]"' if self.array else body
-            start = f"{_q(self.section[0])} {body} {_q(self.section[1])}"
-        elif self.tools == "json":
-            one = f"{_q(self.per_call[0])} call {_q(self.per_call[1])}"
-            start = f"({one})+" if ctx.parallel else one
-        else:
-            one = f"{_q(self.per_call[0])} call {_q(self.per_call[1])}"
-            body = (f"{one} ({one})*" if ctx.parallel else one) if self.per_call[0] else \
-                ('call (", " call)*' if ctx.parallel else "call")
-            start = f"{_q(self.section[0])} {body} {_q(self.section[1])}"
-        return f"start: {start}\ncall: {calls}\n" + "\n".join(rules) + "\n"
-
-    def _call_text(self, name: str, schema: Any) -> str:
-        args = f"%json {json.dumps(schema)}"
-        if self.tools == "tag":
-            return f"{_q(self.name_prefix + name + self.name_suffix + (self.call_id[1] if self.call_id else ''))} " \
-                   f"{args} {_q(self.close)}"
-        if self.name_is_key:
-            return f'{_q("{" + json.dumps(name) + ": ")} {args} "}}"'
-        head, key_n = "{", next(k for k in self.order if k in self.NAME_KEYS)
-        key_a = next(k for k in self.order if k not in self.NAME_KEYS and k not in self.id_keys)
-        parts = []
-        for k in self.order:
-            if k == key_n:
-                parts.append(_q(f"{json.dumps(k)}: {json.dumps(name)}"))
-            elif k == key_a:
-                parts.append(f"{_q(json.dumps(k) + ': ')} {args}")
-            else:
-                parts.append(_q(f'{json.dumps(k)}: "0"'))
-        return f'{_q(head)} ' + ' ", " '.join(parts) + ' "}"'
-
-
-def _q(s: str) -> str:
-    return json.dumps(s) if s else ""
+        """The whole reply under a forced choice, in this row's markers and keys (json_grammar.py)."""
+        return row_grammar(self, ctx, choice)

@@ -9,11 +9,11 @@ reply begins with <think>; it ends at </think> or at the first call.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import ClassVar
 
 from .base import Call, Context, Format, Parsed
+from .json_grammar import Lark, allowed, args, q
 from .jsoncalls import AutoJson, Cursor, Fail, Short, closed_args, held_text
 
 SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
@@ -101,16 +101,24 @@ class KimiK2(Format):
 
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
-        """<|tool_calls_section_begin|>, calls of the allowed tools, <|tool_calls_section_end|>."""
-        allowed = [n for n in ctx.tools if choice in ("required", n)]
-        if not allowed:
+        """The whole reply under a forced choice (json_grammar.py's contract), as llama.cpp's
+        kimi-k2.cpp writes it: <think> reasoning up to </think> or the first call, content up to
+        the calls, the section's markers and each call's end optional."""
+        names = allowed(ctx.tools, choice)
+        if not names:
             return None
-        rules = [f"c{i}: {json.dumps(f'{CALL}functions.{n}:')} /[0-9]+/ {json.dumps(ARGS)} "
-                 f"%json {json.dumps(ctx.tools[n] or {'type': 'object'})} {json.dumps(END)}"
-                 for i, n in enumerate(allowed)]
-        calls = "call+" if ctx.parallel else "call"
-        return (f"start: {json.dumps(SECTION[0])} {calls} {json.dumps(SECTION[1])}\n"
-                f"call: {' | '.join(f'c{i}' for i in range(len(allowed)))}\n" + "\n".join(rules) + "\n")
+        g = Lark()
+        g.choice("call", [f"{q(f'functions.{n}:')} /[0-9]+/ {q(ARGS)} {args(ctx.tools[n])} {q(END)}?" for n in names])
+        after_call = f"call ({q(CALL)} call)* {q(SECTION[1])}?" if ctx.parallel else f"call {q(SECTION[1])}?"
+        g.add("after_call", after_call)
+        g.add("after_section", f"{q(CALL)} after_call")
+        avoid = THINK[0] if ctx.extract_reasoning else ""
+        said = f"{g.upto(SECTION[0], avoid)} after_section | {g.upto(CALL, avoid)} after_call"
+        if not ctx.extract_reasoning:
+            return g.text(said)
+        g.add("thought", f"{g.upto(THINK[1])} said | {g.upto(SECTION[0])} after_section | {g.upto(CALL)} after_call")
+        g.add("said", f"{g.upto(SECTION[0])} after_section | {g.upto(CALL)} after_call")
+        return g.text(f"{q(THINK[0])} thought | {said}")
 
 
 FAMILIES = [KimiK2]

@@ -8,7 +8,7 @@ from appliance.engine.chat_formats import Context
 from appliance.engine.chat_formats.cohere import Cohere2MoE, CommandR7B, CommandRPlus
 
 from .family_cases import check_streamed, check_whole, params
-from .json_family import TOOLS, grammar_takes, names
+from .json_family import TOOLS, check_forced_special, forced, grammar_takes, names
 
 TEMPLATES = ["CohereForAI-c4ai-command-r7b-12-2024-tool_use", "CohereForAI-c4ai-command-r-plus-tool_use", "Cohere2MoE"]
 CASES = params(TEMPLATES)
@@ -54,3 +54,8 @@ def test_cohere2moe_reasoning_is_opened_by_the_prompt():
 ])
 def test_grammar_takes_the_calls_its_parse_reads(fmt, text):
     assert grammar_takes(fmt, text)
+
+
+@pytest.mark.parametrize("template,case,choice", forced(TEMPLATES))
+def test_forced_grammar_takes_the_replies_with_markers_as_special_tokens(template, case, choice):
+    check_forced_special(template, case, choice)

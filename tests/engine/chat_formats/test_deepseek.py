@@ -9,7 +9,7 @@ from appliance.engine.chat_formats.deepseek import DeepSeekR1, DeepSeekV31
 from appliance.engine.chat_formats.dsml import Dsml, DsmlV4
 
 from .family_cases import check_streamed, check_whole, params
-from .json_family import TOOLS, calls_of, grammar_takes, names
+from .json_family import TOOLS, calls_of, check_forced_special, forced, grammar_takes, names
 
 TEMPLATES = ["deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
              "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "deepseek-ai-DeepSeek-V3.2",
@@ -85,3 +85,8 @@ def test_dsml_arguments_stream_parameter_by_parameter():
 ])
 def test_grammar_takes_the_calls_its_parse_reads(fmt, text):
     assert grammar_takes(fmt, text)
+
+
+@pytest.mark.parametrize("template,case,choice", forced(TEMPLATES))
+def test_forced_grammar_takes_the_replies_with_markers_as_special_tokens(template, case, choice):
+    check_forced_special(template, case, choice)

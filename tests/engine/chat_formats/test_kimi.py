@@ -8,7 +8,7 @@ from appliance.engine.chat_formats import Context
 from appliance.engine.chat_formats.kimi import KimiK2
 
 from .family_cases import check_streamed, check_whole, params
-from .json_family import TOOLS, grammar_takes, names
+from .json_family import TOOLS, check_forced_special, forced, grammar_takes, names
 
 TEMPLATES = ["moonshotai-Kimi-K2", "Kimi-K2-Instruct", "Kimi-K2-Thinking"]
 CASES = params(TEMPLATES)
@@ -38,3 +38,8 @@ def test_ids_are_the_formats_own_and_reasoning_ends_at_the_first_call():
 
 def test_grammar_takes_the_calls_its_parse_reads():
     assert grammar_takes(KimiK2(), f"<|tool_calls_section_begin|>{CALL}<|tool_calls_section_end|>")
+
+
+@pytest.mark.parametrize("template,case,choice", forced(TEMPLATES))
+def test_forced_grammar_takes_the_replies_with_markers_as_special_tokens(template, case, choice):
+    check_forced_special(template, case, choice)

@@ -8,7 +8,7 @@ from appliance.engine.chat_formats import Context
 from appliance.engine.chat_formats.llama3 import FireFunction, FunctionaryV31, Llama3
 
 from .family_cases import check_streamed, check_whole, params
-from .json_family import RESPONSE_FORMAT, TOOLS, calls_of, grammar_takes, names
+from .json_family import RESPONSE_FORMAT, TOOLS, calls_of, check_forced_special, forced, grammar_takes, names
 
 TEMPLATES = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
              "fireworks-ai-llama-3-firefunction-v2", "meetkai-functionary-medium-v3.1"]
@@ -48,3 +48,8 @@ def test_llama3_reads_one_bare_call_with_or_without_the_openai_wrapper():
 ])
 def test_grammar_takes_the_calls_its_parse_reads(fmt, text, parallel):
     assert grammar_takes(fmt, text, parallel)
+
+
+@pytest.mark.parametrize("template,case,choice", forced(TEMPLATES))
+def test_forced_grammar_takes_the_replies_with_markers_as_special_tokens(template, case, choice):
+    check_forced_special(template, case, choice)

@@ -8,7 +8,7 @@ from appliance.engine.chat_formats import Context
 from appliance.engine.chat_formats.mistral import Ministral3, MistralNemo, MistralSmall
 
 from .family_cases import check_streamed, check_whole, params
-from .json_family import RESPONSE_FORMAT, TOOLS, calls_of, grammar_takes, names
+from .json_family import RESPONSE_FORMAT, TOOLS, calls_of, check_forced_special, forced, grammar_takes, names
 
 TEMPLATES = ["Mistral-Small-3.2-24B-Instruct-2506", "unsloth-mistral-Devstral-Small-2507",
              "mistralai-Mistral-Nemo-Instruct-2407", "mistralai-Ministral-3-14B-Reasoning-2512"]
@@ -61,3 +61,8 @@ def test_ministral_reasoning_then_calls():
 ])
 def test_grammar_takes_the_calls_its_parse_reads(fmt, text):
     assert grammar_takes(fmt, text)
+
+
+@pytest.mark.parametrize("template,case,choice", forced(TEMPLATES))
+def test_forced_grammar_takes_the_replies_with_markers_as_special_tokens(template, case, choice):
+    check_forced_special(template, case, choice)
