@@ -41,8 +41,8 @@ class ChatLayer:
         # tools go to the template, as llama-server hands them over, where it declares them or
         # where a family reads its calls; else they are described in a system message
         self.tools_in_template = self.format.reads_calls or self.template.takes_tools
-        if not self.tools_in_template:
-            self.tool_format: chat_formats.Format = chat_formats.Generic()
+        if not self.tools_in_template:   # its own reasoning and content, the generic calls in them
+            self.tool_format: chat_formats.Format = chat_formats.Generic(self.format)
         elif not self.format.reads_calls:      # a template whose call format no family reads
             self.tool_format = chat_formats.by_name("hermes")
         else:

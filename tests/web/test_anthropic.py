@@ -50,7 +50,8 @@ def test_tool_use_and_tool_results_round_trip_as_openai_tool_messages():
         tools=[{"name": "weather", "description": "the weather", "input_schema": {"type": "object"}}],
         tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert out["messages"][1] == {"role": "assistant", "content": "Let me look.", "tool_calls": [
-        {"id": "tu_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}
+        {"id": "tu_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}],
+        "reasoning_content": "hmm"}     # earlier thinking, for templates that keep it
     assert out["messages"][2:] == [{"role": "tool", "tool_call_id": "tu_1", "content": "21C"},
                                    {"role": "tool", "tool_call_id": "tu_2", "content": "Error: down"},
                                    {"role": "user", "content": "And tomorrow?"}]

@@ -55,7 +55,7 @@ class Gemma4(Format):
         if calls and not calls[-1].closed and not partial:
             last = calls[-1]
             calls[-1] = Call(last.name, last.arguments + "}" if last.arguments else "{}")
-        return Parsed(held("".join(r.content), partial), held(reasoning, partial), calls)
+        return Parsed(held("".join(r.content), partial, (RESPONSE,)), held(reasoning, partial), calls)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
         """The whole reply under a forced choice: the thought channel (optional; empty channels
@@ -109,16 +109,20 @@ class _Reading:
             if n == 0 and pos < len(text):      # llama.cpp fails: the text stays content
                 self.content.append(text[pos:])
             return
-        pos, found = until(text, pos, CALL)     # skipped, as llama.cpp skips it
+        start = pos
+        pos, found = until(text, pos, CALL)     # llama.cpp skips this text; here it stays content
+        self.content.append(text[start:pos])
         if not found:
             return
         while pos < len(text):
             got = self.call(pos)
-            if got < 0:
+            if got == MORE:
+                return
+            if got == FAIL or not self.ctx.parallel and got > 0:   # what is no call stays content
+                rest = text[pos if got == FAIL else got:]
+                self.content.append(rest[len(RESPONSE):] if rest.startswith(RESPONSE) else rest)
                 return
             pos = got
-            if not self.ctx.parallel:
-                return
 
     def message(self, pos: int) -> int:
         p = self.thought(pos)
@@ -174,8 +178,7 @@ class _Reading:
         if end == FAIL:
             return FAIL
         args = "{" + ",".join(members)
-        if end == MORE:
-            self.calls.append(Call(name, args, closed=False))
+        if end == MORE:     # given once closed: a value still to come may make it no call at all
             return MORE
         close = lit(self.text, end, CALL_END)
         if close == FAIL:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import ClassVar
 
-from .base import Call, Context, Format, dump_args, held, json_prefix, open_json, partial_suffix
+from .base import Call, Context, Format, Parsed, dump_args, held, json_prefix, open_json, partial_suffix
 from .json_grammar import Lark, allowed, q, value
 
 NAME = re.compile(r'\s*\{\s*"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
@@ -138,10 +139,43 @@ def _joined(parts: list[str], partial: bool, _: str) -> str:
 
 class Generic(TaggedJson):
     """A template without tool support: the appliance describes the tools and this format in a
-    system message (tools.py) and reads calls as hermes."""
+    system message (tools.py) and reads calls as hermes. A model that was never taught the
+    format, forced to call, starts with the call (text first, it rambles to max_tokens)."""
     name = "generic"
+
+    def __init__(self, inner: Format | None = None) -> None:
+        self.inner = inner    # the template's own format: its reasoning (and content) as it reads them
 
     @classmethod
     def detect(cls, src: str) -> bool:
         return False
+
+    @property
+    def supports_thinking(self) -> bool:   # type: ignore[override]
+        return self.inner.supports_thinking if self.inner is not None else super().supports_thinking
+
+    def prompt_opens_thinking(self, prompt: str) -> bool:
+        return (self.inner or super()).prompt_opens_thinking(prompt)
+
+    def parse(self, text: str, ctx: Context, partial: bool) -> Parsed:
+        """The template's own reading of reasoning and content, then calls out of the content."""
+        if self.inner is None:
+            return super().parse(text, ctx, partial)
+        plain = self.inner.parse(text, replace(ctx, tools={}), partial)
+        if not ctx.tools:
+            return plain
+        content, calls = self.calls(plain.content, ctx, partial)
+        return Parsed(content, plain.reasoning, calls)
+
+    def grammar(self, ctx: Context, choice: str) -> str | None:
+        names = allowed(ctx.tools, choice)
+        if not names:
+            return None
+        one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                          "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
+                         for n in names]}
+        g = Lark()   # exactly the layout the system message shows: done once the call closes
+        g.add("body", f'"\\n" {value(one)} "\\n" {q(self.close)}')
+        more = f'("\\n" {q(self.open)} body)*' if ctx.parallel else ""
+        return g.text(f"{q(self.open)} body {more}")
 

@@ -48,6 +48,10 @@ class AutoJson(Format):
 
     NAME_KEYS: ClassVar[tuple[str, ...]] = ("name", "tool_name")
 
+    @property
+    def reads_calls(self) -> bool:   # a row of a template that writes no calls reads none
+        return self.tools is not None
+
     @classmethod
     def detect(cls, src: str) -> bool:
         return bool(cls.needles) and all(n in src for n in cls.needles)

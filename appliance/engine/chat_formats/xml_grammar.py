@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import json
 from itertools import combinations
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import Context, schema_types
 
-if TYPE_CHECKING:
-    from .xml_calls import XmlCalls
+XmlCalls = Any   # an XML call row (xml_calls.XmlCalls, which imports this module: no import back)
 
 ALL = {"string", "number", "integer", "boolean", "null", "array", "object"}
 MAX_PERMUTE = 6     # llama.cpp's COMMON_CHAT_MAX_PERMUTE: past it, required arguments in schema order
