@@ -18,7 +18,9 @@ from . import chat_formats, tools
 from .chat import ChatTemplate
 from .output.parser import OutputParser
 from .reasoning import markers_for
-from .types import ChatMessage, Request
+from .types import ChatMessage, Constraint, Request
+
+SCHEMAS = ("json_object", "json_schema")
 
 log = logging.getLogger("appliance.engine")
 
@@ -73,6 +75,18 @@ class ChatLayer:
 
     def parser(self, req: Request, prompt: str) -> OutputParser:
         return OutputParser(*self.context(req, prompt))
+
+    def answer_constraint(self, req: Request, prompt: str) -> Constraint | None:
+        """`response_format` for a chat reply in a model's own format: the schema holds the
+        answer after its reasoning (gpt-oss's final channel), not the reasoning; as given for a
+        template whose format is plain content (and for completions)."""
+        c = req.constraint
+        fmt, ctx = self.context(req, prompt)
+        if c is None or req.messages is None or type(fmt) is chat_formats.Format or c.kind not in SCHEMAS:
+            return c
+        schema = {"type": "object"} if c.kind == "json_object" else json.loads(c.schema_json or "{}")
+        grammar = fmt.answer_grammar(schema, ctx)
+        return Constraint("lark", grammar) if grammar is not None else c
 
     def tool_grammar(self, req: Request, prompt: str) -> str | None:
         """A forced tool choice's grammar (required, or one named function) in the model's own

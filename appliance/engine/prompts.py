@@ -44,7 +44,9 @@ class PromptBuilder:
 
     def _output(self, req: Request, text: str) -> tuple[Matcher | None, OutputParser | None]:
         """A fresh matcher (structured output) and parser (reasoning, tool calls) for one reply."""
-        constraint = req.constraint
+        if req.constraint is not None:
+            self.constraints.check(req.constraint)
+        constraint = self.chat.answer_constraint(req, text) if req.constraint is not None else None
         grammar = self.chat.tool_grammar(req, text)
         if grammar is not None:   # required, or one named function: never downgraded
             constraint = Constraint("lark", grammar)

@@ -226,3 +226,29 @@ def test_bad_replies_lose_nothing(tmp):
     streamed, finish = openai_streamed(app, body)
     assert finish == ["length"] and streamed[2] == [("set_flags", json.loads(call["arguments"]))]
 
+
+
+def test_a_response_format_holds_gpt_oss_answer_not_its_reasoning(tmp):
+    """response_format on gpt-oss: the analysis channel is free, the final channel is the JSON
+    of the schema (llama.cpp's grammar for it); every scripted token goes through the mask."""
+    reply = ('<|channel|>analysis<|message|>They want a number.<|end|><|start|>assistant<|channel|>final'
+             '<|message|>{"n": 4}')
+    app, engine = app_for("openai-gpt-oss-120b", tmp, reply)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 200,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+    content, reasoning, calls = openai_message(app, body)
+    assert (json.loads(content), reasoning, calls) == ({"n": 4}, "They want a number.", [])
+    assert engine.generated == engine.tokens[:len(engine.generated)]
+
+
+def test_a_response_format_holds_the_answer_after_a_thinking_block(tmp):
+    """Qwen3.5's prompt opens <think>: the reasoning runs free to </think>, the answer is the JSON."""
+    reply = 'They want a number.\n</think>\n\n{"n": 4}'
+    app, engine = app_for("Qwen3.5-4B", tmp, reply)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 200,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+    content, reasoning, _ = openai_message(app, body)
+    assert (json.loads(content), reasoning) == ({"n": 4}, "They want a number.\n")   # llama.cpp keeps the newline
+    assert engine.generated == engine.tokens[:len(engine.generated)]

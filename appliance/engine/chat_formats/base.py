@@ -99,6 +99,14 @@ class Format:
         "required" or a tool's name) in this format, or None where the format has none."""
         return None
 
+    def answer_grammar(self, schema: dict[str, Any], ctx: Context) -> str | None:
+        """A response format's grammar (a JSON schema) for the answer, after the reasoning, as
+        llama.cpp's: the schema holds the answer, not the thinking; None where the format has no
+        reasoning to step over (the schema then holds the whole reply)."""
+        if not self.think or not ctx.extract_reasoning:
+            return None
+        return with_reasoning(f"start: %json {json.dumps(schema)}\n", self.think, ctx.thinking_open)
+
     def prompt_opens_thinking(self, prompt: str) -> bool:
         return bool(self.think) and prompt.rstrip().endswith(self.think[0])
 

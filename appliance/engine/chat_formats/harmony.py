@@ -82,7 +82,7 @@ class Harmony(Format):
                  for i, n in enumerate(allowed)]
         return (f"start: (message {json.dumps(START)})* ({calls})\n" + _MESSAGES + "\n".join(rules) + "\n")
 
-    def answer_grammar(self, schema_json: str | dict) -> str:
+    def answer_grammar(self, schema_json: str | dict, ctx: Context | None = None) -> str:
         """The whole reply under a response format (a JSON schema), as llama.cpp's grammar for it:
         the schema applies to the answer, not to the reasoning. Analysis messages first, each
         followed by the next `<|start|>assistant`, then the final channel (an optional content

@@ -78,6 +78,11 @@ class Constraints:
         self.n_vocab = n_vocab
         self._tokenize, self._piece = tokenize, piece   # the vocabulary: a format's special markers
 
+    def check(self, c: Constraint) -> None:
+        """A client's constraint compiles (an InvalidRequest naming it otherwise), whatever grammar
+        the reply is then held to."""
+        _grammar(c.kind, c.schema_json)
+
     def matcher(self, c: Constraint) -> Matcher:
         import llguidance
 
