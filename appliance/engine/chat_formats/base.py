@@ -194,6 +194,18 @@ def json_prefix(text: str) -> tuple[Any, int] | None:
 _DECODER = json.JSONDecoder()
 
 
+def closed_args(args: str) -> str:
+    """A cut-off call's arguments (complete members so far, `{"a": 1`) closed into a JSON
+    object, or `{}` where they cannot be."""
+    for tail in ("}", ""):
+        try:
+            json.loads(args + tail)
+            return args + tail
+        except (ValueError, RecursionError):
+            pass
+    return "{}"
+
+
 def dump_args(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from .base import Call, Context, Format, Parsed, held, json_prefix, open_json
+from .base import Call, Context, Format, Parsed, closed_args, held, json_prefix, open_json
 from .peg import FAIL, MORE, lit
 
 ALL, NEXT = "all\n", ">>>"
@@ -53,7 +53,7 @@ class Functionary(Format):
             pos = got[1]
             if not got[0].closed:
                 if not partial:         # cut short: its members so far
-                    calls[-1] = Call(got[0].name, _closed(got[0].arguments))
+                    calls[-1] = Call(got[0].name, closed_args(got[0].arguments))
                 return Parsed("", "", calls)
             nxt = lit(text, pos, NEXT)
             if nxt == MORE:
@@ -99,13 +99,3 @@ class Functionary(Format):
         more = f" ({json.dumps(NEXT)} call)*" if ctx.parallel else ""
         return "\n".join([f"start: call{more}", "call: " + " | ".join(f"call_{i}" for i in range(len(allowed))),
                           *rules]) + "\n"
-
-
-def _closed(args: str) -> str:
-    for tail in ("}", ""):
-        try:
-            json.loads(args + tail)
-            return args + tail
-        except ValueError:
-            pass
-    return "{}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from .base import Call, Context, Format, Parsed, held, json_prefix, open_json
+from .base import Call, Context, Format, Parsed, closed_args, held, json_prefix, open_json
 from .peg import FAIL, MORE, SPACE, lit, until, until_rule
 
 
@@ -44,7 +44,7 @@ class GigaChat(Format):
         if call is None:
             return Parsed(content)
         if not call.closed and not partial:
-            call = Call(call.name, _closed(call.arguments))
+            call = Call(call.name, closed_args(call.arguments))
         return Parsed(content, "", [call])
 
     def _call(self, text: str, pos: int, ctx: Context) -> Call | None:
@@ -104,13 +104,3 @@ def _steps(text: str, pos: int, *parts: str) -> int:
         if pos < 0:
             return pos
     return pos
-
-
-def _closed(args: str) -> str:
-    for tail in ("}", ""):
-        try:
-            json.loads(args + tail)
-            return args + tail
-        except ValueError:
-            pass
-    return "{}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from .base import Call, Context, Format, Parsed, held, open_json
+from .base import Call, Context, Format, Parsed, closed_args, held, open_json
 from .peg import FAIL, MORE, SPACE, TYPE, lit, until, until_rule
 
 START, END, MESSAGE, CHANNEL = "<|start|>assistant", "<|end|>", "<|message|>", "<|channel|>"
@@ -60,7 +60,7 @@ class Harmony(Format):
             reasoning = ""
         content = "".join(r.content)
         if r.calls and not r.calls[-1].closed and not partial:
-            r.calls[-1] = Call(r.calls[-1].name, _closed(r.calls[-1].arguments))
+            r.calls[-1] = Call(r.calls[-1].name, closed_args(r.calls[-1].arguments))
         return Parsed(held(content, partial), held(reasoning, partial), r.calls)
 
     def grammar(self, ctx: Context, choice: str) -> str | None:
@@ -246,12 +246,3 @@ class _Reading:
             return FAIL
         self.calls.append(Call(name, body[:end]))
         return pos + end
-
-
-def _closed(args: str) -> str:
-    """The arguments of a call the reply ended inside of, as a JSON object: its members so far."""
-    try:
-        json.loads(args + "}")
-        return args + "}"
-    except ValueError:
-        return "{}"
