@@ -140,7 +140,9 @@ def _joined(parts: list[str], partial: bool, _: str) -> str:
 class Generic(TaggedJson):
     """A template without tool support: the appliance describes the tools and this format in a
     system message (tools.py) and reads calls as hermes. A model that was never taught the
-    format, forced to call, starts with the call (text first, it rambles to max_tokens)."""
+    format, forced to call, starts with the call (text first, it rambles to max_tokens) and
+    ends with it: the system message asks for one call and nothing else (a small model, let
+    go on, writes the same call again to max_tokens). Several written are still read."""
     name = "generic"
 
     def __init__(self, inner: Format | None = None) -> None:
@@ -174,8 +176,7 @@ class Generic(TaggedJson):
         one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                           "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
                          for n in names]}
-        g = Lark()   # exactly the layout the system message shows: done once the call closes
-        g.add("body", f'"\\n" {value(one)} "\\n" {q(self.close)}')
-        more = f'("\\n" {q(self.open)} body)*' if ctx.parallel else ""
-        return g.text(f"{q(self.open)} body {more}")
+        g = Lark()   # exactly the layout the system message shows ("reply with" one call "and
+        g.add("body", f'"\\n" {value(one)} "\\n" {q(self.close)}')   # nothing else"): done once it closes
+        return g.text(f"{q(self.open)} body")
 
