@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import InvalidRequest
 from . import chat_formats, tools
@@ -96,6 +96,18 @@ class ChatLayer:
         fmt, ctx = self.context(req, prompt)
         grammar = fmt.grammar(ctx, req.tool_choice)
         return grammar if grammar is not None else chat_formats.by_name("hermes").grammar(ctx, req.tool_choice)
+
+    def lazy_tool_grammar(self, req: Request, prompt: str) -> tuple[str, Callable[[str], bool], tuple[str, ...]] | None:
+        """`tool_choice: auto`'s grammar, llama.cpp's lazy one: the required choice's grammar,
+        held from where the reply begins a call (what tells it: the format's reading of the text,
+        and its trigger strings); None without tools, or where the format has no grammar."""
+        if not req.tools or req.tool_choice != "auto" or req.constraint is not None:
+            return None
+        fmt, ctx = self.context(req, prompt)
+        grammar = fmt.grammar(ctx, "required")
+        if grammar is None:
+            return None
+        return grammar, lambda text: fmt.call_begins(text, ctx), fmt.triggers(ctx)
 
 
 def continued(text: str, content: str, template: ChatTemplate, messages: Sequence[ChatMessage],

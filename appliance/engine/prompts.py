@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidRequest, InvalidToken
 from .chat_layer import ChatLayer
-from .output.constraints import Constraints, Matcher
+from .output.constraints import Constraints, LazyMatcher, Matcher
 from .output.parser import OutputParser
 from .runners.base import ModelRunner, RunnerInfo
 from .types import Constraint, Request
@@ -42,7 +42,7 @@ class PromptBuilder:
         outputs = [self._output(req, text) for _ in range(req.n)]
         return Prepared(ids, *outputs[0], more=tuple(outputs[1:]))
 
-    def _output(self, req: Request, text: str) -> tuple[Matcher | None, OutputParser | None]:
+    def _output(self, req: Request, text: str) -> tuple[Matcher | LazyMatcher | None, OutputParser | None]:
         """A fresh matcher (structured output) and parser (reasoning, tool calls) for one reply."""
         if req.constraint is not None:
             self.constraints.check(req.constraint)
@@ -51,13 +51,17 @@ class PromptBuilder:
         if grammar is not None:   # required, or one named function: never downgraded
             constraint = Constraint("lark", grammar)
         parser = self.chat.parser(req, text) if req.messages is not None else None
+        lazy = self.chat.lazy_tool_grammar(req, text) if constraint is None and req.messages is not None else None
+        if lazy is not None:   # tool_choice auto: held to the format's grammar once a call begins
+            grammar, begins, triggers = lazy
+            return self.constraints.lazy(Constraint("lark", grammar), begins, triggers), parser
         return (self.constraints.matcher(constraint) if constraint else None), parser
 
     def _tokens(self, text: str) -> list[int]:
         return self.runner.tokenize(text, add_special=False, parse_special=True)
 
-    def _piece(self, tok: int) -> str:
-        return self.runner.detokenize([tok]).decode("utf-8", errors="replace")
+    def _piece(self, tok: int) -> bytes:
+        return self.runner.detokenize([tok])
 
     def prompt_ids(self, req: Request) -> tuple[list[int], str]:
         """The prompt's tokens, and its text (empty when the client sent token ids)."""

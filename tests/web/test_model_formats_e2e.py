@@ -206,16 +206,26 @@ def engine_script(app) -> list[int]:
     return app.extensions["appliance"].pool.engine.tokens
 
 
-def test_bad_replies_lose_nothing(tmp):
-    """A call of a tool the request did not offer stays content as written; a call cut off by
-    max_tokens ends with finish_reason "length", its arguments closed as far as they came."""
+def test_auto_holds_a_begun_call_to_the_offered_tools(tmp):
+    """tool_choice auto: once the reply begins a call (Kimi's section marker, a special token),
+    the format's grammar holds it: a model set on a tool the request did not offer is steered to
+    one it did (llama.cpp's lazy grammar); text before any call runs free (every dialect test
+    above replays its script under auto unchanged)."""
     c = case("moonshotai-Kimi-K2", "one_call")
     unknown = c["reply"].replace("get_weather", "launch_rockets")
-    app, _ = app_for("moonshotai-Kimi-K2", tmp, unknown)
+    app, engine = app_for("moonshotai-Kimi-K2", tmp, unknown)
     body = body_of(c)
     r = app.test_client().post("/v1/chat/completions", json=body).get_json()["choices"][0]
-    assert r["message"]["content"] == unknown and not r["message"].get("tool_calls")
-    assert r["finish_reason"] == "stop"
+    offered = {t["function"]["name"] for t in body["tools"]}
+    assert r["message"]["tool_calls"] and {t["function"]["name"] for t in r["message"]["tool_calls"]} <= offered
+    said = engine.runner.detokenize(engine.generated).decode()
+    assert said.startswith("<|tool_calls_section_begin|><|tool_call_begin|>functions.") and "launch" not in said
+
+
+def test_bad_replies_lose_nothing(tmp):
+    """A call cut off by max_tokens ends with finish_reason "length", its arguments closed as far
+    as they came (a call of a tool not offered, which the parser keeps as content, is
+    tests/engine/chat_formats/reference.py's: under auto the grammar no longer lets one through)."""
     c = case("Qwen-Qwen2.5-7B-Instruct", "nested_unicode_args")
     app, engine = app_for("Qwen-Qwen2.5-7B-Instruct", tmp, c["reply"])
     body = {**body_of(c), "max_tokens": 30}

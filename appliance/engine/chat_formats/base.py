@@ -110,6 +110,21 @@ class Format:
     def prompt_opens_thinking(self, prompt: str) -> bool:
         return bool(self.think) and prompt.rstrip().endswith(self.think[0])
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        """The strings a call starts with: where `tool_choice: auto`'s lazy grammar begins, as
+        llama.cpp's grammar triggers do (none: it begins once a call is read, named)."""
+        return tuple(m for m in self.markers if m.strip())
+
+    def call_begins(self, text: str, ctx: Context) -> bool:
+        """Whether a reply's text so far has begun a call: a trigger outside the reasoning and
+        content (where this family keeps what it could not read as a call), or a call read."""
+        marks = self.triggers(ctx)
+        if marks and not any(m in text for m in marks):
+            return False
+        got = self.parse(text, ctx, True)
+        return bool(got.calls) or any(text.count(m) > got.reasoning.count(m) + got.content.count(m)
+                                      for m in marks)
+
 
 # --- helpers the families share ---------------------------------------------------------------
 

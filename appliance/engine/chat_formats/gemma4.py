@@ -86,6 +86,10 @@ class Gemma4(Format):
         ]) + "\n" + until_rule("thought_text", CLOSE) + until_rule("pre", CALL) + until_rule("string_text", QUOTE)
 
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return (CALL,)
+
+
 class _Reading:
     """One parse of a reply: messages (thought, content), then calls, as far as the text goes."""
 

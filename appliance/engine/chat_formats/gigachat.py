@@ -86,6 +86,9 @@ class GigaChat(Format):
         head = f"pre {json.dumps(rest)}" if rest else "pre"
         return f"start: {head} %json {json.dumps(one)}\n" + until_rule("pre", self.section)
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return (self.opener,)
+
 
 class GigaChat31(GigaChat):
     """GigaChat 3.1: the call after `<|function_call|>` (llama.cpp's automatic parser)."""

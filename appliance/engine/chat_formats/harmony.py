@@ -93,6 +93,10 @@ class Harmony(Format):
                 f"%json {json.dumps(schema)}\n" + _MESSAGES)
 
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return ("to=functions.",)
+
+
 class _Reading:
     """One parse of a reply: the messages in order, stopping where the text ends or fails."""
 

@@ -102,6 +102,10 @@ def _type(schema) -> str:
     return t if isinstance(t, str) else "string"
 
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return (CALL_START,)
+
+
 class _Reading:
     """One parse: [think] [response] [tools] [message closer], as far as the text goes."""
 

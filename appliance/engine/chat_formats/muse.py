@@ -92,6 +92,10 @@ class Muse(Format):
         ]) + "\n" + until_rule("body", EOM) + until_rule("text", PARAM_END)
 
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return (CALLS,)
+
+
 class _Reading:
     """One parse: messages to self (reasoning), then calls or the answer, as far as the text goes."""
 

@@ -119,6 +119,10 @@ class Pythonic(Format):
         ]) + "\n" + until_rule("pre", OPEN, THINK[0] if think else "") + (until_rule("thought", THINK[1]) if think else "")
 
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return (OPEN,)
+
+
 class PythonicThinking(Pythonic):
     """LFM2.5 8B-A1B: the same calls, after a <think> block."""
     name = "lfm2-thinking"

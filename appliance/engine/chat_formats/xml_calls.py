@@ -106,6 +106,9 @@ class XmlCalls(Format):
             return (first, *(f"{self.call[0]}{n}{self.call[1]}" for n in ctx.tools))
         return (first,)
 
+    def triggers(self, ctx: Context) -> tuple[str, ...]:
+        return self.starts(ctx)
+
     # --- reasoning and content ---------------------------------------------------------------------
 
     def parse(self, text: str, ctx: Context, partial: bool) -> Parsed:

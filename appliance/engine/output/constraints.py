@@ -10,6 +10,7 @@ An invalid schema is an `InvalidRequest` at submit, before any work.
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from typing import Any, Callable
 
@@ -18,6 +19,8 @@ import numpy as np
 from ...errors import InvalidRequest
 from ..types import Constraint
 from .special_tokens import with_special_tokens
+
+log = logging.getLogger("appliance.engine")
 
 ANY_OBJECT = {"type": "object"}
 
@@ -72,7 +75,7 @@ class Matcher:
 class Constraints:
     def __init__(self, tokenizer_factory: Callable[[], Any], n_vocab: int,
                  tokenize: Callable[[str], list[int]] | None = None,
-                 piece: Callable[[int], str] | None = None) -> None:
+                 piece: Callable[[int], bytes] | None = None) -> None:
         self._factory = tokenizer_factory
         self._tokenizer: Any = None
         self.n_vocab = n_vocab
@@ -84,26 +87,109 @@ class Constraints:
         _grammar(c.kind, c.schema_json)
 
     def matcher(self, c: Constraint) -> Matcher:
-        import llguidance
-
-        if self._tokenizer is None:
-            self._tokenizer = self._factory()  # ~0.4 s once: every token's bytes
-        if c.kind == "lark" and self._tokenize is not None:   # a tool call's markers as the special tokens they are
-            spelled = llguidance.LLMatcher(self._tokenizer, _grammar("lark", self._marked(c.schema_json or "")),
-                                           log_level=0)
-            if not spelled.is_error():
-                return Matcher(spelled, self.n_vocab)
-        grammar = _grammar(c.kind, c.schema_json)
-        m = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        candidates = self._candidates(c)
+        if len(candidates) > 1 and not candidates[0].is_error():
+            return Matcher(candidates[0], self.n_vocab)
+        m = candidates[-1]
         if m.is_error():
             param, what = {"lark": ("tools", "JSON schema"), "gbnf": ("grammar", "grammar")}.get(
                 c.kind, ("response_format", "JSON schema"))
             raise InvalidRequest(f"{param}: invalid {what}: {m.get_error()}", param=param)
         return Matcher(m, self.n_vocab)
 
+    def lazy(self, c: Constraint, begins: Callable[[str], bool], triggers: tuple[str, ...]) -> LazyMatcher:
+        """A tool-call grammar held from where a call begins (`tool_choice: auto`)."""
+        if self._tokenizer is None:
+            self._tokenizer = self._factory()
+        return LazyMatcher(self, c, begins, triggers)
+
+    def _candidates(self, c: Constraint) -> list[Any]:
+        """llguidance matchers for `c`, the preferred first: a tool call's markers as the special
+        tokens they are, then as spelled out."""
+        import llguidance
+
+        if self._tokenizer is None:
+            self._tokenizer = self._factory()  # ~0.4 s once: every token's bytes
+        out = []
+        if c.kind == "lark" and self._tokenize is not None:
+            out.append(llguidance.LLMatcher(self._tokenizer, _grammar("lark", self._marked(c.schema_json or "")),
+                                            log_level=0))
+        out.append(llguidance.LLMatcher(self._tokenizer, _grammar(c.kind, c.schema_json), log_level=0))
+        return out
+
+    @property
+    def can_tokenize(self) -> bool:
+        return self._tokenize is not None
+
+    def tokens_of(self, text: str) -> list[int]:
+        assert self._tokenize is not None
+        return self._tokenize(text)
+
+    def piece(self, tok: int) -> bytes:
+        """A token's bytes (a special token's: its text)."""
+        if self._piece is not None:
+            return self._piece(tok)
+        return bytes(self._tokenizer.decode_bytes([tok]))
+
     def _marked(self, lark: str) -> str:
         def specials(text: str) -> list[tuple[str, int]]:
             ids = self._tokenize(text)
-            return [(self._piece(t), t) for t in ids if self._tokenizer.is_special_token(t)]
+            return [(self.piece(t).decode("utf-8", errors="replace"), t)
+                    for t in ids if self._tokenizer.is_special_token(t)]
 
         return with_special_tokens(lark, specials)
+
+
+class LazyMatcher:
+    """`tool_choice: auto`'s grammar, as llama.cpp's lazy grammars: no mask until the reply
+    begins a call (`begins`, the format's reading of the text so far), then the forced choice's
+    grammar, fed what was written: the whole reply where that grammar reads it (reasoning and
+    content before the calls), else the text from the call's marker. Where neither fits (a
+    format whose grammar admits no text before its call, written after text), the reply goes on
+    unconstrained: a lazy grammar never turns a reply into an error."""
+
+    def __init__(self, owner: Constraints, c: Constraint, begins: Callable[[str], bool],
+                 triggers: tuple[str, ...]) -> None:
+        self.owner, self.c, self.begins, self.triggers = owner, c, begins, triggers
+        self.n_vocab = owner.n_vocab
+        self.tokens: list[int] = []
+        self.data = b""
+        self.active: Matcher | None = None
+        self.given_up = False
+
+    def allowed(self) -> np.ndarray | None:
+        return self.active.allowed() if self.active is not None else None
+
+    def accept(self, token: int) -> None:
+        if self.active is not None:
+            self.active.accept(token)
+            return
+        if self.given_up:
+            return
+        self.tokens.append(token)
+        self.data += self.owner.piece(token)
+        text = self.data.decode("utf-8", errors="replace")
+        if self.begins(text):
+            self._start(text)
+
+    def done(self) -> bool:
+        return self.active is not None and self.active.done()
+
+    def _start(self, text: str) -> None:
+        self.given_up = True      # one try: the call has begun, fitting the grammar or not
+        try:
+            candidates = self.owner._candidates(self.c)
+        except Exception as e:   # a tool's schema llguidance cannot use: the reply goes on as it is
+            log.warning("tool_choice auto: the tools' grammar does not compile (%s); not held to it", e)
+            return
+        at = max((text.rfind(t) for t in self.triggers), default=-1)
+        tails = [self.owner.tokens_of(text[at:])] if at >= 0 and self.owner.can_tokenize and at > 0 else []
+        for ids in (self.tokens, *tails):
+            for m in candidates:
+                if m.is_error():
+                    continue
+                fresh = m.deep_copy()
+                if fresh.validate_tokens(ids) == len(ids) and fresh.consume_tokens(ids) and not fresh.is_error():
+                    self.active = Matcher(fresh, self.n_vocab)
+                    return
+        log.debug("tool_choice auto: the call's text so far does not fit the format's grammar; not held to it")
