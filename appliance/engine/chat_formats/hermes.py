@@ -105,9 +105,7 @@ class TaggedJson(Format):
         names = allowed(ctx.tools, choice)
         if not names:
             return None
-        one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                          "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
-                         for n in names]}
+        one = call_object(ctx, names)
         g = Lark()
         w = g.ws
         g.add("body", f"{w} {value(one)} {w} {q(self.close)}")
@@ -173,10 +171,14 @@ class Generic(TaggedJson):
         names = allowed(ctx.tools, choice)
         if not names:
             return None
-        one = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                          "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
-                         for n in names]}
+        one = call_object(ctx, names)
         g = Lark()   # exactly the layout the system message shows ("reply with" one call "and
         g.add("body", f'"\\n" {value(one)} "\\n" {q(self.close)}')   # nothing else"): done once it closes
         return g.text(f"{q(self.open)} body")
 
+
+def call_object(ctx: Context, names: list[str]) -> dict:
+    """The JSON schema of one call of the tools `names`: {"name": ..., "arguments": {...}}."""
+    return {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                       "properties": {"name": {"const": n}, "arguments": ctx.tools[n] or {"type": "object"}}}
+                      for n in names]}

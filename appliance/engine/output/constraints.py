@@ -9,6 +9,7 @@ An invalid schema is an `InvalidRequest` at submit, before any work.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from functools import lru_cache
@@ -153,7 +154,8 @@ class LazyMatcher:
         self.owner, self.c, self.begins, self.triggers = owner, c, begins, triggers
         self.n_vocab = owner.n_vocab
         self.tokens: list[int] = []
-        self.data = b""
+        self.text = ""            # the reply so far, read through one incremental UTF-8 decoder
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.active: Matcher | None = None
         self.given_up = False
 
@@ -167,10 +169,9 @@ class LazyMatcher:
         if self.given_up:
             return
         self.tokens.append(token)
-        self.data += self.owner.piece(token)
-        text = self.data.decode("utf-8", errors="replace")
-        if self.begins(text):
-            self._start(text)
+        self.text += self.utf8.decode(self.owner.piece(token))
+        if self.begins(self.text):
+            self._start(self.text)
 
     def done(self) -> bool:
         return self.active is not None and self.active.done()
