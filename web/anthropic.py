@@ -5,47 +5,44 @@ cache, speculation, timings and limits.
 
 Request: `system` (a string or text blocks), `messages` with content as a string or blocks
 (`text`; `tool_use` and `tool_result` blocks, a result's `is_error` and text blocks; `thinking`
-blocks of earlier turns are accepted and not re-sent: templates drop earlier reasoning),
-`tools` with `input_schema`, `tool_choice` (auto, any, tool, none; `disable_parallel_tool_use`),
-`stop_sequences`, `temperature`, `top_p`, `top_k`, `max_tokens` (required), `thinking`
-(enabled, adaptive or disabled: the template's `enable_thinking`; the budget is not enforced),
-`output_config.format` (a JSON schema: the same structured output), `metadata` (accepted). Reply: content blocks in order (thinking, text, tool_use), `stop_reason`
-(end_turn, max_tokens, stop_sequence, tool_use) with the `stop_sequence` that matched, usage
-(input tokens, output tokens, prompt tokens read from the cache). Streams follow Anthropic's
-event sequence. Errors have Anthropic's shape and status codes.
+blocks of earlier turns are accepted and not re-sent: templates drop earlier reasoning) and a
+`system` message anywhere in them (Claude Code's), `tools` with `input_schema` (tools of
+Anthropic's own types, which its service runs or its models know without a schema, are left out
+of the prompt), `tool_choice` (auto, any, tool, none; `disable_parallel_tool_use`),
+`stop_sequences`, `temperature`, `top_p`, `top_k`, `max_tokens` (required, and a ceiling: past
+the context's end the reply stops there), `thinking` (enabled, adaptive or disabled: the
+template's `enable_thinking`; the budget is not enforced), `output_config.effort` (the
+template's reasoning effort) and `.format` (a JSON schema: the same structured output),
+`context_management` edits that clear thinking, `metadata` (accepted). The reply is
+web/anthropic_writer.py's; errors have Anthropic's shape and status codes.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from flask import Blueprint, jsonify
 from werkzeug.exceptions import HTTPException
 
-from appliance import jsondepth
-from appliance.engine.types import Delta, Done
 from appliance.errors import ApplianceError, InvalidRequest
 
 from . import images, serving
+from .anthropic_writer import ERROR_TYPES, EventWriter, error_body, message_response
+from .reasoning import reasoning_kwargs
 
 bp = Blueprint("anthropic", __name__)
 
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-               415: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error"}
 # what the API takes; those that say how Anthropic's service runs a request (service tier, region,
 # speed, workspace, caching hints, effort) are accepted and have no effect here
 TOP_LEVEL = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequences", "stream", "temperature",
              "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config", "service_tier", "container",
              "mcp_servers", "cache_control", "diagnostics", "inference_geo", "speed", "user_profile_id",
-             "workspace_id"}
+             "workspace_id", "context_management"}
 THINKING_ON = ("enabled", "adaptive", "between_tools")
-
-
-def error_body(e: ApplianceError) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": e.message}}
+ROLES = ("user", "assistant", "system")
+# context_management edits that cannot change the answer here: templates drop earlier thinking
+HARMLESS_EDITS = ("clear_thinking_20251015",)
 
 
 @bp.errorhandler(ApplianceError)
@@ -162,10 +159,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": text})
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
-        _need(isinstance(m, dict) and m.get("role") in ("user", "assistant"),
-              f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+        _need(isinstance(m, dict) and m.get("role") in ROLES, f"{where}.role must be one of {', '.join(ROLES)}",
+              f"{where}.role")
         blocks = _blocks(m.get("content"), where)
-        out += _user(blocks, where) if m["role"] == "user" else [_assistant(blocks, where)]
+        if m["role"] == "system":   # Claude Code's: instructions at that point of the conversation
+            out.append({"role": "system", "content": _text_of(blocks, f"{where}.content")})
+        else:
+            out += _user(blocks, where) if m["role"] == "user" else [_assistant(blocks, where)]
     return out
 
 
@@ -175,7 +175,10 @@ def _tools(body: dict[str, Any], oai: dict[str, Any]) -> None:
         _need(isinstance(tools, list), "'tools' must be a list", "tools")
         oai["tools"] = []
         for i, t in enumerate(tools):
-            _need(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("input_schema"), dict),
+            _need(isinstance(t, dict), f"tools[{i}] must be an object", f"tools[{i}]")
+            if t.get("type") not in (None, "custom"):   # web_search_20250305, bash_20250124...: left out
+                continue
+            _need(isinstance(t.get("name"), str) and isinstance(t.get("input_schema"), dict),
                   f"tools[{i}] needs a name and an input_schema object", f"tools[{i}]")
             fn = {"name": t["name"], "parameters": t["input_schema"]}
             if t.get("description") is not None:
@@ -197,12 +200,33 @@ def _tools(body: dict[str, Any], oai: dict[str, Any]) -> None:
 
 
 def _thinking(body: dict[str, Any], oai: dict[str, Any]) -> None:
+    """`thinking` turns the template's thinking on or off; `output_config.effort` sets how much
+    (gpt-oss's reasoning_effort: low, medium, high; max and xhigh think without a level)."""
+    config = body.get("output_config")
+    _need(config is None or isinstance(config, dict), "'output_config' must be an object", "output_config")
+    kwargs = reasoning_kwargs((config or {}).get("effort"), "output_config.effort")
     thinking = body.get("thinking")
-    if thinking is None:
+    if thinking is not None:
+        _need(isinstance(thinking, dict) and thinking.get("type") in (*THINKING_ON, "disabled"),
+              "'thinking' must be an object whose type is enabled, adaptive, between_tools or disabled", "thinking")
+        kwargs["enable_thinking"] = thinking["type"] != "disabled"
+    if kwargs:
+        oai["chat_template_kwargs"] = kwargs
+
+
+def _context_management(body: dict[str, Any]) -> None:
+    """Edits that clear earlier thinking are accepted (templates drop earlier turns' thinking);
+    one that would clear tool results is refused by name: it would change the prompt."""
+    cm = body.get("context_management")
+    if cm is None:
         return
-    _need(isinstance(thinking, dict) and thinking.get("type") in (*THINKING_ON, "disabled"),
-          "'thinking' must be an object whose type is enabled, adaptive, between_tools or disabled", "thinking")
-    oai["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
+    edits = cm.get("edits", []) if isinstance(cm, dict) else None
+    _need(isinstance(edits, list), "'context_management' must be an object with a list of edits", "context_management")
+    for i, edit in enumerate(edits):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        _need(kind in HARMLESS_EDITS, f"context_management.edits[{i}]: {kind!r} edits are not supported by this "
+              f"server (it would change the prompt); {', '.join(HARMLESS_EDITS)} is accepted",
+              f"context_management.edits[{i}].type")
 
 
 def _output_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
@@ -210,7 +234,6 @@ def _output_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
     config = body.get("output_config")
     if config is None:
         return
-    _need(isinstance(config, dict), "'output_config' must be an object", "output_config")
     fmt = config.get("format")
     if fmt is None:
         return
@@ -244,117 +267,11 @@ def to_openai(body: dict[str, Any], model: str, count_only: bool = False) -> dic
             oai["stream_options"] = {"include_usage": True}
     _tools(body, oai)
     _thinking(body, oai)
+    _context_management(body)
     _output_format(body, oai)
     metadata = body.get("metadata")
     _need(metadata is None or isinstance(metadata, dict), "'metadata' must be an object", "metadata")
     return oai
-
-
-# -- response: engine events -> Anthropic -------------------------------------------------------
-def _stop(done: Done) -> tuple[str, str | None]:
-    if done.stop_string is not None and done.finish_reason == "stop":
-        return "stop_sequence", done.stop_string
-    return STOP_REASONS.get(done.finish_reason, "end_turn"), None
-
-
-def _usage(done: Done) -> dict[str, Any]:
-    u = done.usage
-    return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
-            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
-
-
-def _message_id(request_id: str) -> str:
-    return "msg_" + request_id.split("-", 1)[-1]
-
-
-def message_response(sub: serving.Submitted, model: str, deltas: list[Delta], done: Done) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
-    reasoning = "".join(d.reasoning for d in deltas)
-    if reasoning:
-        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    text = "".join(d.text for d in deltas)
-    if text:
-        content.append({"type": "text", "text": text})
-    for c in (c for d in deltas for c in d.tool_calls):
-        content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)})
-    reason, seq = _stop(done)
-    return {"id": _message_id(sub.parsed.request.id), "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": reason, "stop_sequence": seq, "usage": _usage(done),
-            "timings": done.timings.as_dict()}
-
-
-def _input(arguments: str) -> Any:
-    try:
-        return jsondepth.loads(arguments) if arguments else {}
-    except ValueError:         # a call cut off, or nested too deep: its text as the model wrote it
-        return {"_raw": arguments}
-
-
-def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **data}, separators=(",", ":")).encode() + b"\n\n"
-
-
-class EventWriter:
-    """Anthropic's stream for one reply: blocks opened and closed in order, indices counted."""
-
-    def __init__(self, sub: serving.Submitted, model: str) -> None:
-        self.sub, self.model = sub, model
-        self.index, self.open = -1, ""     # the current block's index and type ("" none)
-
-    def start(self) -> bytes:
-        acc = self.sub.accepted
-        msg = {"id": _message_id(self.sub.parsed.request.id), "type": "message", "role": "assistant",
-               "model": self.model, "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": acc.n_prompt_tokens, "output_tokens": 0,
-                         "cache_read_input_tokens": acc.n_cached, "cache_creation_input_tokens": 0}}
-        return _event("message_start", {"message": msg})
-
-    def _block(self, kind: str, block: dict[str, Any]) -> bytes:
-        out = self.close()
-        self.index, self.open = self.index + 1, kind
-        return out + _event("content_block_start", {"index": self.index, "content_block": block})
-
-    def close(self) -> bytes:
-        if not self.open:
-            return b""
-        out = b""
-        if self.open == "thinking":
-            out = _event("content_block_delta", {"index": self.index, "delta": {"type": "signature_delta", "signature": ""}})
-        self.open = ""
-        return out + _event("content_block_stop", {"index": self.index})
-
-    def delta(self, ev: Delta) -> bytes:
-        out = b""
-        if ev.reasoning:
-            if self.open != "thinking":
-                out += self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            out += _event("content_block_delta", {"index": self.index, "delta": {"type": "thinking_delta", "thinking": ev.reasoning}})
-        if ev.text:
-            if self.open != "text":
-                out += self._block("text", {"type": "text", "text": ""})
-            out += _event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": ev.text}})
-        for c in ev.call_parts:     # a call's block opens with its name; its input streams as JSON text
-            if c.id:
-                out += self._block("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
-            else:
-                out += _event("content_block_delta", {"index": self.index,
-                                                      "delta": {"type": "input_json_delta", "partial_json": c.arguments}})
-        return out
-
-    def end(self, done: Done) -> bytes:
-        reason, seq = _stop(done)
-        usage = _usage(done)
-        return (self.close() + _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
-                                                        "usage": usage, "timings": done.timings.as_dict()})
-                + _event("message_stop", {}))
-
-    @staticmethod
-    def error(e: ApplianceError) -> bytes:
-        return _event("error", {"error": error_body(e)["error"]})
-
-    @staticmethod
-    def idle() -> bytes:
-        return _event("ping", {})
 
 
 @bp.post("/v1/messages")
@@ -362,7 +279,10 @@ def messages():
     body = serving.read_body()
     model = serving.resolve_model(body)
     oai = to_openai(body, model)
-    sub = serving.parse_submit(oai, chat=True)
+    # max_tokens is a ceiling: past the context's end the reply stops there (stop_reason max_tokens)
+    ceiling = oai.pop("max_tokens")
+    sub = serving.parse_submit(oai, chat=True, adjust=lambda r: dataclasses.replace(
+        r, params=dataclasses.replace(r.params, max_tokens=ceiling, max_tokens_ceiling=True)))
     return serving.reply(sub, lambda: EventWriter(sub, model),
                          lambda deltas, done: message_response(sub, model, deltas, done))
 

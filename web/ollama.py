@@ -31,6 +31,9 @@ from .reasoning import reasoning_kwargs
 
 bp = Blueprint("ollama", __name__)
 
+# the Ollama release whose API this server speaks: chat with tools and thinking, embed, show, ps,
+# and OpenAI's Responses API (0.13.4) for Codex's --oss mode
+OLLAMA_VERSION = "0.13.5"
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
             "stop": "stop", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
             "frequency_penalty": "frequency_penalty"}
@@ -373,5 +376,7 @@ def show():
 
 @bp.get("/api/version")
 def version():
-    return jsonify({"version": __version__})
+    """The Ollama API version whose features this server answers (clients gate on it: Codex's
+    --oss mode needs 0.13.4, the first with /v1/responses), and the appliance's own beside it."""
+    return jsonify({"version": OLLAMA_VERSION, "appliance": __version__})
 

@@ -7,14 +7,15 @@ Request: `input` as a string or a list of items: messages (user, assistant, syst
 content a string or input_text/output_text parts), `function_call` and `function_call_output`
 items of earlier turns, `reasoning` items (accepted and not re-sent: templates drop earlier
 reasoning); `instructions` (a system message, not carried over by `previous_response_id`),
-function `tools`, `tool_choice`, `parallel_tool_calls`, `text.format` (json_schema, json_object,
+`tools` (function and namespace tools; hosted ones left out: web/openai_responses_tools.py),
+`tool_choice`, `parallel_tool_calls`, `text.format` (json_schema, json_object,
 text: the same structured output), `temperature`, `top_p`, `max_output_tokens`,
 `reasoning.effort` (the template's thinking switch: none and minimal turn it off, low to max
 turn it on; low, medium and high also reach templates that read `reasoning_effort`),
 `previous_response_id`, `store`, `stream`, and the server's own knobs its chat endpoint takes
 (EXTENSIONS). Fields that say how OpenAI's service runs a request are accepted without effect
-(ACCEPTED); what this server cannot do (background, conversations, prompt templates, logprobs,
-hosted tools, images) is refused by name, as is any unknown field.
+(ACCEPTED); what this server cannot do (background, conversations, prompt templates, logprobs) is
+refused by name, as is any unknown field.
 
 Reply: the Response object (web/openai_responses_writer.py: output items in the order the
 model produced them, and the stream's events). Errors have OpenAI's shape (the app's handler).
@@ -36,6 +37,7 @@ from appliance.engine.types import Delta, Done
 from appliance.errors import InvalidRequest, NotFound
 
 from . import images, serving
+from . import openai_responses_tools as tools
 from .reasoning import reasoning_kwargs
 from .openai_responses_writer import ResponseWriter, SseWriter, new_response
 
@@ -47,7 +49,7 @@ TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 TRANSLATED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "temperature",
               "top_p", "max_output_tokens", "reasoning", "stream", "store", "previous_response_id", "truncation"}
 # how OpenAI's service runs, caches, moderates or bills a request: accepted, no effect here
-ACCEPTED = {"include", "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+ACCEPTED = {"include", "metadata", "client_metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
             "prompt_cache_options", "service_tier", "max_tool_calls", "context_management", "stream_options",
             "moderation", "image", "access_programs", "background_options"}
 # the server's own sampling and cache knobs, as its chat endpoint takes them
@@ -153,7 +155,7 @@ def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
     serving.need(all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")),
              f"{where}: a function_call item needs call_id, name and arguments (strings)", where)
     return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}
+            "function": {"name": tools.flat(item.get("namespace"), item["name"]), "arguments": item["arguments"]}}
 
 
 def messages(items: list[Any], where: str) -> list[dict[str, Any]]:
@@ -188,30 +190,6 @@ def _input(body: dict[str, Any]) -> list[dict[str, Any]]:
     serving.need(isinstance(items, list) and len(items) > 0, "'input' is required: a string or a non-empty list of items",
              "input")
     return messages(items, "input")
-
-
-def _tool(t: Any, where: str) -> dict[str, Any]:
-    kind = t.get("type") if isinstance(t, dict) else None
-    serving.need(kind == "function", f"{where}.type must be 'function': this server runs no hosted tools (got {kind!r})",
-             f"{where}.type")
-    serving.need(isinstance(t.get("name"), str), f"{where}.name must be a string", f"{where}.name")
-    return {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
-                                             if t.get(k) is not None}}
-
-
-def _tools(body: dict[str, Any], oai: dict[str, Any]) -> None:
-    tools = body.get("tools")
-    if tools is not None:
-        serving.need(isinstance(tools, list), "'tools' must be a list", "tools")
-        oai["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        serving.need(isinstance(choice.get("name"), str), "tool_choice of type 'function' needs a name", "tool_choice.name")
-        oai["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    elif choice is not None:
-        serving.need(choice in ("auto", "none", "required"),
-                 "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}", "tool_choice")
-        oai["tool_choice"] = choice
 
 
 def _text_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
@@ -264,8 +242,10 @@ def _checked(body: dict[str, Any]) -> None:
     serving.need(body.get("stream") is None or isinstance(body["stream"], bool), "'stream' must be true or false", "stream")
 
 
-def to_openai(body: dict[str, Any], model: str, earlier: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """The OpenAI chat body that serves this Responses request, after the `earlier` conversation."""
+def to_openai(body: dict[str, Any], model: str, earlier: Sequence[dict[str, Any]] = (),
+              offered: tools.Offered | None = None) -> dict[str, Any]:
+    """The OpenAI chat body that serves this Responses request, after the `earlier` conversation
+    (`offered`: the request's tools, as `tools.offered` reads them)."""
     _checked(body)
     system = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
     # a reply always starts a new assistant turn: a final assistant item is not a prefill here
@@ -276,7 +256,10 @@ def to_openai(body: dict[str, Any], model: str, earlier: Sequence[dict[str, Any]
     for name in ("temperature", "top_p", "parallel_tool_calls", *EXTENSIONS):
         if body.get(name) is not None:
             oai[name] = body[name]
-    _tools(body, oai)
+    offered = offered if offered is not None else tools.offered(body)
+    if offered.tools:
+        oai["tools"] = offered.tools
+    tools.tool_choice(body, oai)
     _text_format(body, oai)
     _reasoning(body, oai)
     return oai
@@ -287,10 +270,12 @@ def create():
     body = serving.read_body()
     model = serving.resolve_model(body)
     store = _store()
-    oai = to_openai(body, model, history(store, body))
+    offered = tools.offered(body)
+    oai = to_openai(body, model, history(store, body), offered)
     sub = serving.parse_submit(oai, chat=True)
     suffix = sub.parsed.request.id.split("-", 1)[-1]
-    writer = ResponseWriter(new_response(body, "resp_" + suffix, model), suffix)
+    writer = ResponseWriter({**new_response(body, "resp_" + suffix, model), "tools": offered.echo}, suffix,
+                            offered.call_name)
     asked = oai["messages"][1 if body.get("instructions") else 0:]   # what a later turn continues
 
     def finished(response: dict[str, Any]) -> None:

@@ -47,8 +47,10 @@ class ResponseWriter:
     say so (numbered by `sequence_number`). An item stays open while its kind goes on: reasoning,
     message, or a function call's arguments."""
 
-    def __init__(self, response: dict[str, Any], suffix: str) -> None:
+    def __init__(self, response: dict[str, Any], suffix: str,
+                 call_name: Callable[[str], dict[str, str]] = lambda name: {"name": name}) -> None:
         self.response = response
+        self.call_name = call_name             # a call's name as the API writes it (namespace, name)
         self.suffix = suffix                   # the request id's unique part, in every item id
         self.seq = 0
         self.item: dict[str, Any] | None = None   # the open item (reasoning, message, call), the output's last
@@ -126,7 +128,7 @@ class ResponseWriter:
             out = self._close("completed")
             index = len(self.response["output"])
             item = {"id": f"fc_{self.suffix}_{index}", "type": "function_call", "status": "in_progress",
-                    "call_id": part.id, "name": part.name, "arguments": ""}
+                    "call_id": part.id, **self.call_name(part.name), "arguments": ""}
             self.response["output"].append(item)
             self.item, self.pieces = item, []
             out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))

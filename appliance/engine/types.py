@@ -31,6 +31,9 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int | None = None
     max_tokens: int | None = None
+    # max_tokens is a ceiling, not a reservation: a prompt with less room than it is served up to
+    # the context's end (Anthropic's clients send their model's largest output: Claude Code 32000)
+    max_tokens_ceiling: bool = False
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False          # report each token's log-probability

@@ -72,6 +72,26 @@ def test_output_config_format_is_structured_output():
     assert out["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
+def test_claude_codes_request_a_system_message_in_messages_effort_and_server_tools():
+    """What Claude Code sends: a system message after the first user turn, adaptive thinking with
+    an effort, a thinking-clearing context_management edit, and (for others) Anthropic's server
+    tools, which are left out of the prompt."""
+    out = oai(system="You are an agent.", thinking={"type": "adaptive"}, output_config={"effort": "high"},
+              context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+              metadata={"user_id": "{}"},
+              messages=[{"role": "user", "content": "run it"}, {"role": "system", "content": [
+                  {"type": "text", "text": "Agent types: claude."}]}],
+              tools=[{"name": "Bash", "input_schema": {"type": "object"}},
+                     {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}])
+    assert out["messages"] == [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "run it"},
+                               {"role": "system", "content": "Agent types: claude."}]
+    assert out["chat_template_kwargs"] == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert [t["function"]["name"] for t in out["tools"]] == ["Bash"]
+    assert oai(thinking={"type": "disabled"}, output_config={"effort": "low"})["chat_template_kwargs"] == \
+        {"enable_thinking": False, "reasoning_effort": "low"}
+    assert oai(output_config={"effort": "max"})["chat_template_kwargs"] == {"enable_thinking": True}
+
+
 def test_thinking_maps_to_the_templates_switch():
     assert oai(thinking={"type": "enabled", "budget_tokens": 1024})["chat_template_kwargs"] == {"enable_thinking": True}
     assert oai(thinking={"type": "disabled"})["chat_template_kwargs"] == {"enable_thinking": False}
@@ -80,14 +100,17 @@ def test_thinking_maps_to_the_templates_switch():
 
 @pytest.mark.parametrize("body,param", [
     (dict(max_tokens=None), "max_tokens"), (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=True), "max_tokens"),
-    (dict(messages=[]), "messages"), (dict(messages=[{"role": "system", "content": "x"}]), "messages[0].role"),
+    (dict(messages=[]), "messages"), (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
     (dict(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     (dict(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]), "messages[0].content[0].type"),
     (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].source"),
     (dict(messages=[{"role": "user", "content": [{"type": "tool_result"}]}]), "messages[0].content[0].tool_use_id"),
     (dict(stop_sequences="END"), "stop_sequences"), (dict(tool_choice={"type": "some"}), "tool_choice"),
     (dict(tools=[{"name": "f"}]), "tools[0]"), (dict(thinking={"type": "on"}), "thinking"),
-    (dict(logit_bias={}), "logit_bias"), (dict(stream="yes"), "stream"), (dict(metadata="x"), "metadata"),
+    (dict(logit_bias={}), "logit_bias"),
+        (dict(output_config={"effort": "huge"}), "output_config.effort"), (dict(output_config="high"), "output_config"),
+        (dict(context_management={"edits": [{"type": "clear_tool_uses_20250919"}]}), "context_management.edits[0].type"),
+        (dict(context_management={"edits": "all"}), "context_management"), (dict(stream="yes"), "stream"), (dict(metadata="x"), "metadata"),
 ])
 def test_bad_requests_are_refused_by_name(body, param):
     assert refused(**body).param == param

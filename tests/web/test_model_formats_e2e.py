@@ -11,29 +11,18 @@ vocabulary's special tokens: the call comes back only if the grammar let every t
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 
 import pytest
 
-from appliance.config import Config, EngineConfig, ServerConfig
-from appliance.engine.prompts import PromptBuilder
-from appliance.engine.sched.scheduler import Scheduler
-from appliance.engine.types import Done
-from tests.engine.chat_templates import cases
-from tests.engine.gguf_fixtures import write_tiny
-from tests.engine.scripted_runner import ScriptedRunner
-from web import create_app
+from . import scripted_engine
+from .scripted_engine import REFERENCE, ScriptedEngine, model
 
-from .test_serving_core import Pool, Stream
-
-REFERENCE = cases.chat_reference()
 # (template, generated case): one of each family the people this is for run
 CASES = [("openai-gpt-oss-120b", "reasoning_then_call"), ("openai-gpt-oss-120b", "content_then_call"),
          ("Qwen3-Coder", "two_calls"), ("Qwen3.5-4B", "reasoning_then_call"), ("GLM-4.7-Flash", "reasoning_then_call"),
          ("MiniMax-M2", "nested_unicode_args"), ("deepseek-ai-DeepSeek-V3.1", "two_calls"),
          ("moonshotai-Kimi-K2", "two_calls"), ("google-gemma-4-31B-it", "reasoning_then_call"),
          ("google-gemma-4-31B-it", "plain"), ("LFM2-8B-A1B", "test-chat 6"), ("Qwen-Qwen2.5-7B-Instruct", "two_calls")]
-EXTRA_MARKERS = {"openai-gpt-oss-120b": ["<|call|>", "<|return|>"]}
 
 
 def case(template: str, name: str) -> dict:
@@ -42,60 +31,15 @@ def case(template: str, name: str) -> dict:
     return next(c for c in REFERENCE[template]["cases"] if c["name"] == name)
 
 
-@lru_cache(maxsize=None)
-def model(template: str, tmp: str) -> str:
-    from pathlib import Path
-
-    # llama.cpp's preserved tokens that are whole tags (MiniMax's `<invoke name="` and `">` are
-    # not tokens of its vocabulary, and llama.cpp's vocabulary load refuses them as special ones)
-    markers = [m for m in REFERENCE[template]["apply"]["tools"]["preserved_tokens"] + EXTRA_MARKERS.get(template, [])
-               if m.endswith(">") and '"' not in m]
-    path = write_tiny(Path(tmp) / f"{template}.gguf", "llama", n_layer=1, n_embd=16, n_head=2, n_head_kv=1,
-                      n_ff=16, chat_template=cases.template(template), markers=markers[:14])
-    return str(path)
-
-
-class ScriptedEngine:
-    """The loaded model the web app talks to: the engine's own pieces in-process, over a
-    scripted runner that answers `reply`."""
-
-    stats = None
-
-    def __init__(self, path: str) -> None:
-        from pathlib import Path
-
-        self.runner = ScriptedRunner(Path(path))
-        self.info = self.runner.info
-        self.prompts = PromptBuilder(self.runner, self.info)
-        self.reply, self.n, self.tokens = "", 0, []
-
-    def new_id(self, prefix: str) -> str:
-        self.n += 1
-        return f"{prefix}-{self.n}"
-
-    def submit(self, request):
-        prep = self.prompts.prepare(request)
-        self.tokens = self.runner.say(self.reply, len(prep.ids))
-        events: list = []
-        sched = Scheduler(self.runner, EngineConfig(n_slots=1, n_ctx=self.info.n_ctx, prompt_cache="off"), events.append)
-        sched.submit(request, prep.ids, prep.matcher, prep.parser, prep.more)
-        while sched.has_work():
-            sched.step()
-        self.generated = list(next(e.token_ids for e in events if isinstance(e, Done)))
-        return Stream(request.id, events)
-
-
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("formats"))
 
 
 def app_for(template: str, tmp: str, reply: str):
-    pool = Pool()
-    pool.engine = ScriptedEngine(model(template, tmp))
-    pool.engine.reply = reply
-    app = create_app(Config(server=ServerConfig(conversations_db=f"{tmp}/c-{template}.db")), pool)
-    return app, pool.engine
+    engine = ScriptedEngine(model(template, tmp))
+    engine.reply = reply
+    return scripted_engine.app_for(engine, tmp, template), engine
 
 
 def body_of(c: dict) -> dict:

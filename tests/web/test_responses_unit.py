@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 from appliance.engine.types import Delta, Done, Timings, ToolCall, ToolCallPart, Usage
 from appliance.errors import EngineCrashed, InvalidRequest
 from web import openai_responses as R
+from web import openai_responses_tools as tools
 from web.openai_responses_writer import ResponseWriter, SseWriter, new_response, sse
 from web.wire import parse_chat
 
@@ -86,6 +87,44 @@ def test_function_tools_and_tool_choice():
     assert parse_chat(out, "chatcmpl-1", {MODEL}, 2048).request.tool_choice == "weather"
 
 
+CODEX_NS = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+            "tools": [{"type": "function", "name": "close_agent", "description": "Close one.", "strict": False,
+                       "parameters": {"type": "object", "properties": {"target": {"type": "string"}}}}]}
+
+
+def test_namespace_tools_are_offered_under_flat_names_and_hosted_tools_are_left_out():
+    """Codex's request: functions, a namespace of functions, and web_search, which this server
+    cannot run: left out of the prompt, never a failure."""
+    body = {"input": "hi", "tools": [TOOL, CODEX_NS, {"type": "web_search", "external_web_access": False}],
+            "tool_choice": {"type": "function", "name": "close_agent", "namespace": "multi_agent_v1"},
+            "client_metadata": {"x-codex-turn-metadata": "{}"}, "prompt_cache_key": "s", "store": False,
+            "include": ["reasoning.encrypted_content"]}
+    offered = tools.offered(body)
+    out = R.to_openai(body, MODEL, (), offered)
+    assert [t["function"]["name"] for t in out["tools"]] == ["weather", "multi_agent_v1__close_agent"]
+    assert out["tools"][1]["function"]["description"] == "Sub-agents.\nClose one."
+    assert out["tool_choice"] == {"type": "function", "function": {"name": "multi_agent_v1__close_agent"}}
+    assert offered.left_out == ["web_search"] and offered.echo == [TOOL, CODEX_NS]
+    assert offered.call_name("multi_agent_v1__close_agent") == {"name": "close_agent", "namespace": "multi_agent_v1"}
+    assert offered.call_name("weather") == {"name": "weather"}
+    # an earlier turn's call in the namespace goes back under the flat name
+    items = [{"type": "function_call", "call_id": "c1", "name": "close_agent", "namespace": "multi_agent_v1",
+              "arguments": "{}"}, {"type": "function_call_output", "call_id": "c1", "output": "closed"}]
+    assert R.messages(items, "input")[0]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__close_agent"
+
+
+def test_a_call_in_a_namespace_comes_back_with_its_name_and_namespace():
+    offered = tools.offered({"tools": [CODEX_NS]})
+    w = ResponseWriter(new_response({"input": "hi"}, "resp_abc", "m"), "abc", offered.call_name)
+    events = run(w, [Delta("r", "", (1,), call_parts=(ToolCallPart(0, "call_1", "multi_agent_v1__close_agent"),
+                                                      ToolCallPart(0, arguments="{}")))], Done("r", "tool_calls", Usage(5, 2), TIMINGS))
+    item = w.response["output"][0]
+    assert (item["name"], item["namespace"], item["arguments"]) == ("close_agent", "multi_agent_v1", "{}")
+    added = next(e for e in events if e["type"] == "response.output_item.added")
+    assert added["item"]["namespace"] == "multi_agent_v1"
+    SdkResponse.model_validate(w.response)
+
+
 def test_text_format_is_the_chat_requests_response_format():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     out = oai(text={"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True},
@@ -122,7 +161,11 @@ def test_no_effort_leaves_the_templates_default():
     (dict(input=[{"type": "function_call_output", "output": "x"}]), "input[0].call_id"),
     (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input[0].type"),
     (dict(input=["hi"]), "input[0]"),
-    (dict(tools=[{"type": "web_search"}]), "tools[0].type"), (dict(tools={}), "tools"),
+    (dict(tools=[{"type": "custom", "name": "apply_patch"}]), "tools[0].type"), (dict(tools={}), "tools"),
+    (dict(tools=[{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "f"}]}]),
+     "tools[0].tools[0].type"),
+    (dict(tools=[{"type": "namespace", "name": "a__b", "tools": []}]), "tools[0].name"),
+    (dict(tools=[TOOL, {**TOOL}]), "tools"),
     (dict(tools=[{"type": "function"}]), "tools[0].name"),
     (dict(tool_choice="any"), "tool_choice"), (dict(tool_choice={"type": "function"}), "tool_choice.name"),
     (dict(text={"format": {"type": "yaml"}}), "text.format.type"),

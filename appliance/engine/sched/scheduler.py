@@ -109,6 +109,8 @@ class Scheduler:
         if n == 0:
             raise ContextOverflow("the prompt is empty after tokenization", n_prompt_tokens=0, n_ctx=self.n_ctx)
         asked = p.max_tokens or self.cfg.max_tokens_default   # 0: up to the end of the context
+        if p.max_tokens_ceiling and n + asked > self.n_ctx:
+            asked = 0
         max_tokens = asked or (self.n_ctx - n)
         if n + max_tokens > self.n_ctx or max_tokens < 1:
             raise self._overflow(req, n, asked)
