@@ -18,9 +18,8 @@ web/anthropic_writer.py's; errors have Anthropic's shape and status codes.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any
+from typing import Any, Callable
 
 from flask import Blueprint, jsonify
 from werkzeug.exceptions import HTTPException
@@ -41,6 +40,7 @@ TOP_LEVEL = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequ
              "workspace_id", "context_management"}
 THINKING_ON = ("enabled", "adaptive", "between_tools")
 ROLES = ("user", "assistant", "system")
+BILLING = "x-anthropic-billing-header:"
 # context_management edits that cannot change the answer here: templates drop earlier thinking
 HARMLESS_EDITS = ("clear_thinking_20251015",)
 
@@ -72,12 +72,22 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
-def _text_of(blocks: list[dict[str, Any]], where: str) -> str:
+def _billing(text: str) -> str:
+    """`text` without Claude Code's attribution line (its first system block): a hash of the
+    request that changes from one to the next, for Anthropic's billing and never for the model.
+    Left in, it would be the prompt's first tokens, and no prompt would share a cached prefix
+    with another."""
+    if not text.startswith(BILLING):
+        return text
+    return text.split("\n", 1)[1] if "\n" in text else ""
+
+
+def _text_of(blocks: list[dict[str, Any]], where: str, each: Callable[[str], str] = str) -> str:
     parts = []
     for i, b in enumerate(blocks):
         _need(b.get("type") == "text" and isinstance(b.get("text"), str),
               f"{where}[{i}] must be a text block; {b.get('type')!r} blocks are not supported here", f"{where}[{i}]")
-        parts.append(b["text"])
+        parts.append(each(b["text"]))
     return "".join(parts)
 
 
@@ -155,8 +165,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
-        text = system if isinstance(system, str) else _text_of(_blocks(system, "system"), "system")
-        out.append({"role": "system", "content": text})
+        out.append({"role": "system", "content": _text_of(_blocks(system, "system"), "system", each=_billing)})
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         _need(isinstance(m, dict) and m.get("role") in ROLES, f"{where}.role must be one of {', '.join(ROLES)}",
@@ -280,9 +289,7 @@ def messages():
     model = serving.resolve_model(body)
     oai = to_openai(body, model)
     # max_tokens is a ceiling: past the context's end the reply stops there (stop_reason max_tokens)
-    ceiling = oai.pop("max_tokens")
-    sub = serving.parse_submit(oai, chat=True, adjust=lambda r: dataclasses.replace(
-        r, params=dataclasses.replace(r.params, max_tokens=ceiling, max_tokens_ceiling=True)))
+    sub = serving.parse_submit(oai, chat=True, adjust=serving.ceiling(oai.pop("max_tokens")))
     return serving.reply(sub, lambda: EventWriter(sub, model),
                          lambda deltas, done: message_response(sub, model, deltas, done))
 

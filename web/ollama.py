@@ -102,6 +102,10 @@ def _common(body: dict[str, Any], model: str, stream_default: bool = True) -> di
         _need(isinstance(think, bool) or think in ("low", "medium", "high"), "'think' must be true or false", "think")
         oai["chat_template_kwargs"] = reasoning_kwargs(think, "think") if isinstance(think, str) else \
             {"enable_thinking": think}
+    # Ollama 0.12's logprobs: not written in Ollama's shape yet (/v1/chat/completions has them)
+    for name in ("logprobs", "top_logprobs"):
+        _need(not body.get(name), f"'{name}' is not supported on Ollama's routes by this server "
+              "(ask /v1/chat/completions for logprobs)", name)
     _options(body, oai)
     _format(body, oai)
     return oai
@@ -242,7 +246,8 @@ class LineWriter:
 
 def _serve(oai: dict[str, Any], model: str, chat: bool):
     """Submit and answer in /api/chat's shape (`chat`) or /api/generate's."""
-    sub = serving.parse_submit(oai, chat="messages" in oai)
+    # num_predict is a ceiling, as Ollama's: past the context's end the reply stops there
+    sub = serving.parse_submit(oai, chat="messages" in oai, adjust=serving.ceiling(oai.pop("max_tokens", None)))
     return serving.reply(sub, lambda: LineWriter(model, chat),
                          lambda deltas, done: {**_piece(model, chat, deltas), **_stats(done)}, serving.NDJSON)
 

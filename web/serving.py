@@ -221,6 +221,15 @@ def parse_submit(body: dict[str, Any], chat: bool,
         return _submit(engine, parsed)
 
 
+def ceiling(max_tokens: int | None) -> Callable[[Request], Request] | None:
+    """parse_submit's `adjust` for a max_tokens that is a ceiling (Anthropic's max_tokens, Ollama's
+    num_predict): a prompt with less room than it is served up to the context's end."""
+    if max_tokens is None:
+        return None
+    return lambda r: dataclasses.replace(r, params=dataclasses.replace(r.params, max_tokens=max_tokens,
+                                                                       max_tokens_ceiling=True))
+
+
 def render_prompt(body: dict[str, Any]) -> Tokenized:
     """The prompt an OpenAI chat body would be given, rendered and tokenized by the model's
     engine (its ids and text); nothing is generated."""

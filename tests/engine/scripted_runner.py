@@ -54,15 +54,9 @@ class ScriptedRunner:
         return self.text.guidance_tokenizer()
 
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
-        out = []
         for s in spans:
             self.kv[s.start_pos:] = list(s.tokens)
-            rows = np.full((s.n_logits, self.info.n_vocab), -10.0, np.float32)
-            for r in range(s.n_logits):
-                at = len(self.kv) - s.n_logits + r + 1 - self.prompt_len   # the reply token this row predicts
-                rows[r, self.script[min(max(at, 0), len(self.script) - 1)]] = 10.0
-            out.append(rows)
-        return out
+        return [script_rows(self, s, np.empty((s.n_logits, self.info.n_vocab), np.float32)) for s in spans]
 
     def truncate(self, slot: int, n_keep: int) -> None:
         del self.kv[n_keep:]
@@ -81,3 +75,34 @@ class ScriptedRunner:
 
     def close(self) -> None:
         L.llama_model_free(self.model)
+
+
+def script_rows(runner, s: Span, rows: np.ndarray) -> np.ndarray:
+    """`rows` (span `s`'s logits) made to pick the script's next tokens: the reply token each row
+    predicts, counted from the end of the prompt."""
+    rows[:] = -10.0
+    for r in range(s.n_logits):
+        at = s.start_pos + len(s.tokens) - s.n_logits + r + 1 - runner.prompt_len
+        rows[r, runner.script[min(max(at, 0), len(runner.script) - 1)]] = 10.0
+    return rows
+
+
+class ReplayRunner:
+    """A real runner made to write a script: every forward runs on the model (the prefill, the
+    KV cache and their times are real), then its logits pick the script's tokens. An agent's
+    session on the real model, its replies scripted: what the prompt cache serves of each turn
+    and how long each takes (scripts/agent_turns.py)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.info = inner, inner.info
+        self.eog = min(inner.info.eog_ids)
+        self.script: list[int] = []
+        self.prompt_len = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    say = ScriptedRunner.say
+
+    def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
+        return [script_rows(self, s, np.array(rows, np.float32)) for s, rows in zip(spans, self.inner.forward(spans))]

@@ -1,12 +1,13 @@
 """A loaded model for the web app whose replies are scripted: the engine's own pieces in-process
 (prompt builder, one scheduler with its prompt cache, output parser, grammar) over
-tests/engine/scripted_runner.py, on a tiny GGUF that carries a real model's chat template and its
+tests/engine/scripted_runner.py (or its ReplayRunner over a real model), on a tiny GGUF that carries a real model's chat template and its
 format's markers as special tokens. `ScriptedPool` serves it as the only model, so the whole app
 (every dialect) answers with the script, through Flask's test client or, with `serve`, over a real
 socket to clients in other processes (the coding agents' CLIs)."""
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -45,17 +46,18 @@ class ScriptedEngine:
 
     stats = None
 
-    def __init__(self, path: str, n_ctx: int = 2048, prompt_cache: str = "off",
-                 director: Callable[[Request], str] | None = None) -> None:
-        self.runner = ScriptedRunner(Path(path), n_ctx)
+    def __init__(self, path: str | None, n_ctx: int = 2048, prompt_cache: str = "off",
+                 director: Callable[[Request], str] | None = None, runner=None) -> None:
+        self.runner = runner if runner is not None else ScriptedRunner(Path(path), n_ctx)
+        n_ctx = self.runner.info.n_ctx
         self.info = self.runner.info
         self.prompts = PromptBuilder(self.runner, self.info)
         self.reply, self.n, self.tokens, self.generated = "", 0, [], []
         self.director = director or (lambda request: self.reply)
-        self.events: list = []
+        self.events: queue.Queue = queue.Queue()
         self.turns: list[tuple[int, int]] = []   # each request's (prompt tokens, of them read from the cache)
         self.sched = Scheduler(self.runner, EngineConfig(n_slots=1, n_ctx=n_ctx, prompt_cache=prompt_cache),
-                               lambda ev: self.events.append(ev))
+                               self._emit)
         self.lock = threading.Lock()   # one request at a time: the runner holds one script
 
     def new_id(self, prefix: str) -> str:
@@ -64,21 +66,49 @@ class ScriptedEngine:
             return f"{prefix}-{self.n}"
 
     def submit(self, request: Request) -> Stream:
-        with self.lock:
+        """The request's stream at once, its events put there as the scheduler makes them (a
+        thread runs it to its end, as the engine process does); one request at a time."""
+        self.lock.acquire()
+        try:
             prep = self.prompts.prepare(request)
             self.tokens = self.runner.say(self.director(request), len(prep.ids))
-            self.events = []
+            stream = _Aborting(request.id, self.sched)
+            self.events = stream.queue
             self.sched.submit(request, prep.ids, prep.matcher, prep.parser, prep.more)
+        except BaseException:
+            self.lock.release()
+            raise
+        threading.Thread(target=self._run, daemon=True).start()
+        return stream
+
+    def _emit(self, ev) -> None:
+        if isinstance(ev, Done):     # before the stream ends: a test reads these once it has
+            self.generated = list(ev.token_ids)
+            self.turns.append((ev.usage.prompt_tokens, ev.usage.cached_tokens))
+        self.events.put(ev)
+
+    def _run(self) -> None:
+        try:
             while self.sched.has_work():
                 self.sched.step()
-            done = next((e for e in self.events if isinstance(e, Done)), None)
-            self.generated = list(done.token_ids) if done is not None else []
-            if done is not None:
-                self.turns.append((done.usage.prompt_tokens, done.usage.cached_tokens))
-            return Stream(request.id, self.events)
+        finally:
+            self.lock.release()
 
     def in_flight(self) -> int:
         return 0
+
+
+class _Aborting(Stream):
+    """A request's stream whose abort (the client left) cancels it in the scheduler, as the
+    engine client's does: the slot is freed at the next step and keeps what was prefilled."""
+
+    def __init__(self, request_id: str, sched: Scheduler) -> None:
+        super().__init__(request_id, [])
+        self.sched = sched
+
+    def abort(self) -> None:
+        super().abort()
+        self.sched.abort(self.id)
 
 
 class ScriptedPool(Pool):

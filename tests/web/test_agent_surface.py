@@ -36,6 +36,11 @@ def test_anthropic_max_tokens_is_a_ceiling_the_context_ends_first(tmp):
     assert small["stop_reason"] == "max_tokens" and small["usage"]["output_tokens"] == 3
     r = client.post("/v1/chat/completions", json={"model": "m", "max_tokens": 32000, "messages": USER})
     assert r.status_code == 400 and r.get_json()["error"]["param"] == "max_tokens"
+    # Ollama's num_predict is a ceiling too, as Ollama's own
+    engine.reply = " one" * 2500
+    out = client.post("/api/chat", json={"model": "m", "messages": USER, "stream": False,
+                                         "options": {"num_predict": 32000}}).get_json()
+    assert out["done_reason"] == "length" and out["prompt_eval_count"] + out["eval_count"] == 2048
 
 
 def test_ollama_version_is_the_api_codex_needs_and_the_appliances_own_beside_it(tmp):

@@ -72,6 +72,15 @@ def test_output_config_format_is_structured_output():
     assert out["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
+def test_claude_codes_attribution_block_is_left_out_of_the_prompt():
+    """Its hash changes with every request: left in, it would be the prompt's first tokens and
+    no turn would reuse the cached prefix of the last (issue 69)."""
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.fd9; cc_entrypoint=sdk-cli;"},
+              {"type": "text", "text": "You are a Claude agent."}]
+    assert oai(system=system)["messages"][0] == {"role": "system", "content": "You are a Claude agent."}
+    assert oai(system="x-anthropic-billing-header: a;\nrest")["messages"][0]["content"] == "rest"
+
+
 def test_claude_codes_request_a_system_message_in_messages_effort_and_server_tools():
     """What Claude Code sends: a system message after the first user turn, adaptive thinking with
     an effort, a thinking-clearing context_management edit, and (for others) Anthropic's server
