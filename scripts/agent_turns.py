@@ -15,7 +15,7 @@ Claude Code, opencode), from tests/agents' pinned npm packages:
   time, and the server's prompt and cached token counts from /metrics.
 
     python scripts/agent_turns.py                       # both parts, --n-ctx 32768 with YaRN
-    python scripts/agent_turns.py --part scripted --agents claude --claude-env API_FORCE_IDLE_TIMEOUT=1
+    python scripts/agent_turns.py --part scripted --agents claude --claude-env API_TIMEOUT_MS=900000
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--agents", default="codex,claude,opencode")
     ap.add_argument("--n-ctx", type=int, default=32768)
     ap.add_argument("--claude-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="a setting of Claude Code's for its runs (API_FORCE_IDLE_TIMEOUT=1: no 300 s cut)")
+                    help="a setting of Claude Code's environment for its runs, to try it")
     args = ap.parse_args()
     CLAUDE_ENV.update(kv.split("=", 1) for kv in args.claude_env)
     bin_dir = A.agents_bin()

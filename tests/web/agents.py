@@ -123,8 +123,7 @@ def run_codex(bin_dir: Path, url: str, model: str, cwd: Path, oss: bool = False,
 
 def run_claude(bin_dir: Path, url: str, model: str, cwd: Path, timeout: float = 240,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`env`: more of Claude Code's settings (API_FORCE_IDLE_TIMEOUT=1 lifts its fetch's 300 s
-    limit on a whole response from a server that is not Anthropic's: docs/api.md)."""
+    """`env`: more of Claude Code's settings, to try them."""
     return _run([str(bin_dir / "claude"), "-p", "--model", model, "--allowedTools=Bash", PROMPT],
                 {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-local",
                  "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
