@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,23 +109,23 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> sub
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def run_codex(bin_dir: Path, url: str, model: str, cwd: Path, oss: bool = False,
-              timeout: float = 240) -> subprocess.CompletedProcess:
+def run_codex(bin_dir: Path, url: str, model: str, cwd: Path, oss: bool = False, timeout: float = 240,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     home = cwd / "home" / ".codex"
     home.mkdir(parents=True, exist_ok=True)
     config = 'check_for_update_on_startup = false\n'
     if not oss:
         config = (f'model = "{model}"\nmodel_provider = "appliance"\n' + config +
                   f'[model_providers.appliance]\nname = "appliance"\nbase_url = "{url}/v1"\nwire_api = "responses"\n')
-    (home / "config.toml").write_text(config + '[analytics]\nenabled = false\n')
+    (home / "config.toml").write_text(config + '[analytics]\nenabled = false\n[features]\nplugins = false\n')
     oss_args = ["--oss", "--local-provider", "ollama", "-m", model] if oss else []
     return _run([str(bin_dir / "codex"), "exec", *oss_args, "--skip-git-repo-check", "-s", "danger-full-access",
-                 PROMPT], {"CODEX_OSS_BASE_URL": f"{url}/v1"} if oss else {}, cwd, timeout)
+                 PROMPT], {**({"CODEX_OSS_BASE_URL": f"{url}/v1"} if oss else {}), **(env or {})}, cwd, timeout)
 
 
 def run_claude(bin_dir: Path, url: str, model: str, cwd: Path, timeout: float = 240,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`env`: more of Claude Code's settings, to try them."""
+    """`env`: more of Claude Code's environment."""
     return _run([str(bin_dir / "claude"), "-p", "--model", model, "--allowedTools=Bash", PROMPT],
                 {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-local",
                  "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
@@ -131,7 +133,7 @@ def run_claude(bin_dir: Path, url: str, model: str, cwd: Path, timeout: float = 
 
 
 def run_opencode(bin_dir: Path, url: str, model: str, cwd: Path, n_ctx: int, output: int = 4096,
-                 timeout: float = 240) -> subprocess.CompletedProcess:
+                 timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """opencode asks for max_tokens = its model's output limit (32000 unless told): `limit` says
     the context and output the server has, as its docs ask for a local model."""
     config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
@@ -142,7 +144,40 @@ def run_opencode(bin_dir: Path, url: str, model: str, cwd: Path, n_ctx: int, out
                                                             "limit": {"context": n_ctx, "output": output}}}}}}
     (cwd / "opencode.json").write_text(json.dumps(config))
     return _run([str(bin_dir / "opencode"), "run", PROMPT],
-                {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}, cwd, timeout)
+                {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+                 "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+                 "OPENCODE_DISABLE_SHARE": "1", **(env or {})}, cwd, timeout)
+
+
+class Tripwire:
+    """A proxy that connects nowhere: the agents run with it as their HTTP(S) proxy (the
+    server's address exempt), and `hosts` lists each host one of them tried to reach."""
+
+    def __init__(self) -> None:
+        self.hosts: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+        url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.env = {"HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
+                    "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:      # closed
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    line = conn.recv(512).split(b"\r\n", 1)[0].decode("latin-1").split()
+                except OSError:
+                    continue
+                if len(line) >= 2:   # CONNECT host:443 HTTP/1.1, or GET http://host/... HTTP/1.1
+                    self.hosts.append(line[1].split("://")[-1].split("/")[0].rsplit(":", 1)[0])
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def record(app) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ model people run with that agent (gpt-oss for Codex, Qwen3-Coder for Claude Code
 opencode) and replies in that model's own format: a call of the agent's shell tool that runs
 `echo appliance-ok`, then the final answer once the result is in. The agent must offer its tools,
 run the call, send the result back, print the answer and exit 0; the test reads the protocol
-exchange the server saw. The engine keeps one slot with the prompt cache on, as `serve --n-slots
+exchange the server saw, and that the agent tried to reach nothing else (`Tripwire`, its proxy:
+Codex with plugins off, Claude Code with nonessential traffic off, opencode but for its npm
+plugin install). The engine keeps one slot with the prompt cache on, as `serve --n-slots
 1` does, so each follow-up turn is served from the cache (`usage.cached_tokens`, the engine's own
 count; the same session on the embedded model, timed: scripts/agent_turns.py).
 """
@@ -24,6 +26,18 @@ from . import agents as A
 from .scripted_engine import ScriptedEngine, app_for, model, serve
 
 N_CTX = 131072      # Claude Code's first prompt is ~21k tokens of SmolLM2's vocabulary; 32000 max_tokens fit
+
+
+# what each agent may reach besides the server: opencode installs its plugin package from npm
+# into its config directory at every start (it runs on without it), and has no switch for that
+REACHES = {"codex": set(), "claude": set(), "opencode": {"registry.npmjs.org"}}
+
+
+@pytest.fixture
+def tripwire():
+    wire = A.Tripwire()
+    yield wire
+    wire.close()
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +75,13 @@ def session(tmp_path: Path, fmt: A.Format, agent: A.Agent, name: str):
 
 
 @pytest.mark.parametrize("oss", [False, True], ids=["responses", "oss-ollama"])
-def test_codex_runs_a_tool_over_the_responses_wire(bin_dir, tmp_path, oss):
+def test_codex_runs_a_tool_over_the_responses_wire(bin_dir, tmp_path, oss, tripwire):
     """`codex exec` with a model provider on the Responses wire, and `codex exec --oss` (its
     Ollama mode: /api/version, /api/tags, then the same wire), on gpt-oss: Codex's request has a
     namespace tool, web_search, two developer messages and client_metadata."""
     engine, app, seen = session(tmp_path, A.GPT_OSS, A.CODEX, "gpt-oss:20b")
     with serve(app) as url:
-        done = A.run_codex(bin_dir, url, "gpt-oss:20b", tmp_path, oss=oss)
+        done = A.run_codex(bin_dir, url, "gpt-oss:20b", tmp_path, oss=oss, env=tripwire.env)
     s = Session(url, engine, seen)
     assert done.returncode == 0, done.stdout + done.stderr
     assert A.FINAL in done.stdout
@@ -79,17 +93,18 @@ def test_codex_runs_a_tool_over_the_responses_wire(bin_dir, tmp_path, oss):
     output = next(i for i in last["input"] if i.get("type") == "function_call_output")
     assert output["call_id"] == call["call_id"] and A.MARKER in json.dumps(output["output"])
     s.follow_up_cached()
+    assert set(tripwire.hosts) <= REACHES["codex"], tripwire.hosts
     if oss:
         assert [r["path"] for r in seen if r["method"] == "GET"][-2:] == ["/api/version", "/api/tags"]
 
 
-def test_claude_code_runs_a_tool_over_anthropic_messages(bin_dir, tmp_path):
+def test_claude_code_runs_a_tool_over_anthropic_messages(bin_dir, tmp_path, tripwire):
     """`claude -p` with ANTHROPIC_BASE_URL on Qwen3-Coder: its ~21k-token first request (24 tools,
     a system message inside `messages`, adaptive thinking, effort, context_management,
     max_tokens 32000)."""
     engine, app, seen = session(tmp_path, A.QWEN3_CODER, A.CLAUDE, "qwen3-coder")
     with serve(app) as url:
-        done = A.run_claude(bin_dir, url, "qwen3-coder", tmp_path)
+        done = A.run_claude(bin_dir, url, "qwen3-coder", tmp_path, env=tripwire.env)
     s = Session(url, engine, seen)
     assert done.returncode == 0, done.stdout + done.stderr
     assert A.FINAL in done.stdout
@@ -103,13 +118,14 @@ def test_claude_code_runs_a_tool_over_anthropic_messages(bin_dir, tmp_path):
     result = next(b for b in blocks if b["type"] == "tool_result")
     assert result["tool_use_id"] == use["id"] and A.MARKER in json.dumps(result["content"])
     s.follow_up_cached()
+    assert set(tripwire.hosts) <= REACHES["claude"], tripwire.hosts
 
 
-def test_opencode_runs_a_tool_over_openai_chat(bin_dir, tmp_path):
+def test_opencode_runs_a_tool_over_openai_chat(bin_dir, tmp_path, tripwire):
     """`opencode run` with an OpenAI-compatible provider (its own way to a local server) on GLM-4.7."""
     engine, app, seen = session(tmp_path, A.GLM, A.OPENCODE, "glm-4.7-flash")
     with serve(app) as url:
-        done = A.run_opencode(bin_dir, url, "glm-4.7-flash", tmp_path, N_CTX)
+        done = A.run_opencode(bin_dir, url, "glm-4.7-flash", tmp_path, N_CTX, env=tripwire.env)
     s = Session(url, engine, seen)
     assert done.returncode == 0, done.stdout + done.stderr
     assert A.FINAL in done.stdout
@@ -119,3 +135,13 @@ def test_opencode_runs_a_tool_over_openai_chat(bin_dir, tmp_path):
     result = next(m for m in last if m["role"] == "tool")
     assert result["tool_call_id"] == call["id"] and A.MARKER in json.dumps(result["content"])
     s.follow_up_cached()
+    assert set(tripwire.hosts) <= REACHES["opencode"], tripwire.hosts
+
+
+def test_the_tripwire_names_a_host_a_client_tried_to_reach(tripwire):
+    import requests
+
+    with pytest.raises(requests.exceptions.RequestException):
+        requests.get("https://vendor.example/telemetry", timeout=5,
+                     proxies={"https": tripwire.env["HTTPS_PROXY"], "http": tripwire.env["HTTP_PROXY"]})
+    assert tripwire.hosts == ["vendor.example"]
