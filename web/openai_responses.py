@@ -4,10 +4,10 @@ the OpenAI chat request that the rest of the server serves: one validation (`wir
 one engine, the same prompt cache, speculation, timings and limits.
 
 Request: `input` as a string or a list of items: messages (user, assistant, system, developer;
-content a string or input_text/output_text parts), `function_call` and `function_call_output`
-items of earlier turns, `reasoning` items (accepted and not re-sent: templates drop earlier
+content a string or input_text/output_text parts), `function_call`, `custom_tool_call` and their
+outputs of earlier turns, `reasoning` items (accepted and not re-sent: templates drop earlier
 reasoning); `instructions` (a system message, not carried over by `previous_response_id`),
-`tools` (function and namespace tools; hosted ones left out: web/openai_responses_tools.py),
+`tools` (function, namespace and custom tools; hosted ones left out: web/openai_responses_tools.py),
 `tool_choice`, `parallel_tool_calls`, `text.format` (json_schema, json_object,
 text: the same structured output), `temperature`, `top_p`, `max_output_tokens`,
 `reasoning.effort` (the template's thinking switch: none and minimal turn it off, low to max
@@ -26,6 +26,7 @@ previous_response_id.
 """
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -152,10 +153,14 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
 
 
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    serving.need(all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")),
-             f"{where}: a function_call item needs call_id, name and arguments (strings)", where)
+    """A function call item (or a custom tool's: its input as the one argument) as a tool call."""
+    custom = item.get("type") == "custom_tool_call"
+    body = "input" if custom else "arguments"
+    serving.need(all(isinstance(item.get(k), str) for k in ("call_id", "name", body)),
+             f"{where}: a {item.get('type')} item needs call_id, name and {body} (strings)", where)
+    arguments = json.dumps({"input": item["input"]}) if custom else item["arguments"]
     return {"id": item["call_id"], "type": "function",
-            "function": {"name": tools.flat(item.get("namespace"), item["name"]), "arguments": item["arguments"]}}
+            "function": {"name": tools.flat(item.get("namespace"), item["name"]), "arguments": arguments}}
 
 
 def messages(items: list[Any], where: str) -> list[dict[str, Any]]:
@@ -169,17 +174,17 @@ def messages(items: list[Any], where: str) -> list[dict[str, Any]]:
         if kind == "message":
             serving.need(item.get("role") in ROLES, f"{at}.role must be one of {', '.join(ROLES)}", f"{at}.role")
             out.append({"role": item["role"], "content": _content(item.get("content"), f"{at}.content")})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(_call(item, at))
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             serving.need(isinstance(item.get("call_id"), str), f"{at}.call_id must be a string", f"{at}.call_id")
             output = _text(item.get("output"), f"{at}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         else:
             serving.need(kind == "reasoning", f"{at}: {kind!r} items are not supported (message, function_call, "
-                     "function_call_output and reasoning are)", f"{at}.type")
+                     "custom_tool_call, their outputs and reasoning are)", f"{at}.type")
     return out
 
 

@@ -11,7 +11,11 @@
   generation, remote MCP, computer use, the built-in shell and patch tools, tool search) cannot
   run here: they are left out of the prompt, never a failure (Codex sends `web_search` with every
   request), and the Response's `tools` echoes only the tools the model was offered.
-- `custom` tools (free-form text input under a grammar) are refused by name.
+- `custom` tools (free-form text input, Codex's apply_patch for the models it knows) are offered
+  as a function of one string argument, `input`; their grammar `format` (lark or regex) is
+  written into the description for the model to follow, not enforced. A call comes back as a
+  `custom_tool_call` item with its `input`, and an earlier turn's call and output go back into
+  the prompt as a call of that function and its result.
 """
 from __future__ import annotations
 
@@ -34,13 +38,15 @@ class Offered:
     echo: list[dict[str, Any]] = field(default_factory=list)           # the request's tools that were offered
     left_out: list[str] = field(default_factory=list)                  # hosted tool types left out
     namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)   # flat name -> (namespace, name)
+    custom: set[str] = field(default_factory=set)                      # flat names of custom tools
 
     def call_name(self, flat_name: str) -> dict[str, str]:
-        """A call's `name` (and `namespace`) as the Responses API writes them."""
+        """A call's item type, `name` (and `namespace`) as the Responses API writes them."""
+        kind = "custom_tool_call" if flat_name in self.custom else "function_call"
         if flat_name in self.namespaces:
             namespace, name = self.namespaces[flat_name]
-            return {"name": name, "namespace": namespace}
-        return {"name": flat_name}
+            return {"type": kind, "name": name, "namespace": namespace}
+        return {"type": kind, "name": flat_name}
 
 
 def flat(namespace: Any, name: str) -> str:
@@ -60,6 +66,22 @@ def _function(t: dict[str, Any], where: str, namespace: dict[str, Any] | None = 
     return {"type": "function", "function": fn}
 
 
+def _custom(t: dict[str, Any], where: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A custom tool as a function of one string, `input` (its grammar in the description)."""
+    fmt = t.get("format") or {"type": "text"}
+    serving.need(isinstance(fmt, dict) and fmt.get("type") in ("text", "grammar"),
+                 f"{where}.format.type must be text or grammar", f"{where}.format.type")
+    about = t.get("description") if isinstance(t.get("description"), str) else ""
+    if fmt["type"] == "grammar":
+        serving.need(fmt.get("syntax") in ("lark", "regex") and isinstance(fmt.get("definition"), str),
+                     f"{where}.format needs a syntax (lark or regex) and a definition", f"{where}.format")
+        about += f"\n\nThe input follows this {fmt['syntax']} grammar:\n{fmt['definition']}"
+    fn = {"name": t.get("name"), "description": about.strip(), "parameters": {
+        "type": "object", "properties": {"input": {"type": "string", "description": "the tool's free-form input"}},
+        "required": ["input"], "additionalProperties": False}}
+    return _function(fn, where, namespace)
+
+
 def _namespace(t: dict[str, Any], where: str, out: Offered) -> None:
     serving.need(isinstance(t.get("name"), str) and t["name"] and SEP not in t["name"],
                  f"{where}.name must be a non-empty string without '{SEP}'", f"{where}.name")
@@ -68,12 +90,14 @@ def _namespace(t: dict[str, Any], where: str, out: Offered) -> None:
     for j, fn in enumerate(inner):
         at = f"{where}.tools[{j}]"
         kind = fn.get("type") if isinstance(fn, dict) else None
-        serving.need(kind == "function", f"{at}.type must be 'function' (got {kind!r}): custom tools are not "
-                     "supported by this server", f"{at}.type")
-        tool = _function(fn, at, t)
+        serving.need(kind in ("function", "custom"), f"{at}.type must be function or custom (got {kind!r})",
+                     f"{at}.type")
+        tool = _function(fn, at, t) if kind == "function" else _custom(fn, at, t)
         name = tool["function"]["name"]
         serving.need(name not in out.namespaces, f"{at}: {fn['name']!r} is in namespace {t['name']!r} twice", at)
         out.namespaces[name] = (t["name"], fn["name"])
+        if kind == "custom":
+            out.custom.add(name)
         out.tools.append(tool)
 
 
@@ -88,14 +112,17 @@ def offered(body: dict[str, Any]) -> Offered:
         kind = t.get("type") if isinstance(t, dict) else None
         if kind == "function":
             out.tools.append(_function(t, where))
+        elif kind == "custom":
+            out.tools.append(_custom(t, where))
+            out.custom.add(t["name"])
         elif kind == "namespace":
             _namespace(t, where, out)
         elif kind in HOSTED:
             out.left_out.append(kind)
             continue
         else:
-            serving.need(False, f"{where}.type {kind!r} is not supported by this server (function and namespace "
-                         f"tools are; hosted tools are left out)", f"{where}.type")
+            serving.need(False, f"{where}.type {kind!r} is not supported by this server (function, custom and "
+                         f"namespace tools are; hosted tools are left out)", f"{where}.type")
         out.echo.append(t)
     names = [t["function"]["name"] for t in out.tools]
     dup = next((n for n in names if names.count(n) > 1), None)

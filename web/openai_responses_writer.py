@@ -48,9 +48,10 @@ class ResponseWriter:
     message, or a function call's arguments."""
 
     def __init__(self, response: dict[str, Any], suffix: str,
-                 call_name: Callable[[str], dict[str, str]] = lambda name: {"name": name}) -> None:
+                 call_name: Callable[[str], dict[str, str]] = lambda name: {"type": "function_call", "name": name}
+                 ) -> None:
         self.response = response
-        self.call_name = call_name             # a call's name as the API writes it (namespace, name)
+        self.call_name = call_name             # a call's item type and name as the API writes them
         self.suffix = suffix                   # the request id's unique part, in every item id
         self.seq = 0
         self.item: dict[str, Any] | None = None   # the open item (reasoning, message, call), the output's last
@@ -108,15 +109,20 @@ class ResponseWriter:
         item, self.item = self.item, None
         if item is None:
             return []
+        where = {"item_id": item["id"], "output_index": len(self.response["output"]) - 1}
         if item["type"] == "function_call":
             item.update(arguments="".join(self.pieces), status=status)
-            where = {"item_id": item["id"], "output_index": len(self.response["output"]) - 1}
             return [self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=where["output_index"], item=item)]
+        if item["type"] == "custom_tool_call":   # its input is the one argument the model wrote
+            item.update(input=custom_input("".join(self.pieces)), status=status)
+            return [self._event("response.custom_tool_call_input.delta", **where, delta=item["input"]),
+                    self._event("response.custom_tool_call_input.done", **where, input=item["input"]),
                     self._event("response.output_item.done", output_index=where["output_index"], item=item)]
         part = item["content"][0]
         part["text"] = "".join(self.pieces)
         item["status"] = status
-        where = {"item_id": item["id"], "output_index": len(self.response["output"]) - 1, "content_index": 0}
+        where["content_index"] = 0
         done = (self._event("response.reasoning_text.done", **where, text=part["text"]) if item["type"] == "reasoning"
                 else self._event("response.output_text.done", **where, text=part["text"], logprobs=[]))
         return [done, self._event("response.content_part.done", **where, part=part),
@@ -127,13 +133,17 @@ class ResponseWriter:
         if part.id:
             out = self._close("completed")
             index = len(self.response["output"])
-            item = {"id": f"fc_{self.suffix}_{index}", "type": "function_call", "status": "in_progress",
-                    "call_id": part.id, **self.call_name(part.name), "arguments": ""}
+            named = self.call_name(part.name)
+            custom = named["type"] == "custom_tool_call"
+            item = {"id": f"{'ctc' if custom else 'fc'}_{self.suffix}_{index}", "status": "in_progress",
+                    "call_id": part.id, **named, **({"input": ""} if custom else {"arguments": ""})}
             self.response["output"].append(item)
             self.item, self.pieces = item, []
             out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
             return out
         self.pieces.append(part.arguments)
+        if self.item["type"] == "custom_tool_call":   # the input is whole once the call is
+            return []
         return [self._event("response.function_call_arguments.delta", item_id=self.item["id"],
                             output_index=len(self.response["output"]) - 1, delta=part.arguments)]
 
@@ -159,6 +169,16 @@ class ResponseWriter:
         self.response.update(status="failed", error={"code": "server_error", "message": e.message})
         return [self._event("error", code=e.code, message=e.message, param=e.param),
                 self._event("response.failed", response=self.response)]
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool call's input: the `input` of the arguments the model wrote (their text as
+    it is when they are not that object: a call cut off)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value["input"] if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
 
 
 def sse(events: list[dict[str, Any]]) -> bytes:

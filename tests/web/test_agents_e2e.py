@@ -74,20 +74,23 @@ def session(tmp_path: Path, fmt: A.Format, agent: A.Agent, name: str):
     return engine, app, seen
 
 
-@pytest.mark.parametrize("oss", [False, True], ids=["responses", "oss-ollama"])
-def test_codex_runs_a_tool_over_the_responses_wire(bin_dir, tmp_path, oss, tripwire):
+@pytest.mark.parametrize("oss,name", [(False, "gpt-oss:20b"), (True, "gpt-oss:20b"), (False, "gpt-5.5")],
+                         ids=["responses", "oss-ollama", "responses-as-gpt-5.5"])
+def test_codex_runs_a_tool_over_the_responses_wire(bin_dir, tmp_path, oss, name, tripwire):
     """`codex exec` with a model provider on the Responses wire, and `codex exec --oss` (its
     Ollama mode: /api/version, /api/tags, then the same wire), on gpt-oss: Codex's request has a
-    namespace tool, web_search, two developer messages and client_metadata."""
-    engine, app, seen = session(tmp_path, A.GPT_OSS, A.CODEX, "gpt-oss:20b")
+    namespace tool, web_search, two developer messages and client_metadata. Served under the
+    name of a model Codex knows (gpt-5.5), it sends apply_patch as a custom tool and tool_search."""
+    engine, app, seen = session(tmp_path, A.GPT_OSS, A.CODEX, name)
     with serve(app) as url:
-        done = A.run_codex(bin_dir, url, "gpt-oss:20b", tmp_path, oss=oss, env=tripwire.env)
+        done = A.run_codex(bin_dir, url, name, tmp_path, oss=oss, env=tripwire.env)
     s = Session(url, engine, seen)
     assert done.returncode == 0, done.stdout + done.stderr
     assert A.FINAL in done.stdout
     turns = s.turns("/v1/responses")
     first, last = turns[0]["body"], turns[-1]["body"]
-    assert {t["type"] for t in first["tools"]} >= {"function", "namespace", "web_search"}
+    assert {t["type"] for t in first["tools"]} >= {"function", "web_search",
+                                                    *(["custom", "tool_search"] if "5.5" in name else ["namespace"])}
     call = next(i for i in last["input"] if i.get("type") == "function_call")
     assert (call["name"], json.loads(call["arguments"])) == (A.CODEX.tool, A.CODEX.args)
     output = next(i for i in last["input"] if i.get("type") == "function_call_output")

@@ -122,6 +122,9 @@ def test_bad_bodies_are_answered_in_openais_error_shape(client):
     r = post(client, None, data=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as ei:
-        client.responses.create(input="hi", tools=[{"type": "web_search"}], **GREEDY)
-    assert ei.value.body["param"] == "tools[0].type"
+        client.responses.create(input="hi", tools=[{"type": "function", "name": ""}], **GREEDY)
+    assert ei.value.body["param"] == "tools[0].name"
+    # a hosted tool is left out of the prompt, never a failure: the response lists what was offered
+    assert client.responses.create(input="hi", tools=[{"type": "web_search"}], max_output_tokens=3,
+                                   **GREEDY).tools == []
     assert client.responses.create(input="Say hi.", max_output_tokens=3, **GREEDY).output_text   # still serving

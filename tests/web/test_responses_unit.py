@@ -105,12 +105,42 @@ def test_namespace_tools_are_offered_under_flat_names_and_hosted_tools_are_left_
     assert out["tools"][1]["function"]["description"] == "Sub-agents.\nClose one."
     assert out["tool_choice"] == {"type": "function", "function": {"name": "multi_agent_v1__close_agent"}}
     assert offered.left_out == ["web_search"] and offered.echo == [TOOL, CODEX_NS]
-    assert offered.call_name("multi_agent_v1__close_agent") == {"name": "close_agent", "namespace": "multi_agent_v1"}
-    assert offered.call_name("weather") == {"name": "weather"}
+    assert offered.call_name("multi_agent_v1__close_agent") == {"type": "function_call", "name": "close_agent",
+                                                                "namespace": "multi_agent_v1"}
+    assert offered.call_name("weather") == {"type": "function_call", "name": "weather"}
     # an earlier turn's call in the namespace goes back under the flat name
     items = [{"type": "function_call", "call_id": "c1", "name": "close_agent", "namespace": "multi_agent_v1",
               "arguments": "{}"}, {"type": "function_call_output", "call_id": "c1", "output": "closed"}]
     assert R.messages(items, "input")[0]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__close_agent"
+
+
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch hunk+ end_patch"}}
+
+
+def test_a_custom_tool_is_a_function_of_one_string_and_its_call_a_custom_tool_call():
+    """Codex's apply_patch for the models it knows (gpt-5.5): offered as a function of `input`,
+    the grammar written for the model; the call comes back as a custom_tool_call item, whole
+    and streamed, and goes back into the prompt as that function's call."""
+    offered = tools.offered({"tools": [PATCH]})
+    fn = offered.tools[0]["function"]
+    assert fn["name"] == "apply_patch" and fn["parameters"]["required"] == ["input"]
+    assert fn["description"].startswith("Edit files.") and "start: begin_patch hunk+ end_patch" in fn["description"]
+    w = ResponseWriter(new_response({"input": "hi"}, "resp_abc", "m"), "abc", offered.call_name)
+    patch = "*** Begin Patch\n*** End Patch"
+    events = run(w, [Delta("r", "", (1,), call_parts=(ToolCallPart(0, "call_1", "apply_patch"),
+                                                      ToolCallPart(0, arguments=json.dumps({"input": patch}))))],
+                 Done("r", "tool_calls", Usage(5, 2), TIMINGS))
+    item = w.response["output"][0]
+    assert (item["type"], item["name"], item["input"], item["call_id"]) == ("custom_tool_call", "apply_patch", patch, "call_1")
+    for ev in events:
+        EVENT.validate_python(ev)
+    assert [e["type"] for e in events if "custom" in e["type"]] == ["response.custom_tool_call_input.delta",
+                                                                    "response.custom_tool_call_input.done"]
+    SdkResponse.model_validate(w.response)
+    history = R.messages([item, {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done!"}], "input")
+    assert history[0]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": json.dumps({"input": patch})}
+    assert history[1] == {"role": "tool", "tool_call_id": "call_1", "content": "Done!"}
 
 
 def test_a_call_in_a_namespace_comes_back_with_its_name_and_namespace():
@@ -161,8 +191,10 @@ def test_no_effort_leaves_the_templates_default():
     (dict(input=[{"type": "function_call_output", "output": "x"}]), "input[0].call_id"),
     (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input[0].type"),
     (dict(input=["hi"]), "input[0]"),
-    (dict(tools=[{"type": "custom", "name": "apply_patch"}]), "tools[0].type"), (dict(tools={}), "tools"),
-    (dict(tools=[{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "f"}]}]),
+    (dict(tools=[{"type": "computer_use"}]), "tools[0].type"), (dict(tools={}), "tools"),
+    (dict(tools=[{"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "ebnf"}}]),
+     "tools[0].format"),
+    (dict(tools=[{"type": "namespace", "name": "ns", "tools": [{"type": "mcp", "name": "f"}]}]),
      "tools[0].tools[0].type"),
     (dict(tools=[{"type": "namespace", "name": "a__b", "tools": []}]), "tools[0].name"),
     (dict(tools=[TOOL, {**TOOL}]), "tools"),
