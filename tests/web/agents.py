@@ -91,14 +91,14 @@ def director(fmt: Format, agent: Agent) -> Callable[[Any], str]:
 
 # -- the agents ----------------------------------------------------------------------------------
 def agents_bin(install: bool = True) -> Path | None:
-    """The pinned agents' executables: npm ci of tests/agents once (.ci/run does it first); None
-    without npm."""
+    """The pinned agents' executables: npm install of tests/agents' lock file once (.ci/run does
+    it first); None without npm."""
     bin_dir = AGENTS_DIR / "node_modules" / ".bin"
     if not all((bin_dir / b).exists() for b in ("codex", "claude", "opencode")):
         if shutil.which("npm") is None or not install:
             return None
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=AGENTS_DIR, check=True,
-                       timeout=600)
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=AGENTS_DIR,
+                       check=True, timeout=600)
     return bin_dir
 
 
