@@ -10,7 +10,7 @@ llama.vim and llama.vscode, scripts, its web UI's probes): `POST /completion` (a
 grammar) is set on the validated request (`Native.adjust`). Absent sampling fields take
 llama-server's defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), not OpenAI's.
 Sampler options this engine does not have (UNSUPPORTED) are refused by name unless neutral;
-options that tune llama-server's own scheduling (id_slot, n_keep, samplers, n_indent,
+options that tune llama-server's own scheduling (id_slot, n_keep, n_indent,
 t_max_predict_ms, ...) are accepted and have no effect. Replies and streams have
 llama-server's shape: `content`, `stop`, `stop_type`, `timings`, `completion_probabilities`,
 `response_fields` picking what is answered; a stream is `data:` lines, the last with
@@ -35,7 +35,7 @@ from appliance.errors import ApplianceError
 from . import api, openai_chat, openai_responses, responses, serving
 from .infill import infill_ids
 from .serving import need
-from .params import MAX_TOP_LOGPROBS, N_CTX, Param
+from .params import MAX_TOP_LOGPROBS, N_CTX, SAMPLERS, Param
 from .sampling import LogitBias
 
 Tokenize = Callable[[list[str]], list[list[int]]]
@@ -44,13 +44,11 @@ bp = Blueprint("llamaserver", __name__)
 
 DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # llama-server's, for /completion
 RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request
-SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")   # this engine's order (output/sampling.py)
-PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "presence_penalty",
-          "frequency_penalty", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "stream", "keep_alive")
+PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "repeat_last_n", "presence_penalty",
+          "frequency_penalty", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "stream", "keep_alive",
+          "samplers", "dry_sequence_breakers", *(p.name for p in SAMPLERS))
 # llama-server's options that change the output and that this engine does not have: (neutral, what)
-UNSUPPORTED = {"mirostat": (0, "Mirostat sampling"), "dynatemp_range": (0, "dynamic temperature"),
-               "typical_p": (1, "locally typical sampling"), "xtc_probability": (0, "XTC sampling"),
-               "dry_multiplier": (0, "DRY sampling"), "post_sampling_probs": (False, "post-sampling probabilities"),
+UNSUPPORTED = {"post_sampling_probs": (False, "post-sampling probabilities"),
                "n_cmpl": (1, "several completions"), "lora": ([], "per-request LoRA adapters")}
 
 N_PREDICT = Param("n_predict", "integer", "Most tokens to generate; -1 until the end of the context or of "
@@ -168,7 +166,8 @@ def settings(p: SamplingParams, native: Native, stream: bool) -> dict[str, Any]:
             "repeat_last_n": p.penalty_last_n, "repeat_penalty": p.repetition_penalty,
             "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
             "stop": list(p.stop), "max_tokens": native.n_predict, "ignore_eos": p.ignore_eos, "stream": stream,
-            "n_probs": native.n_probs, "grammar": native.grammar or "", "samplers": list(SAMPLERS)}
+            "n_probs": native.n_probs, "grammar": native.grammar or "", "samplers": list(p.samplers),
+            "dry_sequence_breakers": list(p.dry_sequence_breakers), **{q.name: getattr(p, q.name) for q in SAMPLERS}}
 
 
 def timings(done: Done) -> dict[str, Any]:

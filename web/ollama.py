@@ -36,10 +36,12 @@ bp = Blueprint("ollama", __name__)
 OLLAMA_VERSION = "0.13.5"
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
             "stop": "stop", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
-            "frequency_penalty": "frequency_penalty"}
+            "frequency_penalty": "frequency_penalty", "repeat_last_n": "repeat_last_n", "typical_p": "typical_p",
+            "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
+# the load's options (one model serves every request as loaded); tfs_z (tail-free sampling, which
+# llama.cpp no longer has) and penalize_newline, which Ollama no longer applies
 RUNNER_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                  "num_keep", "repeat_last_n", "low_vram", "f16_kv", "vocab_only", "typical_p", "tfs_z",
-                  "mirostat", "mirostat_tau", "mirostat_eta", "penalize_newline"}
+                  "num_keep", "low_vram", "f16_kv", "vocab_only", "tfs_z", "penalize_newline"}
 
 
 @bp.errorhandler(ApplianceError)

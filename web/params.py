@@ -116,18 +116,52 @@ SAMPLING = (
     Param("top_k", "integer", "Keep only the k most likely tokens; 0 keeps all", lo=0, default=0),
     Param("min_p", "number", "Drop tokens less likely than min_p times the most likely one",
           lo=0.0, hi=1.0, default=0.0),
-    Param("presence_penalty", "number", "Subtracted from the logit of each token among the last 64",
+    Param("presence_penalty", "number", "Subtracted from the logit of each token among the last "
+          "repeat_last_n generated",
           lo=-2.0, hi=2.0, default=0.0),
-    Param("frequency_penalty", "number", "Subtracted from a token's logit once per use among the last 64",
+    Param("frequency_penalty", "number", "Subtracted from a token's logit once per use among the last "
+          "repeat_last_n generated",
           lo=-2.0, hi=2.0, default=0.0),
     Param("repeat_penalty", "number", "llama.cpp's name for repetition_penalty, used when that is absent",
           lo=0.01, hi=10.0, default=1.0),
-    Param("repetition_penalty", "number", "Shrinks the logits of tokens among the last 64; 1 disables "
+    Param("repetition_penalty", "number", "Shrinks the logits of tokens among the last repeat_last_n "
+          "generated; 1 disables "
           "(default: repeat_penalty)", lo=0.01, hi=10.0),
     Param("seed", "integer", "Seed of this request's sampling (default: a random one)",
           lo=-(2**63), hi=2**64 - 1),
     _flag("ignore_eos", False, "Keep generating past the end-of-sequence token, up to max_tokens"),
+    Param("repeat_last_n", "integer", "How many of the last generated tokens the penalties look at; -1 all, "
+          "0 none", lo=-1, hi=N_CTX, default=64),
 )
+
+# llama.cpp's other samplers, with llama-server's names, ranges and defaults (engine/output/samplers.py, dry.py)
+SAMPLERS = (
+    Param("typical_p", "number", "Locally typical sampling: keep the tokens whose surprise is nearest the "
+          "entropy until their probability reaches typical_p; 1 disables", lo=0.0, hi=1.0, default=1.0),
+    Param("top_n_sigma", "number", "Keep the logits within top_n_sigma standard deviations of the largest; "
+          "-1 (or 0) disables", lo=-1.0, default=-1.0),
+    Param("xtc_probability", "number", "XTC: how often to exclude the top choices; 0 disables",
+          lo=0.0, hi=1.0, default=0.0),
+    Param("xtc_threshold", "number", "XTC: the probability from which a choice is a top one (above 0.5: off)",
+          lo=0.0, hi=1.0, default=0.1),
+    Param("dynatemp_range", "number", "Dynamic temperature: temperature +- this, by the entropy; 0 disables",
+          lo=0.0, hi=2.0, default=0.0),
+    Param("dynatemp_exponent", "number", "Dynamic temperature: the entropy's exponent", lo=0.0, hi=10.0,
+          default=1.0),
+    Param("mirostat", "integer", "Mirostat sampling, version 1 or 2, after the temperature; 0 disables",
+          enum=(0, 1, 2), default=0),
+    Param("mirostat_tau", "number", "Mirostat's target surprise (bits per token)", lo=0.0, hi=100.0, default=5.0),
+    Param("mirostat_eta", "number", "Mirostat's learning rate", lo=0.0, hi=1.0, default=0.1),
+    Param("dry_multiplier", "number", "DRY: the repetition penalty's scale; 0 disables", lo=0.0, hi=100.0,
+          default=0.0),
+    Param("dry_base", "number", "DRY: the penalty's base, raised to the repeat's excess length", lo=1.0, hi=10.0,
+          default=1.75),
+    Param("dry_allowed_length", "integer", "DRY: repeats up to this long go unpenalized", lo=0, hi=N_CTX,
+          default=2),
+    Param("dry_penalty_last_n", "integer", "DRY: how many of the context's last tokens it looks at; -1 all",
+          lo=-1, hi=N_CTX, default=-1),
+)
+MAX_BREAKERS = 64            # dry_sequence_breakers' strings (each costs a scan of the vocabulary, once)
 
 # the other scalars both endpoints take
 COMMON = (
@@ -140,7 +174,7 @@ COMMON = (
           enum=SPECULATE_MODES),
 )
 
-CHAT = _table(*SAMPLING, *COMMON,
+CHAT = _table(*SAMPLING, *SAMPLERS, *COMMON,
               _flag("logprobs", False, "Report the log-probability of each generated token"),
               Param("top_logprobs", "integer", "With logprobs, also this many most likely alternatives",
                     lo=0, hi=MAX_TOP_LOGPROBS, default=0),
@@ -152,7 +186,7 @@ CHAT = _table(*SAMPLING, *COMMON,
                     "an assistant turn (default: unless the final message is continued)"))
 
 COMPLETION = _table(
-    *SAMPLING, *COMMON,
+    *SAMPLING, *SAMPLERS, *COMMON,
     # the legacy API: an int, how many alternatives (0: the chosen token's alone)
     Param("logprobs", "integer", "Report log-probabilities with this many most likely alternatives",
           lo=0, hi=MAX_COMPLETION_LOGPROBS),

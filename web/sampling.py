@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from appliance.engine.types import SamplingParams
+from appliance.engine.types import SAMPLER_ORDER, SamplingParams
 from appliance.errors import InvalidRequest
 
-from .params import CHAT, MAX_LOGIT_BIAS, MAX_STOPS, Param
+from .params import CHAT, MAX_BREAKERS, MAX_LOGIT_BIAS, MAX_STOPS, SAMPLERS, Param
 
 LogitBias = tuple[tuple[int, float], ...]
 
@@ -69,5 +69,55 @@ def sampling_params(body: dict, n_ctx: int, table: dict[str, Param] = CHAT) -> S
     repeat = knobs.pop("repeat_penalty")  # llama.cpp's name for it
     if knobs["repetition_penalty"] is None:
         knobs["repetition_penalty"] = repeat
+    knobs["penalty_last_n"] = get("repeat_last_n")
+    knobs |= {p.name: get(p.name) for p in SAMPLERS}
     return SamplingParams(**knobs, max_tokens=max_tokens, stop=stops(body), ignore_eos=get("ignore_eos"),
-                          logit_bias=logit_bias(body))
+                          logit_bias=logit_bias(body), dry_sequence_breakers=breakers(body), samplers=order(body))
+
+
+# llama.cpp's sampler names (common_sampler_types_from_names, with its other spellings) and letters
+SAMPLER_NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k",
+                 "typ_p": "typ_p", "typical_p": "typ_p", "typical": "typ_p", "typ": "typ_p", "top_p": "top_p",
+                 "nucleus": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature",
+                 "temp": "temperature"}
+SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                   "m": "min_p", "x": "xtc", "t": "temperature"}
+
+
+def order(body: dict) -> tuple[str, ...]:
+    """llama-server's `samplers`: the chain's order, as a list of names or a string of letters
+    ("edskypmxt"); a sampler left out does not run (the temperature too: then the draw is at 1)."""
+    v = body.get("samplers")
+    if v is None:
+        return SAMPLER_ORDER
+    if isinstance(v, str):   # names when it has one of ";_-" (as llama.cpp reads it), else letters
+        named = any(c in v for c in ";_-")
+        names, table = (v.split(";"), SAMPLER_NAMES) if named else (list(v), SAMPLER_LETTERS)
+    elif isinstance(v, list) and all(isinstance(n, str) for n in v):
+        names, table = v, SAMPLER_NAMES
+    else:
+        raise InvalidRequest("'samplers' must be a list of sampler names or a string of their letters",
+                             param="samplers")
+    out = []
+    for name in names:
+        key = name.strip().lower().replace("-", "_")
+        if key not in table:
+            raise InvalidRequest(f"'samplers': unknown sampler {name!r}; this server has "
+                                 f"{', '.join(sorted(set(SAMPLER_NAMES)))} (letters {''.join(SAMPLER_LETTERS)})",
+                                 param="samplers")
+        out.append(table[key])
+    return tuple(out)
+
+
+def breakers(body: dict) -> tuple[str, ...]:
+    """DRY's sequence breakers: a list of strings (llama-server's default when absent)."""
+    v = body.get("dry_sequence_breakers")
+    if v is None:
+        return SamplingParams.dry_sequence_breakers
+    if not isinstance(v, list) or not all(isinstance(b, str) and b for b in v):
+        raise InvalidRequest("'dry_sequence_breakers' must be a list of non-empty strings",
+                             param="dry_sequence_breakers")
+    if len(v) > MAX_BREAKERS:
+        raise InvalidRequest(f"'dry_sequence_breakers' takes at most {MAX_BREAKERS} strings",
+                             param="dry_sequence_breakers")
+    return tuple(v)

@@ -17,6 +17,11 @@ FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 IMAGE_MARKER = "<__media__>"    # where an image goes in a prompt's text (llama-server's marker)
 
 
+# llama.cpp's default sampler chain (common/common.h), each run where it stands; logit bias and the
+# grammar's mask come before it, the draw after it
+SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """OpenAI's knobs plus llama.cpp's. temperature <= 0 means greedy (argmax, lowest id on ties)."""
@@ -40,10 +45,27 @@ class SamplingParams:
     top_logprobs: int = 0           # and this many most likely alternatives
     # (token id, bias) added to that token's logit before anything else; -inf (or <= -100) bans it
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # llama.cpp's other samplers, with its names, defaults and meanings (output/samplers.py, dry.py)
+    typical_p: float = 1.0              # locally typical sampling; 1 disables
+    top_n_sigma: float = -1.0           # keep logits within n standard deviations of the top; <= 0 disables
+    xtc_probability: float = 0.0        # exclude top choices: how often
+    xtc_threshold: float = 0.1          # and above which probability
+    dynatemp_range: float = 0.0         # entropy-scaled temperature in temperature +- range; 0 disables
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0                   # 1 or 2: Mirostat replaces the chain after the temperature
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0         # DRY's repetition penalty over prompt and reply; 0 disables
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1        # -1: the whole context
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    samplers: tuple[str, ...] = SAMPLER_ORDER   # the chain's order (llama.cpp's --samplers)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+        """The most likely token (after bias and penalties) is always drawn."""
+        return (self.temperature <= 0.0 and self.dynatemp_range <= 0.0) or self.top_k == 1
 
 
 @dataclass(frozen=True)

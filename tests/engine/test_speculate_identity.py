@@ -191,6 +191,38 @@ def test_several_drafting_streams_equal_each_alone(exact):
     assert loop.scheduler.stats().max_decode_batch >= 2
 
 
+# llama.cpp's other samplers (engine/output/samplers.py, dry.py), each with a seed: DRY and
+# Mirostat carry state from token to token, XTC draws from the request's generator
+SAMPLERS = {"dry": {"dry_multiplier": 0.8, "dry_allowed_length": 1}, "xtc": {"xtc_probability": 0.5,
+            "xtc_threshold": 0.05}, "typical": {"typical_p": 0.7}, "top_n_sigma": {"top_n_sigma": 1.0},
+            "dynatemp": {"dynatemp_range": 0.4}, "mirostat1": {"mirostat": 1, "mirostat_tau": 3.0},
+            "mirostat2": {"mirostat": 2, "mirostat_tau": 3.0}}
+
+
+def sampled(messages, knobs: dict, mode: str) -> Request:
+    body = {"messages": list(messages), "max_tokens": N_GEN // 2, "temperature": 0.6, "seed": 1234,
+            "speculate": mode, "cache_prompt": False, **knobs}
+    return wire.parse_chat(body, uuid.uuid4().hex, {"m"}, N_CTX).request
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_each_sampler_seeded_is_reproducible_and_the_same_with_lookup(exact, name):
+    """Seeded sampling with each of llama.cpp's samplers: a serial run and a run with lookup
+    (which samples each verified row in order, its drafts accepted or not) give the same tokens,
+    and so does the serial run again. The sampler is the same code over every runner's rows:
+    one exact runner proves it (CI time)."""
+    loop = exact[0]
+    if loop.cfg.engine != "llamacpp":
+        pytest.skip("the samplers are checked on one exact runner, llama.cpp's")
+    msgs = [{"role": "user", "content": generated(1, seed=3)[0]}]
+    (a,) = run(loop, [sampled(msgs, SAMPLERS[name], "off")])
+    (c,) = run(loop, [sampled(msgs, SAMPLERS[name], "lookup")])
+    assert a[0] == c[0] and len(a[0]) > 8
+    assert c[1].timings.speculation == "lookup" and c[1].timings.draft_n > 0
+    if name in ("dry", "xtc", "mirostat2"):      # state carried and draws made: run again, alone
+        assert run(loop, [sampled(msgs, SAMPLERS[name], "off")])[0][0] == a[0]
+
+
 def test_llama_cpp_speculates_only_if_its_verify_is_found_exact():
     """On these machines (Q4_1, CPU, default attention, 2 threads) its k-row batch and its
     one-row step give other logits: the check says so, and a request asking for lookup gets

@@ -119,7 +119,7 @@ def test_openai_routes_answer_without_v1(server):
 
 def test_bad_input_and_an_overlong_prompt_are_400s_before_any_stream_byte(server):
     for body, param in (({"prompt": PROMPT, "n_predict": "x"}, "n_predict"),
-                        ({"prompt": PROMPT, "mirostat": 2}, "mirostat"), ({"prompt": ["a", "b"]}, "prompt")):
+                        ({"prompt": PROMPT, "mirostat": 3}, "mirostat"), ({"prompt": ["a", "b"]}, "prompt")):
         assert post(server, "/completion", body, status=400)["error"]["param"] == param
     r = requests.post(server.url + "/completion", json={"prompt": "word " * (N_CTX + 10), "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["n_ctx"] == N_CTX

@@ -57,7 +57,9 @@ def test_random_seeds_n_predict_zero_grammar_and_json_schema():
 @pytest.mark.parametrize("body,param", [
     ({"n_predict": -2}, "n_predict"), ({"n_predict": N_CTX + 1}, "n_predict"), ({"n_probs": 21}, "n_probs"),
     ({"return_tokens": 1}, "return_tokens"), ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
-    ({"response_fields": "content"}, "response_fields"), ({"mirostat": 2}, "mirostat"),
+    ({"response_fields": "content"}, "response_fields"), ({"mirostat": 3}, "mirostat"),
+    ({"samplers": "kz"}, "samplers"), ({"dry_base": 0.5}, "dry_base"), ({"dry_sequence_breakers": [""]},
+                                                                          "dry_sequence_breakers"),
     ({"logit_bias": [15, -1]}, "logit_bias"), ({"temperature": 3}, "temperature"), ({"top_p": 2}, "top_p"),
     ({"stop": [1]}, "stop"), ({"json_schema": "x"}, "json_schema")])
 def test_bad_fields_are_refused_naming_them(body, param):
@@ -87,14 +89,26 @@ def test_bad_logit_bias_is_refused_word_for_word(value, message):
     assert (e.value.param, e.value.message) == ("logit_bias", message)
 
 
-def test_unsupported_samplers_are_refused_word_for_word():
+def test_unsupported_options_are_refused_word_for_word():
     with pytest.raises(InvalidRequest) as e:
-        request({"mirostat": 2})
-    assert e.value.message == "'mirostat' (Mirostat sampling) is not supported by this server"
+        request({"post_sampling_probs": True})
+    assert e.value.message == "'post_sampling_probs' (post-sampling probabilities) is not supported by this server"
+
+
+def test_llama_servers_samplers_reach_the_engine():
+    p = request({"mirostat": 2, "mirostat_tau": 4.0, "typical_p": 0.9, "xtc_probability": 0.5, "xtc_threshold": 0.2,
+                 "dry_multiplier": 0.8, "dry_sequence_breakers": ["\n"], "top_n_sigma": 1.5, "dynatemp_range": 0.3,
+                 "repeat_last_n": 16, "samplers": ["top_k", "Typical-P", "temperature"]}).params
+    assert (p.mirostat, p.mirostat_tau, p.typical_p, p.xtc_probability, p.xtc_threshold, p.dry_multiplier,
+            p.dry_sequence_breakers, p.top_n_sigma, p.dynatemp_range, p.penalty_last_n) == \
+        (2, 4.0, 0.9, 0.5, 0.2, 0.8, ("\n",), 1.5, 0.3, 16)
+    assert p.samplers == ("top_k", "typ_p", "temperature")
+    assert request({"samplers": "kt"}).params.samplers == ("top_k", "temperature")      # letters
+    assert request({"samplers": "top_k;min_p"}).params.samplers == ("top_k", "min_p")   # names in a string
 
 
 def test_neutral_values_of_unsupported_options_are_accepted():
-    assert request({"mirostat": 0, "typical_p": 1.0, "logit_bias": [], "n_cmpl": 1}).params.temperature == 0.8
+    assert request({"post_sampling_probs": False, "lora": [], "n_cmpl": 1}).params.temperature == 0.8
 
 
 @pytest.mark.parametrize("value,prompt", [

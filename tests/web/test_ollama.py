@@ -25,6 +25,14 @@ def test_chat_options_format_think_and_keep_alive():
     assert "max_tokens" not in O.chat_body({"messages": [], "options": {"num_predict": -1}}, M)
 
 
+def test_ollamas_sampler_options_reach_the_engines_samplers():
+    from web.sampling import sampling_params
+    out = O.chat_body({"messages": [], "options": {"typical_p": 0.8, "mirostat": 2, "mirostat_tau": 4.0,
+                                                    "mirostat_eta": 0.2, "repeat_last_n": 32}}, M)
+    p = sampling_params(out, 4096)
+    assert (p.typical_p, p.mirostat, p.mirostat_tau, p.mirostat_eta, p.penalty_last_n) == (0.8, 2, 4.0, 0.2, 32)
+
+
 def test_tool_calls_get_ids_and_results_answer_them_in_order():
     out = O.chat_body({"messages": [
         {"role": "user", "content": "weather?"},

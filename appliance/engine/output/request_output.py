@@ -18,6 +18,7 @@ import numpy as np
 
 from ..types import Delta, SamplingParams, TokenLogprob, TopLogprob
 from .constraints import Matcher
+from .dry import Dry
 from .parser import OutputParser, Piece
 from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 
@@ -25,11 +26,12 @@ from .sampling import Sampler, StopMatcher, log_softmax, top_ids
 class RequestOutput:
     def __init__(self, request_id: str, params: SamplingParams, seed: int, limit: int,
                  eog_ids: frozenset[int], detokenize: Callable[[Sequence[int]], bytes],
-                 matcher: Matcher | None = None, parser: OutputParser | None = None, index: int = 0) -> None:
+                 matcher: Matcher | None = None, parser: OutputParser | None = None, index: int = 0,
+                 dry: Dry | None = None, n_vocab: int = 0) -> None:
         self.id, self.params, self.limit = request_id, params, limit   # limit: most tokens it may add
         self.index = index            # its choice (a request with n > 1)
         self.eog_ids, self.detokenize = eog_ids, detokenize
-        self.sampler = Sampler(params, seed)
+        self.sampler = Sampler(params, seed, dry, n_vocab)
         self.stop = StopMatcher(params.stop)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.matcher, self.parser = matcher, parser

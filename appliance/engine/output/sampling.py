@@ -1,7 +1,10 @@
 """Logits -> token. Each step is a small pure function on a float32 logits row.
 
-Order (llama.cpp's default chain): logit bias -> penalties -> top_k -> top_p -> min_p ->
-temperature -> draw. Greedy is argmax with the lowest id on ties (np.argmax returns the first maximum), so a
+Order (llama.cpp's default chain, `SamplingParams.samplers`): logit bias -> penalties -> DRY ->
+top-n-sigma -> top_k -> typical -> top_p -> min_p -> XTC -> temperature (dynamic with
+dynatemp_range) -> draw; with Mirostat, logit bias -> temperature -> Mirostat. The samplers
+beyond OpenAI's are in samplers.py and dry.py. Greedy is argmax with the lowest id on ties
+(np.argmax returns the first maximum) of what the chain kept before the temperature, so a
 greedy run is a function of the logits alone. Stop strings are matched on the detokenized
 text by `StopMatcher`, which holds back any tail that could still become a stop string so a
 stop is never leaked into the output.
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..types import SamplingParams
+from .dry import Dry
+from .samplers import Mirostat, dynamic_temperature, scale, top_n_sigma_filter, typical_filter, xtc_filter
 
 NEG_INF = np.float32(-np.inf)
 
@@ -128,35 +133,80 @@ def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> in
     return int(rng.choice(probs.shape[-1], p=probs))
 
 
-class Sampler:
-    """Per-request sampling state: the seeded generator and the penalty window."""
+# the filters that always keep the most likely token: a greedy step has no need of them
+KEEP_MAX = frozenset({"top_n_sigma", "top_k", "top_p", "min_p"})
 
-    def __init__(self, params: SamplingParams, seed: int) -> None:
-        self.params = params
+
+class Sampler:
+    """Per-request sampling state: the seeded generator, the penalty window, DRY's context and
+    Mirostat's mu. Every step runs the whole chain in `params.samplers`' order, so the state
+    advances once per sampled token and a verify that samples a draft's rows in order draws
+    exactly what serial steps would."""
+
+    def __init__(self, params: SamplingParams, seed: int, dry: Dry | None = None, n_vocab: int = 0) -> None:
+        self.params, self.dry = params, dry
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.recent: list[int] = []
+        self.mirostat = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, n_vocab) \
+            if params.mirostat else None
         # greedy with no bias and no penalty: the argmax alone (the chain below returns the same)
         self.plain = (params.greedy and not params.logit_bias and params.presence_penalty == 0.0
-                      and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0)
+                      and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
+                      and dry is None and params.typical_p >= 1.0 and params.xtc_probability <= 0.0)
 
     def __call__(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
         """`allowed`: a bool mask over the vocabulary (structured output); others are never drawn."""
-        if self.plain and allowed is None:   # `recent` only feeds penalties, which it has none of
-            return int(logits.argmax())
+        tok = int(logits.argmax()) if self.plain and allowed is None else self._chain(logits, allowed)
+        self.recent.append(tok)
+        if self.dry is not None:
+            self.dry.accept(tok)
+        return tok
+
+    def _chain(self, logits: np.ndarray, allowed: np.ndarray | None) -> int:
         p = self.params
-        # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
-        window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]
         x = self._masked(apply_logit_bias(logits, p.logit_bias), allowed)
         if p.logit_bias and not np.isfinite(x).any():
             x = self._masked(logits, allowed)   # the bans left no token the grammar allows: they yield
-        x = apply_penalties(x, window, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        if self.mirostat is not None:           # llama.cpp's Mirostat chain: temperature, then Mirostat
+            return self.mirostat.draw(scale(x, p.temperature), self.rng)
+        temperature = None                      # not applied yet
+        for name in p.samplers:
+            if name == "temperature":
+                if temperature is not None:
+                    continue
+                temperature = 0.0 if p.greedy else \
+                    dynamic_temperature(x, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+                if temperature <= 0.0:          # greedy: only the largest survives what follows
+                    return greedy(x)
+                if name != p.samplers[-1]:      # samplers after it see the scaled row
+                    x, temperature = scale(x, temperature), 1.0
+            elif not (p.greedy and name in KEEP_MAX):
+                x = self._step(name, x)
         if p.greedy:
-            tok = greedy(x)
-        else:
-            x = min_p_filter(top_p_filter(top_k_filter(x, p.top_k), p.top_p), p.min_p)
-            tok = draw(x, p.temperature, self.rng)
-        self.recent.append(tok)
-        return tok
+            return greedy(x)
+        return draw(x, 1.0 if temperature is None else temperature, self.rng)
+
+    def _step(self, name: str, x: np.ndarray) -> np.ndarray:
+        p = self.params
+        if name == "penalties":
+            # llama.cpp's convention: 0 turns penalties off, -1 looks at the whole output
+            window = self.recent if p.penalty_last_n < 0 else self.recent[len(self.recent) - p.penalty_last_n:]
+            return apply_penalties(x, window, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        if name == "dry":
+            return x if self.dry is None else self.dry.apply(x)
+        if name == "top_n_sigma":
+            return top_n_sigma_filter(x, p.top_n_sigma)
+        if name == "top_k":
+            return top_k_filter(x, p.top_k)
+        if name == "typ_p":
+            return typical_filter(x, p.typical_p)
+        if name == "top_p":
+            return top_p_filter(x, p.top_p)
+        if name == "min_p":
+            return min_p_filter(x, p.min_p)
+        if name == "xtc":
+            return xtc_filter(x, p.xtc_probability, p.xtc_threshold, self.rng)
+        raise ValueError(f"unknown sampler {name!r}")
 
     @staticmethod
     def _masked(x: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:

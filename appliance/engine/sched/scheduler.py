@@ -52,6 +52,7 @@ from ...config import EngineConfig
 from ...errors import ApplianceError, ContextOverflow, InvalidRequest, QueueFull
 from ..cache.prompt_cache import PromptCache
 from ..output.constraints import Matcher
+from ..output.dry import BreakerTables
 from ..output.parser import OutputParser
 from ..output.request_output import RequestOutput
 from ..runners.base import ModelRunner, Span
@@ -71,6 +72,8 @@ class Scheduler:
         self.grid = self.cache.grid  # one grid: the chunks prefilled are the ones the cache reuses
         self.spec = spec or Speculator()
         self.n_ctx = runner.info.n_ctx
+        self.breakers = BreakerTables(runner.detokenize, lambda text: runner.tokenize(text, False, False),
+                                      runner.info.n_vocab)   # DRY's, per list of breaker strings
         self.pool = SharedPool(self.n_ctx, runner.kv_used) if runner.info.kv_unified else None
         self.waiting: deque[Active] = deque()
         self.slots: list[Active | None] = [None] * runner.info.n_slots
@@ -123,9 +126,11 @@ class Scheduler:
         if len(outputs) < req.n:   # a request without grammar or parser: none for the other choices either
             assert outputs[0] == (None, None), "each choice needs its own matcher and parser"
             outputs = [outputs[0]] * req.n
+        limit = min(max_tokens, self.n_ctx - n)
         choices = [Active(req, list(prompt), RequestOutput(
-            req.id, p, (seed + i) % 2**64, min(max_tokens, self.n_ctx - n), self.runner.info.eog_ids,
-            self.runner.detokenize, matcher, parser, index=i), self.spec.start(prompt, req.speculate),
+            req.id, p, (seed + i) % 2**64, limit, self.runner.info.eog_ids,
+            self.runner.detokenize, matcher, parser, index=i, dry=self.breakers.dry(p, prompt, limit),
+            n_vocab=self.runner.info.n_vocab), self.spec.start(prompt, req.speculate),
             reserved=asked > 0) for i, (matcher, parser) in enumerate(outputs[:req.n])]
         if req.n > 1:
             group = Choices(choices)
