@@ -246,9 +246,9 @@ class ServerConfig:
     port: int = opt(8080, "port to listen on")
     api_key: str | None = opt(None, "require 'Authorization: Bearer KEY' on every route but the pages and "
                               "/health, which without it tells the status only")
-    cors_origins: str = opt("", "comma-separated origins allowed by CORS besides pages served from this "
-                            "machine (http(s)://localhost, 127.0.0.1 or [::1] on any port, always allowed); "
-                            "'*' allows any")
+    cors_origins: str = opt("", "comma-separated origins whose pages may use the server besides its own, "
+                            "this machine's (localhost, 127.0.0.1, 0.0.0.0, [::1], any port) and apps' "
+                            "(app://, file://, ...); '*' any, one '*' a pattern; any other Origin: 403")
     http_threads: int = opt(64, "HTTP worker threads (more than slots + queue, so waiting clients never block /health)")
     image_urls: float = opt(0.0, "seconds to fetch an http(s) image URL, at most --max-body-bytes (0: data: URIs only)")
     max_body_bytes: int = opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")

@@ -66,10 +66,6 @@ class PayloadTooLarge(ApplianceError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
-class UnsupportedMediaType(ApplianceError):
-    status, type, code = 415, "invalid_request_error", "unsupported_media_type"
-
-
 class QueueFull(ApplianceError):
     """Every slot is busy and the wait queue is full: try again later."""
 
@@ -100,7 +96,7 @@ class ModelLoadError(ApplianceError):
 
 _BY_NAME = {cls.__name__: cls for cls in (
     ApplianceError, InvalidRequest, ContextOverflow, InvalidToken, Unauthorized, Forbidden, NotFound,
-    ModelNotFound, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType, QueueFull,
+    ModelNotFound, MethodNotAllowed, PayloadTooLarge, QueueFull,
     EngineUnavailable, EngineCrashed, EngineFailure, ModelLoadError)}
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,14 +23,12 @@ from appliance.engine.process import EngineClient
 from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
                               NotFound, PayloadTooLarge, QueueFull, Unauthorized)
 
-from . import openapi_apis
+from . import openapi_apis, origins
 from .metrics import Metrics
 
 log = logging.getLogger("appliance.web")
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
-# a page served from this machine on any port (a front-end's dev server): CORS allows it unlisted
-LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?")
 ALLOW_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version"
 
 
@@ -105,7 +102,12 @@ def _guard() -> Response | None:
         # DNS rebinding: a page on another origin resolving its name to 127.0.0.1
         if _host_name(request.host or "").lower() not in LOCAL_HOSTS:
             raise Forbidden(f"Host '{request.host}' is not allowed on a server bound to {cfg.host}")
-    if request.method == "OPTIONS" and _cors_origin(cfg) is not None:
+    origin = _origin()
+    if origin and not origins.allowed(origin, request.host or "", cfg.cors_origins):
+        # a page of another site (web/origins.py): refused whatever the method or content type
+        raise Forbidden(f"the Origin '{origin}' may not use this server: it serves pages of its own "
+                        "origin, of this machine and those --cors-origins (APPLIANCE_CORS_ORIGINS) lists")
+    if request.method == "OPTIONS" and origin:
         return Response(status=204)    # a preflight: _cors adds the Access-Control-Allow-* headers
     endpoint = request.endpoint or ""
     if cfg.api_key and not (endpoint == "static" or endpoint.startswith("ui.")):
@@ -130,19 +132,14 @@ def _count(resp: Response) -> Response:
     return resp
 
 
-def _cors_origin(cfg: ServerConfig) -> str | None:
-    """The request's Origin when CORS allows it: a page from this machine, or one --cors-origins
-    lists ("*": any)."""
-    origin = request.headers.get("Origin")
-    if not origin:
-        return None
-    listed = {o.strip() for o in cfg.cors_origins.split(",") if o.strip()}
-    return origin if LOCAL_ORIGIN.fullmatch(origin) or origin in listed or "*" in listed else None
+def _origin() -> str:
+    return request.headers.get("Origin", "").strip()
 
 
 def _cors(resp: Response) -> Response:
-    origin = _cors_origin(current_app.extensions["appliance"].config.server)
-    if origin is not None:
+    cfg: ServerConfig = current_app.extensions["appliance"].config.server
+    origin = _origin()
+    if origin and origins.allowed(origin, request.host or "", cfg.cors_origins):
         resp.headers["Access-Control-Allow-Origin"] = origin
         resp.headers["Vary"] = "Origin"
         # an allowed page may send what its SDK sends (x-stainless-*, anthropic-dangerous-...)

@@ -4,16 +4,18 @@ rest of the server serves: one validation (`wire.parse_chat`), one engine, the s
 cache, speculation, timings and limits.
 
 Request: `system` (a string or text blocks), `messages` with content as a string or blocks
-(`text`; `tool_use` and `tool_result` blocks, a result's `is_error` and text blocks; `thinking`
-blocks of earlier turns are accepted and not re-sent: templates drop earlier reasoning) and a
-`system` message anywhere in them (Claude Code's), `tools` with `input_schema` (tools of
-Anthropic's own types, which its service runs or its models know without a schema, are left out
-of the prompt), `tool_choice` (auto, any, tool, none; `disable_parallel_tool_use`),
-`stop_sequences`, `temperature`, `top_p`, `top_k`, `max_tokens` (required, and a ceiling: past
-the context's end the reply stops there), `thinking` (enabled, adaptive or disabled: the
-template's `enable_thinking`; the budget is not enforced), `output_config.effort` (the
-template's reasoning effort) and `.format` (a JSON schema: the same structured output),
-`context_management` edits that clear thinking, `metadata` (accepted). The reply is
+(`text`, `image`; `tool_use` and `tool_result` blocks, a result's `is_error`, text and image
+blocks; `thinking` blocks of earlier turns are the assistant message's `reasoning_content`, which
+templates that keep earlier reasoning render) and a `system` message anywhere in them (Claude
+Code's); an empty `messages` renders what there is (the system prompt), as llama-server does;
+`tools` with `input_schema` (tools of Anthropic's own types, which its service runs or its
+models know without a schema, are left out of the prompt), `tool_choice` (auto, any, tool,
+none; `disable_parallel_tool_use`), `stop_sequences`, `temperature`, `top_p`, `top_k`,
+`max_tokens` (required, and a ceiling: past the context's end the reply stops there),
+`thinking` (enabled, adaptive or disabled: the template's `enable_thinking`; the budget is not
+enforced), `output_config.effort` (the template's reasoning effort) and `.format` (a JSON
+schema: the same structured output), `context_management`'s clear_thinking edit (the thinking
+of all but the last `keep` turns left out), `metadata` (accepted). The reply is
 web/anthropic_writer.py's; errors have Anthropic's shape and status codes.
 """
 from __future__ import annotations
@@ -41,8 +43,8 @@ TOP_LEVEL = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequ
 THINKING_ON = ("enabled", "adaptive", "between_tools")
 ROLES = ("user", "assistant", "system")
 BILLING = "x-anthropic-billing-header:"
-# context_management edits that cannot change the answer here: templates drop earlier thinking
-HARMLESS_EDITS = ("clear_thinking_20251015",)
+# the context_management edits done here: thinking cleared from all but the last turns
+THINKING_EDITS = ("clear_thinking_20251015",)
 
 
 @bp.errorhandler(ApplianceError)
@@ -91,35 +93,52 @@ def _text_of(blocks: list[dict[str, Any]], where: str, each: Callable[[str], str
     return "".join(parts)
 
 
+def _part(b: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A text or image block as OpenAI's part (images as data: URIs: web/images.py reads them);
+    None for a block of another type."""
+    kind = b.get("type")
+    if kind == "text":
+        _need(isinstance(b.get("text"), str), f"{where}.text must be a string", f"{where}.text")
+        return {"type": "text", "text": b["text"]}
+    if kind == "image":
+        return images.image_url_part(_image_url(b.get("source"), f"{where}.source"))
+    return None
+
+
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """OpenAI's content for these parts: their text, or the parts themselves with a picture."""
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
 def _tool_result(b: dict[str, Any], where: str) -> dict[str, Any]:
+    """A tool's result as OpenAI's tool message: its text, and its pictures where they were
+    (a screenshot tool's), which reach a model that takes images as a user turn's do."""
     _need(isinstance(b.get("tool_use_id"), str), f"{where}.tool_use_id must be a string", f"{where}.tool_use_id")
-    content = b.get("content", "")
-    text = content if isinstance(content, str) else _text_of(_blocks(content, where), f"{where}.content")
-    if b.get("is_error"):
-        text = "Error: " + text
-    return {"role": "tool", "tool_call_id": b["tool_use_id"], "content": text}
+    parts = [{"type": "text", "text": "Error: "}] if b.get("is_error") else []
+    for k, block in enumerate(_blocks(b.get("content", ""), where)):
+        part = _part(block, f"{where}.content[{k}]")
+        _need(part is not None, f"{where}.content[{k}]: {block.get('type')!r} blocks are not supported in a "
+              "tool_result (text and image are)", f"{where}.content[{k}].type")
+        parts.append(part)
+    return {"role": "tool", "tool_call_id": b["tool_use_id"], "content": _content(parts)}
 
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """A user turn: its tool results first (as OpenAI's tool messages), then its text and images
-    (OpenAI's parts, images as data: URIs: web/images.py reads them)."""
+    """A user turn: its tool results first (as OpenAI's tool messages), then its text and images."""
     out, parts = [], []
     for i, b in enumerate(blocks):
-        kind = b.get("type")
-        if kind == "tool_result":
+        if b.get("type") == "tool_result":
             out.append(_tool_result(b, f"{where}.content[{i}]"))
-        elif kind == "text":
-            _need(isinstance(b.get("text"), str), f"{where}.content[{i}].text must be a string",
-                  f"{where}.content[{i}].text")
-            parts.append({"type": "text", "text": b["text"]})
-        elif kind == "image":
-            parts.append(images.image_url_part(_image_url(b.get("source"), f"{where}.content[{i}].source")))
-        else:
-            raise InvalidRequest(f"{where}.content[{i}]: {kind!r} blocks are not supported in a user turn "
+            continue
+        part = _part(b, f"{where}.content[{i}]")
+        if part is None:
+            raise InvalidRequest(f"{where}.content[{i}]: {b.get('type')!r} blocks are not supported in a user turn "
                                  "(text, image and tool_result are)", param=f"{where}.content[{i}].type")
+        parts.append(part)
     if parts or not out:
-        has_image = any(p["type"] == "image_url" for p in parts)
-        out.append({"role": "user", "content": parts if has_image else "".join(p["text"] for p in parts)})
+        out.append({"role": "user", "content": _content(parts)})
     return out
 
 
@@ -161,7 +180,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     msgs = body.get("messages")
-    _need(isinstance(msgs, list) and len(msgs) > 0, "'messages' must be a non-empty list", "messages")
+    _need(isinstance(msgs, list), "'messages' must be a list", "messages")
     out: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
@@ -175,6 +194,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"role": "system", "content": _text_of(blocks, f"{where}.content")})
         else:
             out += _user(blocks, where) if m["role"] == "user" else [_assistant(blocks, where)]
+    # no messages: the system prompt alone is rendered (a template that needs a user turn says so)
+    _need(bool(out), "'messages' is empty and there is no 'system': there is nothing to answer", "messages")
     return out
 
 
@@ -223,19 +244,37 @@ def _thinking(body: dict[str, Any], oai: dict[str, Any]) -> None:
         oai["chat_template_kwargs"] = kwargs
 
 
-def _context_management(body: dict[str, Any]) -> None:
-    """Edits that clear earlier thinking are accepted (templates drop earlier turns' thinking);
-    one that would clear tool results is refused by name: it would change the prompt."""
+def _context_management(body: dict[str, Any]) -> int | None:
+    """How many of the last turns' thinking the clear_thinking edit keeps (None: all, as without
+    the edit). An edit that would clear tool results is refused by name: it is not done here."""
     cm = body.get("context_management")
     if cm is None:
-        return
+        return None
     edits = cm.get("edits", []) if isinstance(cm, dict) else None
     _need(isinstance(edits, list), "'context_management' must be an object with a list of edits", "context_management")
+    keep = None
     for i, edit in enumerate(edits):
+        where = f"context_management.edits[{i}]"
         kind = edit.get("type") if isinstance(edit, dict) else None
-        _need(kind in HARMLESS_EDITS, f"context_management.edits[{i}]: {kind!r} edits are not supported by this "
-              f"server (it would change the prompt); {', '.join(HARMLESS_EDITS)} is accepted",
-              f"context_management.edits[{i}].type")
+        _need(kind in THINKING_EDITS, f"{where}: {kind!r} edits are not supported by this server; "
+              f"{', '.join(THINKING_EDITS)} is", f"{where}.type")
+        turns = edit.get("keep", {"type": "thinking_turns", "value": 1})   # Anthropic's default: the last
+        if turns == "all":
+            continue
+        n = turns.get("value") if isinstance(turns, dict) and turns.get("type") == "thinking_turns" else None
+        _need(isinstance(n, int) and not isinstance(n, bool) and n >= 0,
+              f"{where}.keep must be \"all\" or {{\"type\": \"thinking_turns\", \"value\": N}}", f"{where}.keep")
+        keep = n if keep is None else min(keep, n)
+    return keep
+
+
+def _clear_thinking(messages: list[dict[str, Any]], keep: int | None) -> None:
+    """The earlier assistant messages' thinking left out, but for the last `keep` that have some."""
+    if keep is None:
+        return
+    thinking = [m for m in messages if "reasoning_content" in m]
+    for m in thinking[:max(len(thinking) - keep, 0)]:
+        del m["reasoning_content"]
 
 
 def _output_format(body: dict[str, Any], oai: dict[str, Any]) -> None:
@@ -276,7 +315,7 @@ def to_openai(body: dict[str, Any], model: str, count_only: bool = False) -> dic
             oai["stream_options"] = {"include_usage": True}
     _tools(body, oai)
     _thinking(body, oai)
-    _context_management(body)
+    _clear_thinking(oai["messages"], _context_management(body))
     _output_format(body, oai)
     metadata = body.get("metadata")
     _need(metadata is None or isinstance(metadata, dict), "'metadata' must be an object", "metadata")

@@ -21,7 +21,7 @@ from . import serving
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-               415: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error"}
+               429: "rate_limit_error", 503: "overloaded_error"}
 def error_body(e: ApplianceError) -> dict[str, Any]:
     kind = ERROR_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": e.message}}

@@ -220,7 +220,7 @@ def compare_runs():
 
 @bp.post("/api/bench/estimate")
 def estimate():
-    body = parse_json_body(request.get_data(cache=False), request.content_type)
+    body = parse_json_body(request.get_data(cache=False))
     known = {p.name for p in ESTIMATE}
     if unknown := sorted(set(body) - known):
         raise InvalidRequest(f"unknown field {unknown[0]!r}: the estimate takes {', '.join(sorted(known))}",

@@ -84,7 +84,7 @@ def _store() -> ConversationStore:
 # -- checks --------------------------------------------------------------------------------------
 
 def _body(allowed: tuple[str, ...]) -> dict[str, Any]:
-    body = parse_json_body(request.get_data(cache=False), request.content_type)
+    body = parse_json_body(request.get_data(cache=False))
     _only(body, allowed, "")
     return body
 

@@ -149,7 +149,7 @@ def _post(summary: str, body: dict[str, Any], ok: dict[str, Any], stream: bool =
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": {"200": answer, **_errors(400, 401, 403, *([404] if stream else []), 413, 415, 500, 503)}}}
+        "responses": {"200": answer, **_errors(400, 401, 403, *([404] if stream else []), 413, 500, 503)}}}
 
 
 def _tokenizer(n_vocab: int) -> dict[str, Any]:

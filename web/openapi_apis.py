@@ -22,7 +22,7 @@ ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties"
               "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
 OLLAMA_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 SHAPES = {"openai": ERROR, "anthropic": ANTHROPIC_ERROR, "ollama": OLLAMA_ERROR}
-POST_ERRORS = (400, 401, 403, 404, 413, 415, 500, 503)
+POST_ERRORS = (400, 401, 403, 404, 413, 500, 503)
 GET_ERRORS = (400, 401, 403, 404, 500, 503)
 ANY: dict[str, Any] = {}                                  # a field read in more than one form
 OBJECT = {"type": "object"}

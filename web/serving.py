@@ -51,7 +51,7 @@ def read_body() -> dict[str, Any]:
     """The request's JSON object; refused while the server drains."""
     if state().draining:
         raise EngineUnavailable("the server is shutting down")
-    return wire.parse_json_body(request.get_data(cache=False), request.content_type)
+    return wire.parse_json_body(request.get_data(cache=False))
 
 
 def need(ok: bool, message: str, param: str) -> None:

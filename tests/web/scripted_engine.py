@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from appliance.config import Config, EngineConfig, ServerConfig
 from appliance.engine.prompts import PromptBuilder
 from appliance.engine.sched.scheduler import Scheduler
-from appliance.engine.types import Done, Request
+from appliance.engine.types import Done, Request, Tokenized
 from tests.engine.chat_templates import cases
 from tests.engine.gguf_fixtures import write_tiny
 from tests.engine.scripted_runner import ScriptedRunner
@@ -56,6 +56,7 @@ class ScriptedEngine:
         self.director = director or (lambda request: self.reply)
         self.events: queue.Queue = queue.Queue()
         self.turns: list[tuple[int, int]] = []   # each request's (prompt tokens, of them read from the cache)
+        self.prompts_seen: list[str] = []        # each request's prompt as the template rendered it
         self.sched = Scheduler(self.runner, EngineConfig(n_slots=1, n_ctx=n_ctx, prompt_cache=prompt_cache),
                                self._emit)
         self.lock = threading.Lock()   # one request at a time: the runner holds one script
@@ -70,6 +71,7 @@ class ScriptedEngine:
         thread runs it to its end, as the engine process does); one request at a time."""
         self.lock.acquire()
         try:
+            self.prompts_seen.append(self.prompts.prompt_ids(request)[1])
             prep = self.prompts.prepare(request)
             self.tokens = self.runner.say(self.director(request), len(prep.ids))
             stream = _Aborting(request.id, self.sched)
@@ -80,6 +82,11 @@ class ScriptedEngine:
             raise
         threading.Thread(target=self._run, daemon=True).start()
         return stream
+
+    def render_prompt(self, request: Request) -> Tokenized:
+        """The prompt `request` would be given, as the engine loop answers RenderPrompt."""
+        ids, text = self.prompts.prompt_ids(request)
+        return Tokenized(request.id, tuple(ids), text=text)
 
     def _emit(self, ev) -> None:
         if isinstance(ev, Done):     # before the stream ends: a test reads these once it has

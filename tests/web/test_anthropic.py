@@ -60,6 +60,47 @@ def test_tool_use_and_tool_results_round_trip_as_openai_tool_messages():
     assert out["tool_choice"] == "required" and out["parallel_tool_calls"] is False
 
 
+def test_an_empty_messages_list_renders_the_system_prompt_alone():
+    """As llama-server does (its convert_anthropic_to_oai): the template gets what there is."""
+    assert oai(system="Be brief.", messages=[])["messages"] == [{"role": "system", "content": "Be brief."}]
+    assert refused(messages=[]).param == "messages"       # and without a system prompt, nothing to answer
+
+
+PNG = "iVBORw0KGgo="
+
+
+def test_a_tool_results_images_stay_in_its_tool_message():
+    """A screenshot tool's result: its text and pictures in order, as OpenAI's parts (wire.py
+    reads them as a user turn's, so a model without images refuses them the same way)."""
+    result = {"type": "tool_result", "tool_use_id": "tu_1", "content": [
+        {"type": "text", "text": "the page:"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}
+    tool = oai(messages=[{"role": "user", "content": [result]}])["messages"][0]
+    assert tool == {"role": "tool", "tool_call_id": "tu_1", "content": [
+        {"type": "text", "text": "the page:"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}
+    failed = oai(messages=[{"role": "user", "content": [{**result, "is_error": True}]}])["messages"][0]
+    assert failed["content"][0] == {"type": "text", "text": "Error: "} and len(failed["content"]) == 3
+
+
+def test_earlier_thinking_is_the_assistants_reasoning_and_clear_thinking_keeps_the_last():
+    turn = [{"role": "user", "content": "go"}]
+    for n in (1, 2, 3):
+        turn += [{"role": "assistant", "content": [{"type": "thinking", "thinking": f"t{n}", "signature": ""},
+                                                   {"type": "text", "text": f"a{n}"}]},
+                 {"role": "user", "content": "more"}]
+
+    def kept(**body):
+        return [m.get("reasoning_content") for m in oai(messages=turn, **body)["messages"] if m["role"] == "assistant"]
+
+    assert kept() == ["t1", "t2", "t3"]                  # all of it: the template keeps what it keeps
+    edit = {"type": "clear_thinking_20251015"}
+    assert kept(context_management={"edits": [edit]}) == [None, None, "t3"]     # Anthropic's default: 1
+    assert kept(context_management={"edits": [{**edit, "keep": {"type": "thinking_turns", "value": 2}}]}) == \
+        [None, "t2", "t3"]
+    assert kept(context_management={"edits": [{**edit, "keep": "all"}]}) == ["t1", "t2", "t3"]
+
+
 @pytest.mark.parametrize("choice,expected", [({"type": "auto"}, "auto"), ({"type": "none"}, "none"),
                                              ({"type": "tool", "name": "f"}, {"type": "function", "function": {"name": "f"}})])
 def test_tool_choice(choice, expected):
@@ -114,6 +155,12 @@ def test_thinking_maps_to_the_templates_switch():
     (dict(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]), "messages[0].content[0].type"),
     (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].source"),
     (dict(messages=[{"role": "user", "content": [{"type": "tool_result"}]}]), "messages[0].content[0].tool_use_id"),
+    (dict(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "document", "source": {}}]}]}]), "messages[0].content[0].content[0].type"),
+    (dict(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "image", "source": {"type": "file"}}]}]}]), "messages[0].content[0].content[0].source"),
+    (dict(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": 1}]}),
+     "context_management.edits[0].keep"),
     (dict(stop_sequences="END"), "stop_sequences"), (dict(tool_choice={"type": "some"}), "tool_choice"),
     (dict(tools=[{"name": "f"}]), "tools[0]"), (dict(thinking={"type": "on"}), "thinking"),
     (dict(logit_bias={}), "logit_bias"),

@@ -217,8 +217,8 @@ HI = [{"role": "user", "content": "hi"}]
 BAD_INPUT = {  # API-CONTRACT.md's list: each a clean 4xx in OpenAI's shape
     "malformed JSON": ("/v1/chat/completions", dict(data=b"{not json", headers=JSON), 400),
     "invalid UTF-8": ("/v1/chat/completions", dict(data=b"\xff\xfe", headers=JSON), 400),
-    "wrong content type": ("/v1/chat/completions", dict(data=b'{"messages": []}',
-                                                        headers={"Content-Type": "text/plain"}), 415),
+    "a form, not JSON": ("/v1/chat/completions", dict(data=b"messages=hi", headers={
+        "Content-Type": "application/x-www-form-urlencoded"}), 400),
     "non-object body": ("/v1/chat/completions", dict(json=[1, 2]), 400),
     "missing messages": ("/v1/chat/completions", dict(json={"max_tokens": 3}), 400),
     "empty messages": ("/v1/chat/completions", dict(json={"messages": []}), 400),

@@ -202,7 +202,7 @@ def test_estimate_refuses_bad_input(client, body, param):
 
 
 def test_estimate_refuses_a_body_that_is_not_json(client):
-    assert client.post("/api/bench/estimate", data="x", content_type="text/plain").status_code == 415
+    assert client.post("/api/bench/estimate", data="x", content_type="text/plain").status_code == 400
     assert client.post("/api/bench/estimate", data="[1]", content_type="application/json").status_code == 400
 
 

@@ -46,7 +46,7 @@ def groups_of(rows: dict[str, set[str]], field: str) -> list[str]:
 def test_every_sdk_field_is_in_one_group(api, sdk_fields):
     rows = tables()[api]
     misplaced = {f: groups_of(rows, f) for f in sdk_fields if len(groups_of(rows, f)) != 1}
-    # context_management is accepted for its thinking edits and refused for the others
+    # context_management is built for its thinking edits and refused for the others
     misplaced.pop("context_management", None) if api == "Anthropic Messages" else None
     assert not misplaced, f"{api}: fields in no group or in several: {misplaced}"
 

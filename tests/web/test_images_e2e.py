@@ -165,6 +165,23 @@ def test_anthropic_image_block(server):
     assert counted.json()["input_tokens"] == r.json()["usage"]["input_tokens"]
 
 
+def test_anthropic_image_in_a_tool_result(server):
+    """A screenshot tool's picture reaches the model as a user turn's does, and is counted."""
+    def turn(result):
+        return {"model": "x", "max_tokens": 8, "temperature": 0, "messages": [
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "tu_1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": result}]}]}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(picture(seed=1))}}
+    with_picture = turn([{"type": "text", "text": "the screen:"}, image])
+    r = requests.post(server.url + "/v1/messages", json=with_picture, timeout=60)
+    assert r.status_code == 200, r.text
+    text = requests.post(server.url + "/v1/messages", json=turn("the screen:"), timeout=60).json()
+    assert r.json()["usage"]["input_tokens"] == text["usage"]["input_tokens"] + N_IMAGE_TOKENS
+    counted = requests.post(server.url + "/v1/messages/count_tokens", json=with_picture, timeout=60)
+    assert counted.json()["input_tokens"] == r.json()["usage"]["input_tokens"]
+
+
 def test_responses_input_image(server):
     body = {"model": "x", "max_output_tokens": 8, "temperature": 0, "input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": data_uri(picture(seed=1))},

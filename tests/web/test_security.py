@@ -2,7 +2,8 @@
 /health, which tells a monitor without it the status only (constant-time compare), and no data
 (conversations, host report, results) is read or changed without it; a server without a key on
 a network address says so loudly at start and in /health; CORS answers
-pages served from this machine and listed origins, preflights without the key; the Host check
+pages served from this machine and listed origins, preflights without the key, and any other
+Origin is a 403 (web/origins.py); the Host check
 holds on every loopback address bound. The server also binds both loopbacks (where this host
 has ::1) and runs a built-in chat template; the first tests need no server (Flask's client)."""
 from __future__ import annotations
@@ -152,9 +153,11 @@ def test_a_server_without_a_key_on_a_network_address_says_so(host, key, exposed,
 
 @pytest.mark.parametrize("origin,allowed", [
     ("http://localhost:5173", True), ("http://127.0.0.1:3000", True), ("https://[::1]:8443", True),
-    ("http://localhost", True), ("http://allowed.example", True),
+    ("http://localhost", True), ("http://0.0.0.0:8080", True), ("http://allowed.example", True),
+    ("app://obsidian.md", True), ("tauri://localhost", True), ("file://", True),
+    ("chrome-extension://abcdef", True), ("vscode-webview://x", True),   # Ollama's defaults
     ("http://evil.example", False), ("http://localhost.evil.example", False), ("http://127.0.0.1.nip.io", False),
-    ("file://", False), ("null", False),
+    ("null", False), ("http://localhost:5173.evil.example", False),
 ])
 def test_cors_allows_pages_from_this_machine_and_listed_origins(origin, allowed):
     client = app_client()
@@ -166,14 +169,38 @@ def test_cors_allows_pages_from_this_machine_and_listed_origins(origin, allowed)
         assert pre.status_code == 204 and pre.headers["Access-Control-Allow-Origin"] == origin
         assert pre.headers["Access-Control-Allow-Headers"] == "authorization, content-type, x-stainless-os"
         assert got.headers["Access-Control-Allow-Origin"] == origin
-    else:
-        assert pre.status_code == 401 and "Access-Control-Allow-Origin" not in pre.headers
-        assert got.status_code == 200 and "Access-Control-Allow-Origin" not in got.headers
+    else:          # refused outright, with or without the key (web/origins.py)
+        for r in (pre, got):
+            assert r.status_code == 403 and "Access-Control-Allow-Origin" not in r.headers
+            assert r.get_json()["error"]["type"] == "permission_error" and origin in r.get_json()["error"]["message"]
 
 
-def test_a_star_allows_any_origin():
-    r = app_client(cors_origins="*").get("/v1/models", headers={**AUTH, "Origin": "http://anywhere.example"})
-    assert r.headers["Access-Control-Allow-Origin"] == "http://anywhere.example"
+@pytest.mark.parametrize("listed,origin,allowed", [
+    ("*", "http://anywhere.example", True), ("https://*.example.com", "https://chat.example.com", True),
+    ("https://*.example.com", "https://example.org", False), ("HTTP://Allowed.Example/", "http://allowed.example", True),
+    ("", "http://allowed.example", False)])
+def test_cors_origins_lists_origins_a_star_and_patterns(listed, origin, allowed):
+    r = app_client(cors_origins=listed).get("/v1/models", headers={**AUTH, "Origin": origin})
+    assert r.status_code == (200 if allowed else 403)
+    assert r.headers.get("Access-Control-Allow-Origin") == (origin if allowed else None)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1,::1", "0.0.0.0"])
+def test_a_page_of_the_servers_own_origin_is_allowed_under_any_name_the_host_check_allows(host):
+    """The chat page posts with its own origin, http(s):// + the Host it was loaded from; a
+    rebound name (evil.example resolving to 127.0.0.1) is refused by the Host check first on a
+    loopback server."""
+    client = app_client(host=host, cors_origins="")
+    for name in ("localhost:8080", "127.0.0.1:8080"):
+        for scheme in ("http", "https"):
+            r = client.get("/v1/models", headers={**AUTH, "Host": name, "Origin": f"{scheme}://{name}"})
+            assert r.status_code == 200
+    lan = client.get("/v1/models", headers={**AUTH, "Host": "192.168.1.5:8080", "Origin": "http://192.168.1.5:8080"})
+    assert lan.status_code == (200 if host == "0.0.0.0" else 403)   # a LAN name: only where it is bound
+    rebound = client.get("/v1/models", headers={**AUTH, "Host": "evil.example:8080", "Origin": "http://evil.example:8080"})
+    assert rebound.status_code == (403 if host != "0.0.0.0" else 200)
+    other = client.get("/v1/models", headers={**AUTH, "Host": "192.168.1.5:8080", "Origin": "http://evil.example"})
+    assert other.status_code == 403
 
 
 @pytest.mark.parametrize("host,checked", [("127.0.0.1,::1", True), ("localhost", True), ("0.0.0.0", False),
@@ -243,7 +270,7 @@ def test_cors_for_local_pages_and_listed_origins(server):
         assert "Authorization" in pre.headers["Access-Control-Allow-Headers"]
     other = requests.options(server.url + "/v1/chat/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
-    assert "Access-Control-Allow-Origin" not in other.headers
+    assert other.status_code == 403 and "Access-Control-Allow-Origin" not in other.headers
 
 
 @pytest.mark.skipif(not IPV6, reason="this host has no IPv6 loopback")
