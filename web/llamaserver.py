@@ -29,7 +29,7 @@ from flask import Blueprint, jsonify, request
 from appliance import __version__
 from appliance.engine.chat import CHATML
 from appliance.engine.process import EngineClient
-from appliance.engine.types import Constraint, Delta, Done, Request, SamplingParams, TokenLogprob, TopLogprob
+from appliance.engine.types import Constraint, Delta, Done, Progress, Request, SamplingParams, TokenLogprob, TopLogprob
 from appliance.errors import ApplianceError
 
 from . import api, openai_chat, openai_responses, responses, serving
@@ -46,6 +46,7 @@ DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # 
 RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request
 PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "repeat_last_n", "presence_penalty",
           "frequency_penalty", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "stream", "keep_alive",
+          "return_progress",
           "samplers", "dry_sequence_breakers", *(p.name for p in SAMPLERS))
 # llama-server's options that change the output and that this engine does not have: (neutral, what)
 UNSUPPORTED = {"post_sampling_probs": (False, "post-sampling probabilities"),
@@ -258,6 +259,11 @@ class CompletionWriter:
 
     def start(self) -> bytes:
         return b""
+
+    def progress(self, ev: Progress) -> bytes:
+        """llama-server's progress object (without the token id 0 its own carries)."""
+        return _data({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": 0,
+                      "tokens_evaluated": ev.total, "prompt_progress": responses.progress_dict(ev)})
 
     def delta(self, ev: Delta) -> bytes:
         if not self.reply.generated:

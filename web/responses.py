@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from appliance.engine.types import Delta, Done, TokenLogprob, ToolCall
+from appliance.engine.types import Delta, Done, Progress, TokenLogprob, ToolCall
 from appliance.errors import ApplianceError
 
 from .wire import ParsedRequest
@@ -83,6 +83,11 @@ def completion_response(p: ParsedRequest, deltas: list[Delta], done: Done, finge
     return _response(p, deltas, done, fingerprint, chat=False)
 
 
+def progress_dict(ev: Progress) -> dict[str, Any]:
+    """llama-server's prompt_progress object."""
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": round(ev.time_ms, 3)}
+
+
 class ChunkWriter:
     """Builds the SSE chunks of one streamed response, chat or completion."""
 
@@ -135,6 +140,10 @@ class ChunkWriter:
                 _completion_logprobs(entries, self._offsets.get(ev.index, 0))
             self._offsets[ev.index] = self._offsets.get(ev.index, 0) + sum(len(e.token) for e in entries)
         return b"".join(self._chunk(c) for c in choices)
+
+    def progress(self, ev: Progress) -> bytes:
+        """llama-server's prompt_progress chunk: no text, the prompt's figures beside the choice."""
+        return self._chunk(self._choice(None if self.chat else "", None), prompt_progress=progress_dict(ev))
 
     @staticmethod
     def _delta_choice(index: int, delta: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from flask import Response, current_app, g, jsonify, request, stream_with_contex
 
 from appliance.engine.pool import ModelPool
 from appliance.engine.process import EngineClient, RequestStream
-from appliance.engine.types import Accepted, Delta, Done, Event, Request, Tokenized
+from appliance.engine.types import Accepted, Delta, Done, Event, Progress, Request, Tokenized
 from appliance.errors import ApplianceError, EngineFailure, EngineUnavailable, InvalidRequest
 
 from . import wire
@@ -284,6 +284,9 @@ def stream(sub: Submitted, writer: StreamWriter, tally: Tally, keepalive: float)
             if ev is IDLE:
                 yield from _written(writer.idle())
                 continue
+            if isinstance(ev, Progress):   # the prompt is still being processed: keep-alives go on
+                yield from _written(_progress(writer, ev))
+                continue
             waiting = False
             chunks, ended = _ready(sub, writer, tally, ev)
             yield from _written(b"".join(chunks))
@@ -310,12 +313,20 @@ def _ready(sub: Submitted, writer: StreamWriter, tally: Tally, ev: Event) -> tup
             tally.done(ev)
             chunks.append(writer.end(ev))
             return chunks, True
+        elif isinstance(ev, Progress):
+            chunks.append(_progress(writer, ev))
         try:
             ev = sub.stream.get_nowait()
         except ApplianceError as e:
             chunks.append(writer.error(e))
             return chunks, True
     return chunks, False
+
+
+def _progress(writer: StreamWriter, ev: Progress) -> bytes:
+    # only OpenAI's and llama-server's bodies can ask for progress; another dialect's writer has none
+    progress = getattr(writer, "progress", None)
+    return progress(ev) if progress is not None else b""
 
 
 def _written(chunk: bytes) -> Iterator[bytes]:

@@ -339,6 +339,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                   template_kwargs=tuple(sorted(kwargs.items())), constraint=constraint, tools=tools,
                   tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
+                  return_progress=t["return_progress"].read(body),
                   speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found),
                   reasoning_format=reasoning_format(body))
     return ParsedRequest(req, stream, include_usage, model)
@@ -368,6 +369,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
+                  return_progress=t["return_progress"].read(body),
                   speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found))
     return ParsedRequest(req, stream, include_usage, model)
 

@@ -150,6 +150,7 @@ class Request:
     n: int = 1                      # choices: parallel sequences sharing the prompt's one prefill
     reasoning_format: str | None = None   # none | deepseek | auto (llama-server's); None: the server's
     images: tuple[ImageInput, ...] = ()
+    return_progress: bool = False   # a Progress event before and after each prompt chunk (llama-server's)
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,17 @@ class Accepted:
     request_id: str
     n_prompt_tokens: int
     n_cached: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a request's prompt is processed (llama-server's prompt_progress), when it asked:
+    once as its prefill starts, then after each chunk; `processed` counts the cached positions."""
+    request_id: str
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
 
 
 @dataclass(frozen=True)
@@ -327,4 +339,4 @@ class Embedded:
         return [self.floats(start + j) for j in range(self.n_tokens[i])]
 
 
-Event = Accepted | Delta | Done | Error | Tokenized | Embedded
+Event = Accepted | Progress | Delta | Done | Error | Tokenized | Embedded

@@ -6,7 +6,7 @@ import pytest
 
 from appliance.config import EngineConfig
 from appliance.engine.sched.scheduler import Scheduler
-from appliance.engine.types import Accepted, Delta, Done, Error, Request, SamplingParams
+from appliance.engine.types import Accepted, Delta, Done, Error, Progress, Request, SamplingParams
 
 from .fake_runner import EOG, FakeRunner
 
@@ -92,6 +92,21 @@ def test_long_prompt_is_chunked_on_a_fixed_grid_and_never_stalls_decode():
         chunks += [(s.start_pos, len(s.tokens)) for s in call if s.slot == 1]
         assert len(of(events, "a", Delta)) == n_before + 1, "a decodes one token every step"
     assert chunks == [(0, 256), (256, 256), (512, 188)]
+
+
+def test_return_progress_reports_the_prefill_chunk_by_chunk_before_the_first_token():
+    sched, _, events = make(n_slots=1, prefill_chunk=256, step_token_budget=256)
+    prompt = [i % 50 for i in range(700)]
+    sched.submit(Request(id="p", params=GREEDY, prompt="x", return_progress=True), prompt)
+    sched.submit(req("q", max_tokens=2), [1, 2, 3])    # not asked: no progress
+    run(sched)
+    got = of(events, "p", Progress)
+    assert [(e.total, e.cache, e.processed) for e in got] == [(700, 0, 0), (700, 0, 256), (700, 0, 512),
+                                                              (700, 0, 700)]
+    assert got[0].time_ms == 0.0 and got[-1].time_ms >= got[1].time_ms > 0.0
+    order = [type(e) for e in of(events, "p")]
+    assert order.index(Delta) > max(i for i, t in enumerate(order) if t is Progress)
+    assert not of(events, "q", Progress)
 
 
 def test_chunk_grid_is_absolute_whatever_else_runs():

@@ -33,7 +33,7 @@ def post(server, path: str, body: dict, status: int = 200) -> dict:
 def streamed(server, path: str, body: dict) -> list[dict]:
     with requests.post(server.url + path, json={**body, "stream": True}, stream=True, timeout=120) as r:
         assert r.status_code == 200, r.text
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: {")]
 
 
 def test_completion_streamed_and_not_is_the_v1_completion(server):
@@ -164,3 +164,25 @@ def test_infill_lays_out_the_prompt_with_the_models_fim_tokens(fim_server):
     ids = post(fim_server, "/tokenize", {"content": got["prompt"]})["tokens"]
     assert got["tokens_evaluated"] == len(ids) and ids[-1] == FIM["fim_mid"]
     assert "".join(c["content"] for c in streamed(fim_server, "/infill", body)) == got["content"]
+
+
+def test_return_progress_streams_the_prompts_processing_before_the_reply(server):
+    """llama-server's prompt_progress: a chunk as the prefill starts and one after each prompt
+    chunk, `processed` rising to `total`, all before the first token; on /completion and on the
+    OpenAI chat stream alike, the reply the same as without them."""
+    body = {"prompt": "one two three four five six " * 100, "n_predict": 4, "cache_prompt": False, **GREEDY}
+    plain = streamed(server, "/completion", body)
+    chunks = streamed(server, "/completion", {**body, "return_progress": True})
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    first_text = next(i for i, c in enumerate(chunks) if c.get("content"))
+    assert len(progress) >= 3 and all("prompt_progress" not in c for c in chunks[first_text:])
+    assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
+    assert progress[0]["processed"] == progress[0]["cache"] == 0 and progress[-1]["processed"] == progress[-1]["total"]
+    assert progress[-1]["total"] == chunks[-1]["tokens_evaluated"] and progress[-1]["time_ms"] > 0
+    assert "".join(c["content"] for c in chunks) == "".join(c["content"] for c in plain)
+    chat = streamed(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": body["prompt"]}],
+                                                     "max_tokens": 4, "return_progress": True, "cache_prompt": False,
+                                                     **GREEDY})
+    marks = [c for c in chat if "prompt_progress" in c]
+    assert len(marks) >= 3 and marks[-1]["prompt_progress"]["processed"] == marks[-1]["prompt_progress"]["total"]
+    assert all(c["object"] == "chat.completion.chunk" and c["choices"][0]["delta"] == {} for c in marks)

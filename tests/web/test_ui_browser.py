@@ -199,6 +199,23 @@ def test_context_meter_warns_and_phone_width_hides_the_list(server):
         assert not page.console, page.console
 
 
+def test_a_long_prompt_shows_its_reading_progress_until_the_reply_begins(server):
+    """The page asks for llama-server's prompt_progress: while a long prompt is read, a bar over
+    the reply says how many of its tokens are done; it goes when the reply begins."""
+    with browser_page(server, "chat-progress") as page:
+        page.goto(server.url + "/")
+        greedy(page, max_tokens=4)
+        page.evaluate("""() => { window.seenBars = [];
+            new MutationObserver(() => document.querySelectorAll('.prefill span').forEach(
+                (s) => window.seenBars.push(s.textContent))).observe(document.body, {subtree: true, childList: true,
+                                                                                    characterData: true}); }""")
+        ask(page, "Summarise this list: " + "apples, pears, plums, cherries, " * 150)
+        seen = page.evaluate("window.seenBars")
+        assert seen and all(t.startswith("reading the prompt · ") for t in seen), seen
+        assert not page.locator(".prefill").count()          # gone once the reply came
+        assert not page.console, page.console
+
+
 @pytest.mark.parametrize("path", ["/", "/host", "/bench"])
 def test_every_page_loads_only_from_the_appliance(server, path):
     """Offline: no CDN, no font or script from anywhere else; and no request fails."""

@@ -58,7 +58,7 @@ from ..output.request_output import RequestOutput
 from ..runners.base import ModelRunner, Span
 from ..spec import Speculator
 from ..stats import EngineStats
-from ..types import Accepted, Done, Error, Event, Request
+from ..types import Accepted, Done, Error, Event, Progress, Request
 from .kv_pool import SharedPool, need
 from .request_state import Active, Choices
 from .step_plan import StepPlan, plan_step
@@ -206,7 +206,9 @@ class Scheduler:
         plan = self._plan()
         if not plan.spans:
             return None
-        for act in plan.owners:
+        for act, dec in zip(plan.owners, plan.decoding):
+            if not act.t_prefill and not dec and act.req.return_progress:
+                self._progress(act, t0)   # its prefill starts: what the cache gave
             act.t_prefill = act.t_prefill or t0
         t_fwd = time.perf_counter()
         logits = self.runner.forward(plan.spans)
@@ -218,6 +220,8 @@ class Scheduler:
                 self._take_rows(act, span, rows)
             else:
                 act.n_past += len(span.tokens)
+                if act.req.return_progress:
+                    self._progress(act, time.perf_counter())
                 if span.n_logits:
                     followers = self._followers(act)
                     row = rows[-1] if not followers else np.array(rows[-1], copy=True)  # copies run between
@@ -233,6 +237,10 @@ class Scheduler:
             if reason is not None:
                 self._finish(act, reason)
         return plan
+
+    def _progress(self, act: Active, now: float) -> None:
+        self.emit(Progress(act.req.id, len(act.prompt), act.cached, act.n_past,
+                           1000.0 * (now - act.t_prefill) if act.t_prefill else 0.0))
 
     def _account(self, plan: StepPlan, ms: float) -> None:
         for act, dec in zip(plan.owners, plan.decoding):

@@ -166,6 +166,16 @@
       r.querySelector("summary").textContent = (final ? "Reasoning" : "Thinking…") + ` · ${fmt.int(m.reasoning_content.length)} characters`;
       r.querySelector(".rtext").textContent = m.reasoning_content;
     }
+    let bar = node.querySelector(".prefill");
+    const reading = !final && m.progress && !m.content && !m.reasoning_content && !(m.tool_calls || []).length;
+    if (reading) {   // the prompt is still being read (minutes at depth on a small machine)
+      const p = m.progress, todo = Math.max(1, p.total - p.cache), done = p.processed - p.cache;
+      if (!bar) { bar = el("div", { class: "prefill" }, el("progress"), el("span", { class: "muted" })); node.prepend(bar); }
+      bar.querySelector("progress").max = todo;
+      bar.querySelector("progress").value = done;
+      bar.querySelector("span").textContent = `reading the prompt · ${fmt.int(done)} of ${fmt.int(todo)} tokens` +
+        (p.cache ? ` (${fmt.int(p.cache)} cached)` : "");
+    } else if (bar) bar.remove();
     let c = node.querySelector(".content");
     if (!c) { c = el("div", { class: "content" }); node.append(c); }
     Markdown.render(c, m.content || "", final);
@@ -249,7 +259,7 @@
       if (m.tool_call_id) out.tool_call_id = m.tool_call_id;
       messages.push(out);
     }
-    const body = { messages, stream: true, stream_options: { include_usage: true },
+    const body = { messages, stream: true, stream_options: { include_usage: true }, return_progress: true,
                    temperature: s.temperature, top_p: s.top_p, max_tokens: s.max_tokens };
     const model = s.model || (App.health() && App.health().model);
     if (model) body.model = model;
@@ -275,6 +285,7 @@
     }
     if (choice && choice.finish_reason) m.finish_reason = choice.finish_reason;
     if (chunk.timings) m.timings = chunk.timings;
+    if (chunk.prompt_progress) m.progress = chunk.prompt_progress;
   }
 
   // Stream a reply into conv.messages[at] (a new one, or the one being continued) and store it.
