@@ -33,6 +33,7 @@ from appliance.engine.types import Constraint, Delta, Done, Request, SamplingPar
 from appliance.errors import ApplianceError
 
 from . import api, openai_chat, openai_responses, responses, serving
+from .http_errors import error_response
 from .infill import infill_ids
 from .serving import need
 from .params import MAX_TOP_LOGPROBS, N_CTX, Param
@@ -41,6 +42,13 @@ from .sampling import LogitBias
 Tokenize = Callable[[list[str]], list[list[int]]]
 
 bp = Blueprint("llamaserver", __name__)
+
+
+@bp.errorhandler(ApplianceError)
+def _llama_error(e: ApplianceError):
+    """OpenAI's error body with llama-server's type where it has its own (a prompt over the
+    context: exceed_context_size_error, which its clients match); OpenAI's routes keep theirs."""
+    return error_response(e, llama=True)
 
 DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # llama-server's, for /completion
 RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request

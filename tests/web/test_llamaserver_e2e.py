@@ -123,6 +123,7 @@ def test_bad_input_and_an_overlong_prompt_are_400s_before_any_stream_byte(server
         assert post(server, "/completion", body, status=400)["error"]["param"] == param
     r = requests.post(server.url + "/completion", json={"prompt": "word " * (N_CTX + 10), "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["n_ctx"] == N_CTX
+    assert r.json()["error"]["type"] == "exceed_context_size_error"     # llama-server's, on its routes
 
 
 def test_embeddings_without_an_embedding_model_are_refused_in_words(server):

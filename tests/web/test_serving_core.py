@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.config import Config, ServerConfig
 from appliance.engine.types import Accepted, Delta, Done, Error, Timings, Usage
-from appliance.errors import from_wire
+from appliance.errors import ContextOverflow, from_wire
 from tests.engine.fake_runner import FakeRunner
 from web import create_app
 
@@ -53,6 +53,7 @@ class Engine:
 
     def __init__(self) -> None:
         self.fail = False
+        self.refuse: Exception | None = None     # an error the engine answers a request with at once
         self.n = 0
 
     def new_id(self, prefix: str) -> str:
@@ -61,6 +62,8 @@ class Engine:
 
     def submit(self, request):
         rid = request.id
+        if self.refuse is not None:
+            return Stream(rid, [Error(rid, *self.refuse.to_wire())])
         deltas = [Delta(rid, w, (i + 1,)) for i, w in enumerate(WORDS)]
         tail = ([Error(rid, "EngineFailure", "the engine process died", {})] if self.fail else
                 [Done(rid, "stop", Usage(7, len(WORDS)), Timings(7, 0, 5.0, 2, 4.0, 2.0, 1),
@@ -166,6 +169,23 @@ def test_an_engine_error_mid_stream_ends_each_dialects_stream_in_its_shape(app, 
     assert resp.status_code == 200 and "Hello" in text      # the status line went out with the first token
     assert says_error(text), text
     assert counted(app)["appliance_time_to_first_token_seconds_count"] == 1
+
+
+@pytest.mark.parametrize("path,body,kind", [
+    ("/v1/completions", {"model": MODEL, "prompt": "hi"}, "invalid_request_error"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER}, "invalid_request_error"),
+    ("/completion", {"prompt": "hi"}, "exceed_context_size_error"),
+    ("/completions", {"prompt": "hi"}, "exceed_context_size_error"),
+    ("/chat/completions", {"messages": USER}, "exceed_context_size_error")])
+def test_a_prompt_over_the_context_has_each_apis_error_type(app, path, body, kind):
+    """llama-server's routes answer its type (its clients match it), OpenAI's their own; the
+    counts are the same in both."""
+    app.extensions["appliance"].pool.engine.refuse = ContextOverflow("too long", n_prompt_tokens=9, n_ctx=8)
+    for stream in (False, True):
+        r = app.test_client().post(path, json={**body, "stream": stream})
+        err = r.get_json()["error"]
+        assert r.status_code == 400 and err["type"] == kind, err
+        assert (err["code"], err["n_prompt_tokens"], err["n_ctx"]) == ("context_length_exceeded", 9, 8)
 
 
 class _Writer:
