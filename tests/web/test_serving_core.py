@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from appliance.config import Config, ServerConfig
 from appliance.engine.types import Accepted, Delta, Done, Error, Timings, Usage
 from appliance.errors import ContextOverflow, from_wire
+from appliance.library.catalog import ModelSpec
 from tests.engine.fake_runner import FakeRunner
 from web import create_app
 
@@ -91,6 +93,9 @@ class Pool:
 
     def client(self, name=None):
         return self.engine
+
+    def spec(self, name):
+        return ModelSpec(name, Path(name + ".gguf"), "file")
 
     def state_of(self, name):
         return "loaded"
