@@ -16,6 +16,7 @@ from appliance import __version__
 
 from . import params
 from .params import Param
+from .prompts import MAX_PROMPTS
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +197,10 @@ def _generation(model: str, n_ctx: int) -> tuple[dict[str, Any], dict[str, Any]]
         "chat_template_kwargs": _nullable({"type": "object"}),
         "tools": _nullable({"type": "array", "items": TOOL}), "tool_choice": TOOL_CHOICE,
     }}
-    prompt = {"oneOf": [{"type": "string"},
-                        {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-                        {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}}]}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+    # a list of prompts (strings or token-id lists) is a batch: a choice per prompt (prompts.py)
+    prompt = {"oneOf": [{"type": "string"}, ids, {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+                                                   "items": {"oneOf": [{"type": "string"}, ids]}}]}
     completion_body = {"type": "object", "required": ["prompt"], "properties": {
         **_scalars(params.COMPLETION, n_ctx), **_structured(model), "prompt": prompt}}
     return chat_body, completion_body

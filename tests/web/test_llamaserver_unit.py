@@ -102,16 +102,18 @@ def test_neutral_values_of_unsupported_options_are_accepted():
     assert request({"mirostat": 0, "typical_p": 1.0, "logit_bias": [], "n_cmpl": 1}).params.temperature == 0.8
 
 
-@pytest.mark.parametrize("value,prompt", [
-    ("hi", "hi"), ([1, 2], [1, 2]), ([5, "a", 6], [5, "a", 6]), (["hi"], "hi"), ([[1, 2]], [1, 2]),
-    ({"prompt_string": "x"}, {"prompt_string": "x"})])   # multimodal: wire.py reads it
-def test_prompt_shapes(value, prompt):
-    assert ls.read_prompt(value) == prompt
+@pytest.mark.parametrize("value,prompts", [
+    ("hi", ["hi"]), ([1, 2], [[1, 2]]), ([5, "a", 6], [[5, "a", 6]]), (["hi"], ["hi"]), ([[1, 2]], [[1, 2]]),
+    ({"prompt_string": "x"}, [{"prompt_string": "x"}]),     # multimodal: prompts.py reads it
+    (["a", [1, "b"], [2]], ["a", [1, "b"], [2]])])            # no number in the list: a prompt each
+def test_prompt_shapes(value, prompts):
+    assert ls.read_prompts(value) == prompts
 
 
-@pytest.mark.parametrize("value", [None, [], ["a", "b"], [True], [1.5]])
-def test_bad_prompts_are_refused(value):
-    refused("prompt", ls.read_prompt, value)
+@pytest.mark.parametrize("value,param", [(None, "prompt"), ([], "prompt"), ([True], "prompt"), ([1.5], "prompt"),
+                                         (["a", []], "prompt[1]"), (["a", [True]], "prompt[1]")])
+def test_bad_prompts_are_refused(value, param):
+    refused(param, ls.read_prompts, value)
 
 
 class FakeEngine:
