@@ -133,7 +133,9 @@ COMPLETION_RESPONSE = {"type": "object", "required": ["id", "object", "created",
 SSE_EVENT = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 MODEL = {"type": "object", "required": ["id", "object"], "properties": {
     "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]},
-    "context_length": {"type": "integer"}, "owned_by": {"type": "string"}}}
+    "context_length": {"type": "integer"}, "owned_by": {"type": "string"},
+    # llama-server's: every --model-alias name, and --tags
+    "aliases": {"type": "array", "items": {"type": "string"}}, "tags": {"type": "array", "items": {"type": "string"}}}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
