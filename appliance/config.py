@@ -17,7 +17,7 @@ from typing import Any, Collection, Mapping
 from .chat_templates import BUILTIN, REASONING, REASONING_FORMATS, default_kwargs, load_template
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .endpoints import parse_endpoints, parse_split
-from .flags import ENV_PREFIX, flag, opt, values_of
+from .flags import ENV_PREFIX, flag, listed, opt, values_of
 from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
 
@@ -26,7 +26,8 @@ class EngineConfig:
     """What the engine process needs to load a model and schedule requests."""
 
     model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
-    model_alias: str | None = opt(None, "model id reported by /v1/models (default: the file name without .gguf)")
+    model_alias: str | None = opt(None, "model names, comma-separated: the first is its id, each reaches it (default: the file name without .gguf)")
+    tags: str | None = opt(None, "the model's tags, comma-separated, listed by /v1/models (llama-server's; informational)")
     engine: str = opt("auto", "model runner: llamacpp, torch (the own runner) or auto (llama.cpp unless tune --engines chose torch)")
     torch_dtype: str = opt("auto", "torch runner: weight and matmul dtype, auto | bfloat16 | float16 | "
                            "float32 (auto: bfloat16 on a GPU or a CPU with bf16 instructions, else float32)")
@@ -153,8 +154,7 @@ class EngineConfig:
         _require(self.pooling in (None, "none", "mean", "cls", "last"), "pooling must be none, mean, cls or last")
         _require(self.engine in ("llamacpp", "torch", "auto"), "engine must be llamacpp, torch or auto")
         _require(self.thread_wait in ("auto", *THREAD_WAITS), f"thread_wait must be auto, {' or '.join(THREAD_WAITS)}")
-        _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"),
-                 "torch_dtype must be auto, bfloat16, float16 or float32")
+        _require(self.torch_dtype in ("auto", "bfloat16", "float16", "float32"), "torch_dtype must be auto, bfloat16, float16 or float32")
         _require(self.torch_kernels in ("auto", "triton", "off"), "torch_kernels must be auto, triton or off")
         _require(self.torch_graphs in ("auto", "eager", "off"), "torch_graphs must be auto, eager or off")
         _require(self.torch_cpu_kernels in ("auto", "cpp", "ops"), "torch_cpu_kernels must be auto, cpp or ops")
@@ -172,8 +172,7 @@ class EngineConfig:
         _require(self.n_ctx >= 0 or self.n_ctx == AUTO_N_CTX, "n_ctx must be 0 (the model's), auto or positive")
         check_flags(self)
         _require(self.n_batch >= 1 and self.n_ubatch >= 1, "n_batch and n_ubatch must be positive")
-        _require(1 <= self.prefill_chunk <= self.n_batch,
-                 f"prefill_chunk must be between 1 and n_batch ({self.n_batch})")
+        _require(1 <= self.prefill_chunk <= self.n_batch, f"prefill_chunk must be between 1 and n_batch ({self.n_batch})")
         _require(self.step_token_budget >= 1, "step_token_budget must be positive")
         _require(self.kv_type in ("f16", "q8_0", "q4_0"), "kv_type must be f16, q8_0 or q4_0")
         _require(self.engine != "torch" or (self.kv_type, self.kv_unified) == ("f16", False),
@@ -189,6 +188,7 @@ class EngineConfig:
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
         # raise for a malformed --override-tensor, an unknown template name, an unreadable file, bad Jinja
         self.tensor_overrides(), self.template_override(), self.template_kwargs()
+        listed(self.model_alias, "--model-alias"), listed(self.tags, "--tags")     # raise for an empty name
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0 and self.n_threads_batch >= 0
                  and self.stream_interval_ms >= 0, "counts must not be negative")
 

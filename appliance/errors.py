@@ -12,6 +12,7 @@ class ApplianceError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    llama_type: str | None = None   # llama-server's type where it has its own: its routes answer that one
 
     def __init__(self, message: str, *, param: str | None = None, **fields: Any) -> None:
         super().__init__(message)
@@ -22,8 +23,10 @@ class ApplianceError(Exception):
     def to_wire(self) -> tuple[str, str, dict[str, Any]]:
         return type(self).__name__, self.message, {"param": self.param, **self.fields}
 
-    def body(self) -> dict[str, Any]:
-        err = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+    def body(self, llama: bool = False) -> dict[str, Any]:
+        """The OpenAI error body; `llama`: with llama-server's type, for a route of its API."""
+        kind = self.llama_type if llama and self.llama_type else self.type
+        err = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         err.update(self.fields)
         return {"error": err}
 
@@ -36,6 +39,7 @@ class ContextOverflow(InvalidRequest):
     """The prompt plus max_tokens does not fit the per-slot context."""
 
     code = "context_length_exceeded"
+    llama_type = "exceed_context_size_error"
 
 
 class InvalidToken(InvalidRequest):

@@ -22,6 +22,17 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def listed(value: str | None, what: str) -> tuple[str, ...]:
+    """A comma-separated list of names (--model-alias a,b, --tags, as llama-server's --alias and
+    --tags), in order, each once; ValueError naming the flag `what` for an empty one."""
+    if value is None:
+        return ()
+    got = [n.strip() for n in value.split(",")]
+    if not all(got):
+        raise ValueError(f"{what} {value!r}: a name is empty (give names separated by commas)")
+    return tuple(dict.fromkeys(got))
+
+
 SWITCH_WORDS = {"1": "on", "true": "on", "yes": "on", "on": "on", "0": "off", "false": "off", "no": "off",
                 "off": "off"}
 

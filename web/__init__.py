@@ -1,32 +1,26 @@
 """The web layer: `create_app(config)` builds the Flask app over an engine client.
 
 Per-app state lives in `app.extensions["appliance"]`; typed errors are mapped to HTTP once,
-here (in OpenAI's shape; a blueprint whose API has its own shape, Anthropic's or Ollama's,
-renders them itself), and an exception nobody expected becomes a 500 typed error first, so it
-takes the same path. Nothing in `appliance/` imports this package.
+by http_errors.py's handlers, registered here. Nothing in `appliance/` imports this package.
 """
 from __future__ import annotations
 
 import hmac
-import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from flask import Flask, Response, current_app, g, jsonify, request
+from flask import Flask, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from appliance import __version__
 from appliance.config import Config, ServerConfig
 from appliance.engine.pool import ModelPool
 from appliance.engine.process import EngineClient
-from appliance.errors import (ApplianceError, EngineFailure, Forbidden, InvalidRequest, MethodNotAllowed,
-                              NotFound, PayloadTooLarge, QueueFull, Unauthorized)
+from appliance.errors import ApplianceError, Forbidden, Unauthorized
 
 from . import openapi_apis, origins
+from .http_errors import error_response, http_error, unexpected
 from .metrics import Metrics
-
-log = logging.getLogger("appliance.web")
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 ALLOW_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version"
@@ -84,9 +78,9 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     app.before_request(_guard)
     app.after_request(_cors)
     app.after_request(_count)
-    app.register_error_handler(ApplianceError, _error_response)
-    app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(Exception, _unexpected)
+    app.register_error_handler(ApplianceError, error_response)
+    app.register_error_handler(HTTPException, http_error)
+    app.register_error_handler(Exception, unexpected)
     return app
 
 
@@ -147,35 +141,3 @@ def _cors(resp: Response) -> Response:
                                                                            ALLOW_HEADERS)
         resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
     return resp
-
-
-def _error_response(e: ApplianceError) -> tuple[Any, int, dict[str, str]]:
-    headers = {}
-    if isinstance(e, QueueFull) or e.status == 503:
-        headers["Retry-After"] = str(e.fields.get("retry_after", 1))
-    if e.status >= 500:
-        log.warning("%s %s -> %d %s", request.method, request.path, e.status, e.message)
-    return jsonify(e.body()), e.status, headers
-
-
-def _http_error(e: HTTPException):
-    mapped = {404: NotFound(f"no route for {request.method} {request.path}"),
-              405: MethodNotAllowed(f"{request.method} is not allowed on {request.path}"),
-              413: PayloadTooLarge("the request body is larger than the server accepts")}
-    code = e.code or 500
-    if code in mapped:
-        err = mapped[code]
-    elif code >= 500:   # a server-side failure stays one, in the error shape
-        err = EngineFailure(e.description or e.name)
-    else:
-        err = InvalidRequest(e.description or e.name)
-    if code not in mapped:
-        err.status = code
-    return _error_response(err)
-
-
-def _unexpected(e: Exception):
-    log.exception("unhandled error on %s %s", request.method, request.path)
-    # handled as the typed error it becomes, so that the route's API answers in its own shape
-    # (Anthropic's and Ollama's blueprints render ApplianceError themselves), as for a 4xx
-    return current_app.handle_user_exception(EngineFailure("internal server error"))

@@ -20,8 +20,10 @@ bp = Blueprint("api", __name__)
 def _model_card(name: str) -> dict[str, Any]:
     pool = serving.pool()
     state = pool.state_of(name)
-    card: dict[str, Any] = {"id": name, "object": "model", "created": serving.state().started, "owned_by": "appliance",
-                            "status": {"value": state}}
+    spec = pool.spec(name)
+    # aliases (every --model-alias name, its id first) and tags as llama-server lists them
+    card: dict[str, Any] = {"id": name, "aliases": list(spec.aliases), "tags": list(spec.tags), "object": "model",
+                            "created": serving.state().started, "owned_by": "appliance", "status": {"value": state}}
     engine = pool.client(name)
     info = engine.info if engine is not None and state == "loaded" else None
     if info is not None:

@@ -14,13 +14,15 @@ options that tune llama-server's own scheduling (id_slot, n_keep, n_indent,
 t_max_predict_ms, ...) are accepted and have no effect. Replies and streams have
 llama-server's shape: `content`, `stop`, `stop_type`, `timings`, `completion_probabilities`,
 `response_fields` picking what is answered; a stream is `data:` lines, the last with
-`stop: true`, and no `[DONE]`.
+`stop: true`, and no `[DONE]`. Several prompts (prompts.py's rule) are a batch: an array of
+results, each with its `index`, and a stream whose chunks carry their prompt's.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -32,15 +34,25 @@ from appliance.engine.process import EngineClient
 from appliance.engine.types import Constraint, Delta, Done, Progress, Request, SamplingParams, TokenLogprob, TopLogprob
 from appliance.errors import ApplianceError
 
-from . import api, openai_chat, openai_responses, responses, serving
+from . import api, openai_chat, openai_responses, prompts, responses, serving
+from .http_errors import error_response
+from .batch import Merged
 from .infill import infill_ids
 from .serving import need
 from .params import MAX_TOP_LOGPROBS, N_CTX, SAMPLERS, Param
 from .sampling import LogitBias
 
 Tokenize = Callable[[list[str]], list[list[int]]]
+Prompt = str | dict[str, Any] | list[Any]    # text, a multimodal prompt, or token ids (mixed with strings, as read)
 
 bp = Blueprint("llamaserver", __name__)
+
+
+@bp.errorhandler(ApplianceError)
+def _llama_error(e: ApplianceError):
+    """OpenAI's error body with llama-server's type where it has its own (a prompt over the
+    context: exceed_context_size_error, which its clients match); OpenAI's routes keep theirs."""
+    return error_response(e, llama=True)
 
 DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # llama-server's, for /completion
 RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request
@@ -117,8 +129,9 @@ def logit_bias(value: Any, tokenize: Tokenize | None) -> LogitBias:
     return tuple((t, b) for k, b in out for t in ((k,) if isinstance(k, int) else ids[k]))
 
 
-def openai_body(body: dict[str, Any], prompt: str | dict[str, Any] | list[int]) -> dict[str, Any]:
-    """The /v1/completions body that serves a /completion body (its prompt given: text or ids)."""
+def openai_body(body: dict[str, Any], prompt: Prompt | list[Prompt]) -> dict[str, Any]:
+    """The /v1/completions body that serves a /completion body (its prompt given: text, ids or a
+    multimodal prompt, or a list of them, a batch)."""
     for name, (neutral, what) in UNSUPPORTED.items():
         value = body.get(name)
         need(value in (None, neutral, [], {}), f"'{name}' ({what}) is not supported by this server", name)
@@ -136,19 +149,18 @@ def openai_body(body: dict[str, Any], prompt: str | dict[str, Any] | list[int]) 
     return {"model": body["model"], "prompt": prompt, **oai}
 
 
-def read_prompt(value: Any) -> str | dict[str, Any] | list[int | str]:
-    """llama-server's prompt: a string, token ids, ids and strings mixed, or a multimodal prompt
-    ({"prompt_string", "multimodal_data"}: wire.py reads it); one prompt only."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list, dict)):
-        value = value[0]
-    if isinstance(value, (str, dict)):
-        return value
-    pieces = isinstance(value, list) and value and all(
-        isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) for p in value)
-    need(bool(pieces), "'prompt' must be a string, a list of token ids, or token ids and strings mixed",
-         "prompt")
-    need(not all(isinstance(p, str) for p in value), "several prompts in one request are not supported", "prompt")
-    return value
+def read_prompts(value: Any) -> list[Prompt]:
+    """llama-server's prompts: one, or several in a list (prompts.split: its rule), each a string,
+    token ids, ids and strings mixed, or a multimodal prompt ({"prompt_string",
+    "multimodal_data"}: prompts.py reads it)."""
+    need(value is not None, "'prompt' is required", "prompt")
+    parts = prompts.split(value)
+    for i, p in enumerate(parts):
+        pieces = isinstance(p, (str, dict)) or (isinstance(p, list) and p and all(
+            isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in p))
+        where = "prompt" if len(parts) == 1 else f"prompt[{i}]"
+        need(bool(pieces), f"'{where}' must be a string, a list of token ids, or token ids and strings mixed", where)
+    return parts
 
 
 def token_ids(engine: EngineClient, pieces: Sequence[int | str]) -> list[int]:
@@ -213,11 +225,12 @@ def pick(out: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Reply:
-    """One submitted /completion or /infill request, answered in llama-server's shape."""
+    """One submitted /completion or /infill request, answered in llama-server's shape: a result
+    per prompt (an array of them for several prompts, as llama-server answers)."""
 
     sub: serving.Submitted
     native: Native
-    prompt: str                   # the prompt as text (llama-server's `prompt`)
+    prompts: tuple[str, ...]      # each prompt as text (llama-server's `prompt`)
 
     @property
     def generated(self) -> bool:
@@ -225,18 +238,32 @@ class Reply:
         one token the engine then runs is not the client's)."""
         return self.native.n_predict != 0
 
-    def final(self, deltas: list[Delta], done: Done, stream: bool = False) -> dict[str, Any]:
-        """The last object: the whole reply, or (a stream's) the figures after its chunks."""
+    def final(self, deltas: list[Delta], done: Done) -> dict[str, Any] | list[dict[str, Any]]:
+        """The whole reply: one prompt's result, or the array of a batch's."""
+        got = self.results(deltas, done)
+        return got[0] if len(got) == 1 else got
+
+    def results(self, deltas: list[Delta], done: Done, stream: bool = False) -> list[dict[str, Any]]:
+        """Each prompt's last object: its whole result, or (a stream's) the figures after its chunks."""
+        each = self.sub.stream.parts if isinstance(self.sub.stream, Merged) else [done]
+        return [self._result(i, [d for d in deltas if d.index == i], part, stream) for i, part in enumerate(each)]
+
+    def evaluated(self, i: int) -> int:
+        """Prompt `i`'s tokens."""
+        stream = self.sub.stream
+        return (stream.accepted[i] if isinstance(stream, Merged) else self.sub.accepted).n_prompt_tokens
+
+    def _result(self, i: int, deltas: list[Delta], done: Done, stream: bool) -> dict[str, Any]:
         kept = deltas if self.generated else []
         content = "".join(d.text for d in kept)
         tokens = done.token_ids if self.generated and self.native.return_tokens and not stream else ()
         kind, word = stop_type(done)
-        out = {"index": 0, "content": content, "tokens": list(tokens), "id_slot": -1, "stop": True,
+        out = {"index": i, "content": content, "tokens": list(tokens), "id_slot": -1, "stop": True,
                "model": self.sub.parsed.model,
                "tokens_predicted": done.usage.completion_tokens if self.generated else 0,
                "tokens_evaluated": done.usage.prompt_tokens,
                "generation_settings": settings(self.sub.parsed.request.params, self.native, stream),
-               "prompt": self.prompt, "truncated": False, "stop_type": kind, "stopping_word": word,
+               "prompt": self.prompts[i], "truncated": False, "stop_type": kind, "stopping_word": word,
                "tokens_cached": done.usage.cached_tokens, "timings": timings(done)}
         if self.native.n_probs and not stream:
             out["completion_probabilities"] = probabilities([e for d in kept for e in d.logprobs])
@@ -255,7 +282,7 @@ class CompletionWriter:
     idle = staticmethod(responses.ChunkWriter.idle)
 
     def __init__(self, reply: Reply) -> None:
-        self.reply, self.n = reply, 0
+        self.reply, self.n = reply, Counter[int]()    # each prompt's tokens so far
 
     def start(self) -> bytes:
         return b""
@@ -268,15 +295,15 @@ class CompletionWriter:
     def delta(self, ev: Delta) -> bytes:
         if not self.reply.generated:
             return b""
-        self.n += len(ev.token_ids)
-        chunk = {"index": 0, "content": ev.text, "tokens": list(ev.token_ids), "stop": False, "id_slot": -1,
-                 "tokens_predicted": self.n, "tokens_evaluated": self.reply.sub.accepted.n_prompt_tokens}
+        self.n[ev.index] += len(ev.token_ids)
+        chunk = {"index": ev.index, "content": ev.text, "tokens": list(ev.token_ids), "stop": False, "id_slot": -1,
+                 "tokens_predicted": self.n[ev.index], "tokens_evaluated": self.reply.evaluated(ev.index)}
         if ev.logprobs:
             chunk["completion_probabilities"] = probabilities(ev.logprobs)
         return _data(chunk)
 
     def end(self, done: Done) -> bytes:
-        return _data(self.reply.final([], done, stream=True))
+        return b"".join(_data(r) for r in self.reply.results([], done, stream=True))
 
 
 # -- routes ---------------------------------------------------------------------------------------
@@ -285,19 +312,20 @@ def _model_name(body: dict[str, Any]) -> str:
     return serving.pool().default if body.get("model") is None else serving.resolve_model(body)
 
 
-def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | dict[str, Any] | list[int]]) -> Any:
-    """Serve a /completion or /infill body, its prompt made by `prompt_of` (text or ids)."""
+def _complete(prompts_of: Callable[[EngineClient, dict[str, Any], Native], list[Prompt]]) -> Any:
+    """Serve a /completion or /infill body, its prompts made by `prompts_of` (text, ids or a
+    multimodal prompt each; several are a batch: web/batch.py)."""
     body = serving.read_body()
     body = {**body, "model": _model_name(body)}
     with serving.model(body) as (_, engine):
         native = Native.read(body, serving.n_ctx(engine), lambda texts: engine.tokenize_many(
             [(t, False, False) for t in texts]))
-        prompt = prompt_of(engine, body, native)
-        oai = openai_body(body, prompt)
+        made = prompts_of(engine, body, native)
+        oai = openai_body(body, made[0] if len(made) == 1 else made)
     sub = serving.parse_submit(oai, chat=False, adjust=native.adjust)
     try:
-        shown = (prompt if isinstance(prompt, str) else str(prompt.get("prompt_string")) if isinstance(prompt, dict)
-                 else engine.detokenize(tuple(prompt)).text)
+        shown = tuple(p if isinstance(p, str) else str(p.get("prompt_string")) if isinstance(p, dict)
+                      else engine.detokenize(tuple(p)).text for p in made)
     except ApplianceError:
         sub.stream.abort()
         raise
@@ -305,20 +333,19 @@ def _complete(prompt_of: Callable[[EngineClient, dict[str, Any], Native], str | 
     return serving.reply(sub, lambda: CompletionWriter(reply), reply.final)
 
 
-def _completion_prompt(engine: EngineClient, body: dict[str, Any], native: Native) -> str | dict[str, Any] | list[int]:
-    prompt = read_prompt(body.get("prompt"))
-    return prompt if isinstance(prompt, (str, dict)) else token_ids(engine, prompt)
+def _completion_prompts(engine: EngineClient, body: dict[str, Any], native: Native) -> list[Prompt]:
+    return [p if isinstance(p, (str, dict)) else token_ids(engine, p) for p in read_prompts(body.get("prompt"))]
 
 
 @bp.post("/completion")
 @bp.post("/completions")    # llama-server's too (its OpenAI one is /v1/completions only)
 def completion():
-    return _complete(_completion_prompt)
+    return _complete(_completion_prompts)
 
 
 @bp.post("/infill")
 def infill():
-    return _complete(lambda engine, body, native: infill_ids(engine, body, native.n_predict))
+    return _complete(lambda engine, body, native: [infill_ids(engine, body, native.n_predict)])
 
 
 @bp.get("/props")

@@ -16,6 +16,7 @@ from appliance import __version__
 
 from . import params
 from .params import Param
+from .prompts import MAX_PROMPTS
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +133,9 @@ COMPLETION_RESPONSE = {"type": "object", "required": ["id", "object", "created",
 SSE_EVENT = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 MODEL = {"type": "object", "required": ["id", "object"], "properties": {
     "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]},
-    "context_length": {"type": "integer"}, "owned_by": {"type": "string"}}}
+    "context_length": {"type": "integer"}, "owned_by": {"type": "string"},
+    # llama-server's: every --model-alias name, and --tags
+    "aliases": {"type": "array", "items": {"type": "string"}}, "tags": {"type": "array", "items": {"type": "string"}}}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -196,9 +199,10 @@ def _generation(model: str, n_ctx: int) -> tuple[dict[str, Any], dict[str, Any]]
         "chat_template_kwargs": _nullable({"type": "object"}),
         "tools": _nullable({"type": "array", "items": TOOL}), "tool_choice": TOOL_CHOICE,
     }}
-    prompt = {"oneOf": [{"type": "string"},
-                        {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-                        {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}}]}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+    # a list of prompts (strings or token-id lists) is a batch: a choice per prompt (prompts.py)
+    prompt = {"oneOf": [{"type": "string"}, ids, {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+                                                   "items": {"oneOf": [{"type": "string"}, ids]}}]}
     completion_body = {"type": "object", "required": ["prompt"], "properties": {
         **_scalars(params.COMPLETION, n_ctx), **_structured(model), "prompt": prompt}}
     return chat_body, completion_body

@@ -6,8 +6,10 @@ A dialect's blueprint (OpenAI's chat and completions, Responses, Anthropic's mes
 llama-server's native routes) translates its body into an OpenAI chat or completions body and
 calls `parse_submit`: validated once (wire.py) against the model's engine, submitted, and
 answered only after the engine accepted it, so a prompt over the context is a plain HTTP 400
-before any stream byte. Then `reply` answers in the dialect's shape: whole (`collect`, then the
-dialect's builder) or streamed (`stream`, through the dialect's `StreamWriter`: SSE or NDJSON).
+before any stream byte (a completions body of several prompts is a request per prompt, their
+events merged into one request's by batch.py). Then `reply` answers in the dialect's shape:
+whole (`collect`, then the dialect's builder) or streamed (`stream`, through the dialect's
+`StreamWriter`: SSE or NDJSON).
 While waiting for events the handler checks whether the client is still there; a client that
 leaves aborts its request, which frees its slot within one scheduler step. Every request's TTFT,
 token gaps, tokens and duration go to /metrics through `Tally`, whichever dialect it came in.
@@ -30,6 +32,7 @@ from appliance.engine.types import Accepted, Delta, Done, Event, Progress, Reque
 from appliance.errors import ApplianceError, EngineFailure, EngineUnavailable, InvalidRequest
 
 from . import wire
+from .batch import Merged
 
 log = logging.getLogger("appliance.api")
 
@@ -190,7 +193,7 @@ class Submitted:
     """A request the engine accepted: its events come on `stream`."""
 
     parsed: wire.ParsedRequest
-    stream: RequestStream
+    stream: RequestStream | Merged       # Merged: a batch of prompts' requests as one (batch.py)
     gone: Callable[[], bool]       # whether the client hung up
     fingerprint: str
     accepted: Accepted
@@ -200,7 +203,8 @@ def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> Submitted:
     gone = client_gone()
     if gone():  # it left while its request waited for a worker thread: do no work for it
         raise EngineUnavailable("client disconnected")
-    stream = engine.submit(parsed.request)
+    batch = parsed.batch
+    stream = Merged.submit(engine, batch, parsed.request.id, parsed.request.n) if batch else engine.submit(parsed.request)
     accepted = wait(stream, gone)  # Accepted, or raises the engine's error (a 4xx/5xx)
     if accepted is None:
         raise EngineUnavailable("client disconnected")
@@ -217,7 +221,7 @@ def parse_submit(body: dict[str, Any], chat: bool,
         parsed = parse(_as_served(body, name), engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine),
                        n_ctx(engine))
         if adjust is not None:
-            parsed = dataclasses.replace(parsed, request=adjust(parsed.request))
+            parsed = dataclasses.replace(parsed, request=adjust(parsed.request), batch=tuple(map(adjust, parsed.batch)))
         return _submit(engine, parsed)
 
 

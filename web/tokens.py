@@ -12,7 +12,7 @@ from appliance.errors import InvalidRequest
 
 from . import serving
 from .params import TOKENIZE
-from .wire import is_ids
+from .prompts import is_ids
 
 bp = Blueprint("tokens", __name__)
 

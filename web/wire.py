@@ -4,7 +4,8 @@ responses are shaped in `responses.py`.
 Every client mistake becomes an `InvalidRequest` naming the offending parameter, so the API
 answers a 400 (never a 500, which SDKs retry) and nothing reaches the engine. The scalar
 parameters are read through their declarations in `params.py` (which `openapi.py` publishes);
-the structured ones (messages, tools, response_format, ...) are checked here. Parameters this
+the structured ones (messages, tools, response_format, ...) are checked here, a completions
+prompt (one, or several: a batch) in prompts.py. Parameters this
 version does not implement (NOT_YET: the deprecated functions/function_call, grammar,
 json_schema at the top level, best_of, echo, suffix) are refused by name rather than silently
 ignored; the sampling knobs (with stop, logit_bias and n) are read by `sampling.py`; a few that change nothing for one local model
@@ -24,7 +25,8 @@ from appliance import jsondepth
 from appliance.engine.types import ChatMessage, Constraint, Request, ToolCall, ToolSpec
 from appliance.errors import InvalidRequest, ModelNotFound
 
-from .images import Images, b64
+from . import prompts
+from .images import Images
 from .params import CHAT, COMPLETION, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES, TOOL_NAME_PATTERN, Param
 from .reasoning import reasoning_format, reasoning_kwargs
 from .sampling import sampling_params
@@ -45,6 +47,9 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     model: str
+    # a completions request of several prompts: a request each (`request` is the first's, under
+    # the batch's id: what the replies' writers read); () for one prompt
+    batch: tuple[Request, ...] = ()
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -346,46 +351,18 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
 
 
 def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) -> ParsedRequest:
+    """A completions body; several prompts (prompts.py) are a batch, a request per prompt."""
     t = COMPLETION
     model = check_model(body, served)
     _refuse_unsupported(body)
     stream, include_usage = _stream_flags(body, t)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list, dict)):
-        prompt = prompt[0]  # a batch of one
-    images = Images()
-    if isinstance(prompt, dict):
-        prompt = _multimodal_prompt(prompt, images)
-    if isinstance(prompt, str):
-        text, ids = prompt, None
-    elif prompt and is_ids(prompt):
-        text, ids = None, tuple(prompt)
-    elif prompt is None:
-        raise InvalidRequest("'prompt' is required", param="prompt")
-    else:
-        raise InvalidRequest("'prompt' must be a string or a non-empty list of token ids "
-                             "(batches of several prompts are not supported)", param="prompt")
+    batch = prompts.read_all(body.get("prompt"))
     top = t["logprobs"].read(body)  # the legacy API: an int, how many alternatives
     params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=top is not None, top_logprobs=top or 0)
-    req = Request(id=request_id, params=params, prompt=text, prompt_ids=ids, constraint=response_format(body),
-                  cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
-                  return_progress=t["return_progress"].read(body),
-                  speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found))
-    return ParsedRequest(req, stream, include_usage, model)
-
-
-def _multimodal_prompt(prompt: dict, images: Images) -> str:
-    """llama-server's multimodal prompt: {"prompt_string": text with an IMAGE_MARKER per
-    picture, "multimodal_data": [base64, ...]}; its text, the pictures kept in `images`."""
-    text, data = prompt.get("prompt_string"), prompt.get("multimodal_data", [])
-    if not isinstance(text, str) or not isinstance(data, list) or not all(isinstance(d, str) for d in data):
-        raise InvalidRequest("a multimodal prompt is {\"prompt_string\": text, \"multimodal_data\": "
-                             "[base64 images]}", param="prompt")
-    for k, d in enumerate(data):
-        images.add(b64(d, f"prompt.multimodal_data[{k}]"), f"prompt.multimodal_data[{k}]")
-    return text
-
-
-def is_ids(v: Any) -> bool:
-    """Whether `v` is a list of token ids."""
-    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+    req = Request(id=request_id, params=params, prompt=batch[0].text, prompt_ids=batch[0].ids,
+                  constraint=response_format(body), cache_prompt=t["cache_prompt"].read(body),
+                  cache_pin=t["cache_pin"].read(body), speculate=t["speculate"].read(body), n=t["n"].read(body),
+                  images=batch[0].images, return_progress=t["return_progress"].read(body))
+    several = tuple(dataclasses.replace(req, id=f"{request_id}-{i}", prompt=p.text, prompt_ids=p.ids, images=p.images)
+                    for i, p in enumerate(batch)) if len(batch) > 1 else ()
+    return ParsedRequest(req, stream, include_usage, model, several)

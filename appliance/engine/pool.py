@@ -74,6 +74,8 @@ class ModelPool:
         self.log_level, self.load_timeout = srv.log_level, srv.engine_start_timeout
         self.fallback = srv.default_model_fallback
         self._models = {s.name: _Model(s, s.engine_config(config, s.name == default)) for s in specs}
+        # --model-alias's other names (a model's own name wins over another's alias)
+        self._aliases = {a: s.name for s in specs for a in s.aliases if a not in self._models}
         # engines that may compute at once take turns at the cores (cores.Turns)
         shared = len(specs) > 1 and self.max_loaded != 1
         self._turns_dir = tempfile.mkdtemp(prefix="appliance-cores-") if shared else None
@@ -90,22 +92,28 @@ class ModelPool:
         return list(self._models)
 
     def resolve(self, model: object, exact: bool = False) -> str:
-        """The served model a request's "model" names: its name or file name; None is the default
-        (a non-string is left to the request's own validation). Any other name is the only chat
-        model when one is served (tools send fixed names such as gpt-4o-mini, as llama-server allows),
-        the default one under --default-model-fallback, else a ModelNotFound listing what is
-        served; `exact` (load, unload, retrieve, and Ollama's API, whose clients pull a model
-        they miss) always refuses it."""
+        """The served model a request's "model" names: its name, one of its --model-alias names or
+        its file name; None is the default (a non-string is left to the request's own validation).
+        Any other name is the only chat model when one is served (tools send fixed names such as
+        gpt-4o-mini, as llama-server allows), the default one under --default-model-fallback, else
+        a ModelNotFound listing what is served; `exact` (load, unload, retrieve, and Ollama's API,
+        whose clients pull a model they miss) always refuses it."""
         if model is None or not isinstance(model, str):
             return self.default
         if model in self._models:
             return model
+        if model in self._aliases:
+            return self._aliases[model]
         if model.endswith(".gguf") and model[:-5] in self._models:
             return model[:-5]
         if not exact and (self._n_chat == 1 or self.fallback):
             return self.default
         raise ModelNotFound(f"the model '{model}' does not exist; this server serves {', '.join(self._models)}",
                             param="model")
+
+    def spec(self, name: str) -> "ModelSpec":
+        """What is served under `name` (its file, aliases, tags, settings)."""
+        return self._models[name].spec
 
     def kind(self, name: str) -> str:
         """chat, or embedding: a model that only embeds (--embedding-model PATH)."""

@@ -97,10 +97,10 @@ class EngineState:
 class RequestStream:
     """Events of one request: Accepted first, then Deltas, then Done (an Error raises)."""
 
-    def __init__(self, client: "EngineClient", request_id: str) -> None:
+    def __init__(self, client: "EngineClient", request_id: str, events: queue.Queue | None = None) -> None:
         self.client = client
         self.id = request_id
-        self.queue: queue.Queue[Event] = queue.Queue()
+        self.queue: queue.Queue[Event] = queue.Queue() if events is None else events
         self.finished = False
 
     def get(self, timeout: float | None = None) -> Event | None:
@@ -193,8 +193,10 @@ class EngineClient:
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{time.time_ns():x}{next(self._ids):04x}"
 
-    def submit(self, req: Request) -> RequestStream:
-        return self._open(req.id, Submit(req))
+    def submit(self, req: Request, events: queue.Queue | None = None) -> RequestStream:
+        """`events`: a queue that several requests' events share (a batch's: web/batch.py reads
+        it, each event naming its request), else the stream's own."""
+        return self._open(req.id, Submit(req), events)
 
     def embed(self, msg: Embed) -> RequestStream:
         """Its events: one Embedded (or an Error). Like a request's stream, not a blocking ask: an
@@ -241,8 +243,8 @@ class EngineClient:
             raise EngineUnavailable(f"the engine did not answer within {timeout:.0f} s")
         return ev
 
-    def _open(self, request_id: str, msg: Command) -> RequestStream:
-        stream = RequestStream(self, request_id)
+    def _open(self, request_id: str, msg: Command, events: queue.Queue | None = None) -> RequestStream:
+        stream = RequestStream(self, request_id, events)
         with self._lock:
             if self._state.status != "ready":
                 raise EngineUnavailable(f"the engine is {self._state.status}: {self._state.reason}")

@@ -8,8 +8,11 @@ Per-model settings live in `settings.toml` in the library's directory, one table
     n_slots = 2
     kv_type = "q8_0"
 
-Any `EngineConfig` field but `model`, `model_alias` and `embedding_model` may be set; a flag
-or APPLIANCE_* variable given to `serve` wins over the file.
+Any `EngineConfig` field but `model`, `model_alias`, `tags` and `embedding_model` may be set; a
+flag or APPLIANCE_* variable given to `serve` wins over the file.
+
+`--model-alias a,b` names the model `--model` serves (without it, the embedded model): `a` is its
+id, and a request naming `b` reaches it too; `--tags` are that model's, listed by /v1/models.
 
 `--embedding-model PATH` adds a model of kind "embedding", after the others (never the default),
 which takes serve's settings and answers embeddings only.
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, EngineConfig, fit_engine
+from ..flags import listed
 from ..fit.auto import for_file as auto_n_ctx
 from ..rope import AUTO_N_CTX
 from .index import Library
@@ -31,7 +35,7 @@ from .index import Library
 log = logging.getLogger("appliance.library")
 
 SETTINGS = "settings.toml"
-_NOT_SETTINGS = {"model", "model_alias", "embedding_model"}
+_NOT_SETTINGS = {"model", "model_alias", "tags", "embedding_model"}
 _DEFAULT_MODEL_ONLY = ("chat_template", "chat_template_kwargs")   # serve's apply to the default model
 
 
@@ -42,6 +46,8 @@ class ModelSpec:
     source: str
     settings: tuple[tuple[str, object], ...] = ()    # from settings.toml, as applied
     kind: str = "chat"           # chat | embedding (--embedding-model PATH: it only embeds)
+    aliases: tuple[str, ...] = ()   # every name --model-alias gives it, its own first; each reaches it
+    tags: tuple[str, ...] = ()      # --tags: informational, as llama-server's
 
     def engine_config(self, config: Config, default: bool) -> EngineConfig:
         return self.fit(config, default)[0]
@@ -111,23 +117,25 @@ def _chat_models(config: Config) -> tuple[list[ModelSpec], str]:
     from ..errors import ApplianceError
 
     eng, srv = config.engine, config.server
+    names = {"aliases": listed(eng.model_alias, "--model-alias"), "tags": listed(eng.tags, "--tags")}
     if eng.model is not None:
-        ref = resolve(eng.model, eng.model_alias)
-        return [ModelSpec(ref.alias, ref.path, "file")], ref.alias
+        ref = resolve(eng.model, names["aliases"][0] if names["aliases"] else None)
+        return [ModelSpec(ref.alias, ref.path, "file", **names)], ref.alias
     lib = Library(srv.library)
     settings = load_settings(lib.root)
     specs: dict[str, ModelSpec] = {}
 
-    def add(name: str, path: Path, source: str, mmproj: Path | None = None, mtp: Path | None = None) -> None:
+    def add(name: str, path: Path, source: str, mmproj: Path | None = None, mtp: Path | None = None,
+            **names: tuple[str, ...]) -> None:
         if name in specs:
             log.warning("%s (%s) has the name of %s (%s); it is not served", path, source, name, specs[name].path)
             return
         pulled = {k: str(p) for k, p in (("mmproj", mmproj), ("mtp_model", mtp)) if p}
         own = {**pulled, **settings.get(name, {})}   # the file's wins
-        specs[name] = ModelSpec(name, path, source, tuple(sorted(own.items())))
+        specs[name] = ModelSpec(name, path, source, tuple(sorted(own.items())), **names)
 
     try:
-        add(eng.model_alias or EMBEDDED_ALIAS, embedded_model_path(), "embedded")
+        add(names["aliases"][0] if names["aliases"] else EMBEDDED_ALIAS, embedded_model_path(), "embedded", **names)
     except ApplianceError as e:
         log.warning("%s", e.message)
     dirs = [Path(d.strip()) for d in srv.models_dir.split(",") if d.strip()]

@@ -15,8 +15,8 @@ from appliance.library.catalog import ModelSpec
 
 
 @contextlib.contextmanager
-def pool_of(*names: str, **flags: str):
-    specs = [ModelSpec(n, Path(f"/models/{n}.gguf"), "file") for n in names]
+def pool_of(*names: str, aliases: dict[str, tuple[str, ...]] | None = None, **flags: str):
+    specs = [ModelSpec(n, Path(f"/models/{n}.gguf"), "file", aliases=(aliases or {}).get(n, ())) for n in names]
     pool = ModelPool(specs, names[0], config.load(flags, env={}))
     try:
         yield pool
@@ -44,3 +44,10 @@ def test_default_model_fallback_routes_unknown_names_to_the_default():
         assert pool.resolve("gpt-3.5-turbo") == "qwen" and pool.resolve("llama") == "llama"
         with pytest.raises(ModelNotFound):
             pool.resolve("gpt-3.5-turbo", exact=True)
+
+
+def test_every_model_alias_reaches_its_model_and_a_models_own_name_wins():
+    with pool_of("qwen", "llama", aliases={"qwen": ("qwen", "coder", "llama")}) as pool:
+        assert [pool.resolve(m, exact=True) for m in ("qwen", "coder", "llama")] == ["qwen", "qwen", "llama"]
+        with pytest.raises(ModelNotFound):
+            pool.resolve("gpt-4o-mini")

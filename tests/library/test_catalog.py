@@ -61,6 +61,20 @@ def test_model_serves_that_file_alone(lib):
     assert [(s.name, s.path) for s in specs] == [("tiny", path)] and default == "tiny"
 
 
+def test_model_alias_names_the_model_first_and_tags_go_with_it(lib):
+    path = lib / "x" / "tiny.gguf"
+    specs, default = catalog(config.load({"model": str(path), "model_alias": "coder, tiny-2,coder",
+                                          "tags": "local,small"}, env={}))
+    assert [(s.name, s.aliases, s.tags) for s in specs] == [("coder", ("coder", "tiny-2"), ("local", "small"))]
+    assert default == "coder" and specs[0].engine_config(config.load({}, env={}), True).model_alias == "coder"
+    # without --model they name the embedded model; the library's keep their own names
+    specs, _ = catalog(config.load({"library": str(lib), "model_alias": "a,b"}, env={}))
+    assert [(s.name, s.aliases) for s in specs] == [("a", ("a", "b")), ("tiny", ())]
+    for flags in ({"model_alias": "a,,b"}, {"tags": "x,"}):
+        with pytest.raises(ValueError, match="a name is empty"):
+            config.load(flags, env={})
+
+
 def test_settings_mistakes_name_the_file_model_and_key(lib):
     (lib / "settings.toml").write_text('["tiny"]\nn_ctxx = 4096\n')
     with pytest.raises(ValueError, match=r"settings.toml: \[tiny\] n_ctxx: not a model setting"):

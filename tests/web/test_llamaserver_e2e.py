@@ -1,5 +1,6 @@
 """llama-server's own routes end to end: /completion (streamed and not, against /v1/completions),
-n_predict, stop words, n_probs, token-id prompts, grammar, /props, /apply-template, the OpenAI
+n_predict, stop words, n_probs, token-id prompts, several prompts in one request (both routes),
+grammar, /props, /apply-template, the OpenAI
 routes without /v1, the context limit, /embeddings' refusals on a server with no embedding model
 (its answers: test_embeddings_e2e.py, test_embeddings_chat_e2e.py), and /infill (refused by the
 embedded model, which has no fill-in-the-middle tokens; laid out on a tiny model that has them)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 
+import openai
 import pytest
 import requests
 
@@ -82,6 +84,30 @@ def test_a_prompt_of_token_ids_or_mixed_is_the_same_prompt_as_its_text(server):
         assert got["prompt"] == PROMPT
 
 
+def test_several_prompts_give_each_prompts_own_reply(server):
+    """A batch through the real engine: each prompt's reply is the one it gets alone (greedy), on
+    /v1/completions (the openai client: a choice per prompt, index prompt * n + choice) and on
+    /completion (an array of results); a token id outside the vocabulary refuses the batch,
+    naming the prompt."""
+    ids = post(server, "/tokenize", {"content": "Rivers of Europe:", "add_special": True})["tokens"]
+    batch = [PROMPT, "Once upon a time", ids]
+    alone = [post(server, "/v1/completions", {"prompt": p, "max_tokens": 8, **GREEDY})["choices"][0]["text"]
+             for p in batch]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    r = client.completions.create(model="any", prompt=batch, max_tokens=8, n=2, **GREEDY)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices][::2] == alone          # choice 0 of each prompt: its greedy reply
+    texts: dict[int, str] = {}
+    for chunk in client.completions.create(model="any", prompt=batch, max_tokens=8, stream=True, **GREEDY):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert [texts[i] for i in range(3)] == alone
+    got = post(server, "/completion", {"prompt": batch, "n_predict": 8, **GREEDY})
+    assert [(g["index"], g["content"]) for g in got] == list(enumerate(alone)) and got[2]["tokens_evaluated"] == len(ids)
+    err = post(server, "/v1/completions", {"prompt": [PROMPT, [1, 10**9]], "max_tokens": 4}, status=400)["error"]
+    assert err["param"] == "prompt[1]" and err["message"].startswith("prompt[1]: ") and "10" in err["message"]
+
+
 def test_n_predict_zero_only_evaluates_and_a_grammar_constrains(server):
     cached = post(server, "/completion", {"prompt": PROMPT, "n_predict": 0})
     assert cached["content"] == "" and cached["tokens_predicted"] == 0 and cached["tokens_evaluated"] > 0
@@ -119,10 +145,11 @@ def test_openai_routes_answer_without_v1(server):
 
 def test_bad_input_and_an_overlong_prompt_are_400s_before_any_stream_byte(server):
     for body, param in (({"prompt": PROMPT, "n_predict": "x"}, "n_predict"),
-                        ({"prompt": PROMPT, "mirostat": 3}, "mirostat"), ({"prompt": ["a", "b"]}, "prompt")):
+                        ({"prompt": PROMPT, "mirostat": 3}, "mirostat"), ({"prompt": []}, "prompt")):
         assert post(server, "/completion", body, status=400)["error"]["param"] == param
     r = requests.post(server.url + "/completion", json={"prompt": "word " * (N_CTX + 10), "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["n_ctx"] == N_CTX
+    assert r.json()["error"]["type"] == "exceed_context_size_error"     # llama-server's, on its routes
 
 
 def test_embeddings_without_an_embedding_model_are_refused_in_words(server):

@@ -1,15 +1,20 @@
 """llama-server's /completion and /infill without a server: the translation onto the OpenAI
-completions request (through wire's own validation), the refusals, and /infill's token layout
-over a fake vocabulary."""
+completions request (through wire's own validation), the refusals, /infill's token layout
+over a fake vocabulary, and the model's names (--model-alias a,b, --tags) in /v1/models."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
+from appliance import config
+from appliance.engine.pool import ModelPool
 from appliance.engine.runners.base import FimTokens
 from appliance.engine.types import Done, Timings, Usage
 from appliance.errors import InvalidRequest
+from appliance.library.catalog import catalog
+from tests.engine.gguf_fixtures import write_tiny_llama
+from web import create_app
 from web import llamaserver as ls
 from web import wire
 from web.infill import SNIPPET, Infill
@@ -111,16 +116,18 @@ def test_neutral_values_of_unsupported_options_are_accepted():
     assert request({"post_sampling_probs": False, "lora": [], "n_cmpl": 1}).params.temperature == 0.8
 
 
-@pytest.mark.parametrize("value,prompt", [
-    ("hi", "hi"), ([1, 2], [1, 2]), ([5, "a", 6], [5, "a", 6]), (["hi"], "hi"), ([[1, 2]], [1, 2]),
-    ({"prompt_string": "x"}, {"prompt_string": "x"})])   # multimodal: wire.py reads it
-def test_prompt_shapes(value, prompt):
-    assert ls.read_prompt(value) == prompt
+@pytest.mark.parametrize("value,prompts", [
+    ("hi", ["hi"]), ([1, 2], [[1, 2]]), ([5, "a", 6], [[5, "a", 6]]), (["hi"], ["hi"]), ([[1, 2]], [[1, 2]]),
+    ({"prompt_string": "x"}, [{"prompt_string": "x"}]),     # multimodal: prompts.py reads it
+    (["a", [1, "b"], [2]], ["a", [1, "b"], [2]])])            # no number in the list: a prompt each
+def test_prompt_shapes(value, prompts):
+    assert ls.read_prompts(value) == prompts
 
 
-@pytest.mark.parametrize("value", [None, [], ["a", "b"], [True], [1.5]])
-def test_bad_prompts_are_refused(value):
-    refused("prompt", ls.read_prompt, value)
+@pytest.mark.parametrize("value,param", [(None, "prompt"), ([], "prompt"), ([True], "prompt"), ([1.5], "prompt"),
+                                         (["a", []], "prompt[1]"), (["a", [True]], "prompt[1]")])
+def test_bad_prompts_are_refused(value, param):
+    refused(param, ls.read_prompts, value)
 
 
 class FakeEngine:
@@ -210,3 +217,17 @@ def test_response_fields_pick_nested_values_by_their_path():
     assert ls.pick(out, ["content", "timings/prompt_n", "missing", "content/x"]) == {"content": "x",
                                                                                      "timings/prompt_n": 3}
     assert ls.pick(out, []) is out
+
+
+def test_models_lists_every_alias_and_tag_and_each_alias_reaches_the_model(tmp_path):
+    cfg = config.load({"model": str(write_tiny_llama(tmp_path / "tiny.gguf")), "model_alias": "coder,tiny-2",
+                       "tags": "local,small", "conversations_db": str(tmp_path / "c.db")}, env={})
+    pool = ModelPool(*catalog(cfg), cfg)           # nothing is loaded: /v1/models reads the catalog
+    try:
+        client = create_app(cfg, pool).test_client()
+        card = client.get("/v1/models").get_json()["data"][0]
+        assert (card["id"], card["aliases"], card["tags"]) == ("coder", ["coder", "tiny-2"], ["local", "small"])
+        assert client.get("/v1/models/tiny-2").get_json()["id"] == "coder"
+        assert client.get("/models").get_json()["data"] == [card]
+    finally:
+        pool.close()

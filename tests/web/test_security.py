@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import socket
+from pathlib import Path
 from types import SimpleNamespace
 
 import openai
@@ -20,6 +21,7 @@ import pytest
 import requests
 
 from appliance.config import Config, ServerConfig, StoreConfig
+from appliance.library.catalog import ModelSpec
 from appliance.models import EMBEDDED_ALIAS
 from appliance.store import ModelFingerprint, Store
 from tests.engine.fake_runner import FakeRunner
@@ -56,6 +58,9 @@ class Pool:
 
     def names(self):
         return [self.default]
+
+    def spec(self, name):
+        return ModelSpec(name, Path(name + ".gguf"), "file")
 
     def state_of(self, name):
         return "loaded"

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import queue
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.config import Config, ServerConfig
-from appliance.engine.types import Accepted, Delta, Done, Error, Timings, Usage
-from appliance.errors import from_wire
+from appliance.engine.types import Accepted, ChoiceEnd, Delta, Done, Error, Timings, Tokenized, Usage
+from appliance.errors import ContextOverflow, from_wire
+from appliance.library.catalog import ModelSpec
 from tests.engine.fake_runner import FakeRunner
 from web import create_app
 
@@ -24,8 +26,8 @@ WORDS = ("Hello", " there", " friend")
 class Stream:
     """One request's scripted events, as the engine client's RequestStream hands them out."""
 
-    def __init__(self, request_id: str, events: list) -> None:
-        self.id, self.queue, self.aborted = request_id, queue.Queue(), False
+    def __init__(self, request_id: str, events: list, shared: queue.Queue | None = None) -> None:
+        self.id, self.queue, self.aborted = request_id, shared if shared is not None else queue.Queue(), False
         for ev in events:
             self.queue.put(ev)
 
@@ -53,19 +55,35 @@ class Engine:
 
     def __init__(self) -> None:
         self.fail = False
+        self.refuse: Exception | None = None     # an error the engine answers a request with at once
+        self.refused = lambda request: True      # ... which requests get it
         self.n = 0
+        self.requests: list = []                 # what was submitted
 
     def new_id(self, prefix: str) -> str:
         self.n += 1
         return f"{prefix}-{self.n}"
 
-    def submit(self, request):
+    def tokenize_many(self, texts):
+        return [tuple(ord(c) for c in text) for text, _, _ in texts]    # a character a token
+
+    def detokenize(self, ids):
+        return Tokenized("detok", ids, text="".join(map(chr, ids)))
+
+    def submit(self, request, events=None):
+        """`events`: a batch's shared queue (web/batch.py)."""
         rid = request.id
-        deltas = [Delta(rid, w, (i + 1,)) for i, w in enumerate(WORDS)]
+        self.requests.append(request)
+        if self.refuse is not None and self.refused(request):
+            return Stream(rid, [Error(rid, *self.refuse.to_wire())], events)
+        n = request.n     # each choice says WORDS, choice j's last word with its index
+        deltas = [Delta(rid, w + (str(j) if j and i == len(WORDS) - 1 else ""), (i + 1,), index=j)
+                  for i, w in enumerate(WORDS) for j in range(n)]
+        ends = tuple(ChoiceEnd(j, "stop") for j in range(n)) if n > 1 else ()
         tail = ([Error(rid, "EngineFailure", "the engine process died", {})] if self.fail else
-                [Done(rid, "stop", Usage(7, len(WORDS)), Timings(7, 0, 5.0, 2, 4.0, 2.0, 1),
-                      token_ids=tuple(range(1, len(WORDS) + 1)))])
-        return Stream(rid, [Accepted(rid, 7), *(deltas[:1] if self.fail else deltas), *tail])
+                [Done(rid, "stop", Usage(7, n * len(WORDS)), Timings(7, 0, 5.0, 2, 4.0, 2.0, 1),
+                      token_ids=tuple(range(1, len(WORDS) + 1)), choices=ends)])
+        return Stream(rid, [Accepted(rid, 7), *(deltas[:1] if self.fail else deltas), *tail], events)
 
 
 class Pool:
@@ -88,6 +106,9 @@ class Pool:
 
     def client(self, name=None):
         return self.engine
+
+    def spec(self, name):
+        return ModelSpec(name, Path(name + ".gguf"), "file")
 
     def state_of(self, name):
         return "loaded"
@@ -166,6 +187,23 @@ def test_an_engine_error_mid_stream_ends_each_dialects_stream_in_its_shape(app, 
     assert resp.status_code == 200 and "Hello" in text      # the status line went out with the first token
     assert says_error(text), text
     assert counted(app)["appliance_time_to_first_token_seconds_count"] == 1
+
+
+@pytest.mark.parametrize("path,body,kind", [
+    ("/v1/completions", {"model": MODEL, "prompt": "hi"}, "invalid_request_error"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER}, "invalid_request_error"),
+    ("/completion", {"prompt": "hi"}, "exceed_context_size_error"),
+    ("/completions", {"prompt": "hi"}, "exceed_context_size_error"),
+    ("/chat/completions", {"messages": USER}, "exceed_context_size_error")])
+def test_a_prompt_over_the_context_has_each_apis_error_type(app, path, body, kind):
+    """llama-server's routes answer its type (its clients match it), OpenAI's their own; the
+    counts are the same in both."""
+    app.extensions["appliance"].pool.engine.refuse = ContextOverflow("too long", n_prompt_tokens=9, n_ctx=8)
+    for stream in (False, True):
+        r = app.test_client().post(path, json={**body, "stream": stream})
+        err = r.get_json()["error"]
+        assert r.status_code == 400 and err["type"] == kind, err
+        assert (err["code"], err["n_prompt_tokens"], err["n_ctx"]) == ("context_length_exceeded", 9, 8)
 
 
 class _Writer:

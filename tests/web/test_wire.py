@@ -272,6 +272,13 @@ def test_chat_template_kwargs_are_passed_sorted():
 
 # -- parse_completion ---------------------------------------------------------------------------
 
+def test_several_prompts_are_a_request_each_under_the_batchs_id():
+    p = completion(prompt=["a", [5, 6]], n=2)
+    assert [(r.id, r.prompt, r.prompt_ids, r.n) for r in p.batch] == [("cmpl-1-0", "a", None, 2),
+                                                                      ("cmpl-1-1", None, (5, 6), 2)]
+    assert (p.request.id, p.request.prompt) == ("cmpl-1", "a") and completion().batch == ()
+
+
 def test_completion_defaults_to_16_tokens():
     p = completion()
     assert p.request.prompt == "Once upon" and p.request.prompt_ids is None
@@ -291,8 +298,7 @@ def test_completion_prompt_as_one_element_list(prompt, text, ids):
     assert p.request.prompt == text and p.request.prompt_ids == ids
 
 
-@pytest.mark.parametrize("prompt", [None, [], ["a", "b"], [1, "a"], [True, 2], 5, {"a": 1},
-                                    [[1], [2]]])
+@pytest.mark.parametrize("prompt", [None, [], [1, "a"], [True, 2], 5, {"a": 1}, [[1, "a"]]])
 def test_completion_bad_prompt(prompt):
     body = {"prompt": prompt} if prompt is not None else {}
     with pytest.raises(InvalidRequest) as ei:
