@@ -6,8 +6,8 @@ answers a 400 (never a 500, which SDKs retry) and nothing reaches the engine. Th
 parameters are read through their declarations in `params.py` (which `openapi.py` publishes);
 the structured ones (messages, tools, response_format, ...) are checked here, a completions
 prompt (one, or several: a batch) in prompts.py. Parameters this
-version does not implement (NOT_YET: the deprecated functions/function_call, grammar,
-json_schema at the top level, best_of, echo, suffix) are refused by name rather than silently
+version does not implement (NOT_YET: the deprecated functions/function_call, best_of, echo,
+suffix) are refused by name rather than silently
 ignored; the sampling knobs (with stop, logit_bias and n) are read by `sampling.py`; a few that change nothing for one local model
 (IGNORED) are accepted and ignored.
 """
@@ -35,8 +35,7 @@ from .sampling import sampling_params
 IGNORED = {"user", "store", "metadata", "service_tier",
            "prediction", "modalities", "audio", "n_probs", "id_slot"}
 NOT_YET = {"functions": "the deprecated 'functions' (use 'tools')", "function_call": "the deprecated 'function_call'",
-           "grammar": "grammars", "json_schema": "structured output", "best_of": "best_of",
-           "echo": "echo", "suffix": "suffix"}
+           "best_of": "best_of", "echo": "echo", "suffix": "suffix"}
 # arrays and objects inside each other (jsondepth says why this many)
 MAX_JSON_DEPTH = jsondepth.MAX_DEPTH
 
@@ -170,6 +169,24 @@ def response_format(body: dict) -> Constraint | None:
         raise InvalidRequest("response_format.json_schema (with a 'schema') is required for type json_schema",
                              param="response_format.json_schema")
     return Constraint("json_schema", json.dumps(js.get("schema", {}), sort_keys=True))
+
+
+def constraint_of(body: dict) -> Constraint | None:
+    """What the output must match: OpenAI's response_format, or llama-server's top-level `grammar`
+    (GBNF, read by llguidance as on /completion) or `json_schema`; one of them."""
+    rf, grammar, schema = response_format(body), body.get("grammar"), body.get("json_schema")
+    given = [k for k, v in (("response_format", rf), ("grammar", grammar), ("json_schema", schema)) if v]
+    if len(given) > 1:
+        raise InvalidRequest(f"give one of {' or '.join(given)}: each constrains the whole output", param=given[1])
+    if grammar:
+        if not isinstance(grammar, str):
+            raise InvalidRequest("'grammar' must be a GBNF grammar (a string)", param="grammar")
+        return Constraint("gbnf", grammar)
+    if schema:
+        if not isinstance(schema, dict):
+            raise InvalidRequest("'json_schema' must be a JSON schema object", param="json_schema")
+        return Constraint("json_schema", json.dumps(schema, sort_keys=True))
+    return rf
 
 
 TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
@@ -334,7 +351,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
     params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=logprobs, top_logprobs=top)
     tools = _tools(body)
     choice = _tool_choice(body, tools)
-    constraint = response_format(body)
+    constraint = constraint_of(body)
     if constraint is not None and choice not in ("auto", "none"):
         raise InvalidRequest("'response_format' and a forced 'tool_choice' cannot both constrain the output",
                              param="tool_choice")
@@ -360,7 +377,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
     top = t["logprobs"].read(body)  # the legacy API: an int, how many alternatives
     params = dataclasses.replace(sampling_params(body, n_ctx, t), logprobs=top is not None, top_logprobs=top or 0)
     req = Request(id=request_id, params=params, prompt=batch[0].text, prompt_ids=batch[0].ids,
-                  constraint=response_format(body), cache_prompt=t["cache_prompt"].read(body),
+                  constraint=constraint_of(body), cache_prompt=t["cache_prompt"].read(body),
                   cache_pin=t["cache_pin"].read(body), speculate=t["speculate"].read(body), n=t["n"].read(body),
                   images=batch[0].images, return_progress=t["return_progress"].read(body))
     several = tuple(dataclasses.replace(req, id=f"{request_id}-{i}", prompt=p.text, prompt_ids=p.ids, images=p.images)

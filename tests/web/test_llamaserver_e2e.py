@@ -114,6 +114,15 @@ def test_n_predict_zero_only_evaluates_and_a_grammar_constrains(server):
     answer = post(server, "/completion", {"prompt": "Is the sky blue? Answer:", "n_predict": 4,
                                            "grammar": 'root ::= " yes" | " no"', **GREEDY})
     assert answer["content"] in (" yes", " no")
+    # the same grammar, and a top-level json_schema, on chat: llama-server takes both there too
+    msgs = [{"role": "user", "content": "Is the sky blue?"}]
+    chat = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "grammar": 'root ::= "yes" | "no"',
+                                                 **GREEDY})
+    assert chat["choices"][0]["message"]["content"] in ("yes", "no")
+    schema = {"type": "object", "properties": {"blue": {"type": "boolean"}}, "required": ["blue"],
+              "additionalProperties": False}
+    out = post(server, "/chat/completions", {"messages": msgs, "max_tokens": 64, "json_schema": schema, **GREEDY})
+    assert isinstance(json.loads(out["choices"][0]["message"]["content"])["blue"], bool)
 
 
 def test_props_reports_the_servers_context_and_slots(server):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from appliance.engine.types import ChatMessage, Delta, Done, SamplingParams, Timings, Tokenized, Usage
+from appliance.engine.types import ChatMessage, Constraint, Delta, Done, SamplingParams, Timings, Tokenized, Usage
 from appliance.errors import EngineCrashed, InvalidRequest, ModelNotFound
 from web.responses import ChunkWriter
 from web.tokens import parse_detokenize, parse_tokenize, tokenize_response
@@ -483,6 +483,16 @@ def test_response_format_becomes_a_constraint():
     assert c.kind == "json_schema" and json.loads(c.schema_json)["properties"]["a"]["type"] == "integer"
     for bad in ("json", {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": 3}}):
         assert chat_error(response_format=bad).param.startswith("response_format")
+
+
+def test_llama_servers_grammar_and_json_schema_constrain_chat_too():
+    assert chat(grammar='root ::= "yes" | "no"').request.constraint == Constraint("gbnf", 'root ::= "yes" | "no"')
+    c = chat(json_schema={"type": "object"}).request.constraint
+    assert c.kind == "json_schema" and json.loads(c.schema_json) == {"type": "object"}
+    assert chat(grammar='root ::= "a"', response_format={"type": "text"}).request.constraint.kind == "gbnf"
+    assert chat_error(grammar='root ::= "a"', json_schema={"type": "object"}).param == "json_schema"
+    assert chat_error(grammar='root ::= "a"', response_format={"type": "json_object"}).param == "grammar"
+    assert chat_error(grammar=3).param == "grammar" and chat_error(json_schema="x").param == "json_schema"
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
