@@ -31,7 +31,8 @@ from flask import Blueprint, jsonify, request
 from appliance import __version__
 from appliance.engine.chat import CHATML
 from appliance.engine.process import EngineClient
-from appliance.engine.types import Constraint, Delta, Done, Progress, Request, SamplingParams, TokenLogprob, TopLogprob
+from appliance.engine.types import (Constraint, Delta, Done, Progress, Request, SamplingParams, Timings, TokenLogprob,
+                                    TopLogprob)
 from appliance.errors import ApplianceError
 
 from . import api, openai_chat, openai_responses, prompts, responses, serving
@@ -58,17 +59,18 @@ DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # 
 RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request
 PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "repeat_last_n", "presence_penalty",
           "frequency_penalty", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "stream", "keep_alive",
-          "return_progress",
+          "return_progress", "timings_per_token",
           "samplers", "dry_sequence_breakers", *(p.name for p in SAMPLERS))
 # llama-server's options that change the output and that this engine does not have: (neutral, what)
-UNSUPPORTED = {"post_sampling_probs": (False, "post-sampling probabilities"),
-               "n_cmpl": (1, "several completions"), "lora": ([], "per-request LoRA adapters")}
+UNSUPPORTED = {"n_cmpl": (1, "several completions"), "lora": ([], "per-request LoRA adapters")}
 
 N_PREDICT = Param("n_predict", "integer", "Most tokens to generate; -1 until the end of the context or of "
                   "generation, 0 only evaluates the prompt into the cache", lo=-1, hi=N_CTX, default=-1)
 N_PROBS = Param("n_probs", "integer", "Report the N most likely tokens at each generated token",
                 lo=0, hi=MAX_TOP_LOGPROBS, default=0)
 RETURN_TOKENS = Param("return_tokens", "boolean", "Answer the generated token ids in `tokens`", default=False)
+POST_SAMPLING = Param("post_sampling_probs", "boolean", "n_probs as the probabilities the token was drawn with, after "
+                      "the sampler chain (`prob`, `top_probs`), not the model's", default=False)
 
 # -- request: llama-server -> OpenAI ------------------------------------------------------------
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Native:
     grammar: str | None = None
     fields: tuple[str, ...] = ()      # response_fields: answer only these
     logit_bias: LogitBias = ()
+    post_sampling: bool = False       # post_sampling_probs
 
     @staticmethod
     def read(body: dict[str, Any], n_ctx: int, tokenize: Tokenize | None = None) -> Native:
@@ -92,12 +95,13 @@ class Native:
         need(isinstance(fields, list) and all(isinstance(f, str) for f in fields),
              "'response_fields' must be a list of field names", "response_fields")
         return Native(N_PREDICT.read(body, n_ctx), N_PROBS.read(body), RETURN_TOKENS.read(body), grammar, tuple(fields),
-                      logit_bias(body.get("logit_bias"), tokenize))
+                      logit_bias(body.get("logit_bias"), tokenize), POST_SAMPLING.read(body))
 
     def adjust(self, req: Request) -> Request:
         """The validated /v1/completions request, with what its body could not say."""
         params = dataclasses.replace(req.params, max_tokens=None if self.n_predict < 0 else max(self.n_predict, 1),
-                                     logprobs=self.n_probs > 0, top_logprobs=self.n_probs, logit_bias=self.logit_bias)
+                                     logprobs=self.n_probs > 0, top_logprobs=self.n_probs, logit_bias=self.logit_bias,
+                                     post_sampling_probs=self.post_sampling)
         constraint = Constraint("gbnf", self.grammar) if self.grammar else req.constraint
         return dataclasses.replace(req, params=params, constraint=constraint)
 
@@ -183,8 +187,9 @@ def settings(p: SamplingParams, native: Native, stream: bool) -> dict[str, Any]:
             "dry_sequence_breakers": list(p.dry_sequence_breakers), **{q.name: getattr(p, q.name) for q in SAMPLERS}}
 
 
-def timings(done: Done) -> dict[str, Any]:
-    t = done.timings
+def timings(done: Done | Timings) -> dict[str, Any]:
+    """llama-server's timings object, of a request's end or (timings_per_token) of one token."""
+    t = done.timings if isinstance(done, Done) else done
     per = lambda ms, n: round(ms / n, 3) if n else 0.0  # noqa: E731
     return {**t.as_dict(), "prompt_per_token_ms": per(t.prompt_ms, t.prompt_n),
             "predicted_per_token_ms": per(t.predicted_ms, t.predicted_n)}
@@ -199,12 +204,16 @@ def stop_type(done: Done) -> tuple[str, str]:
     return ("none" if done.finish_reason == "cancelled" else "eos"), ""
 
 
-def _prob(e: TokenLogprob | TopLogprob) -> dict[str, Any]:
-    return {"id": e.id, "token": e.token, "bytes": list(e.bytes), "logprob": e.logprob}
+def _prob(e: TokenLogprob | TopLogprob, post: bool) -> dict[str, Any]:
+    head = {"id": e.id, "token": e.token, "bytes": list(e.bytes)}
+    return {**head, "prob": math.exp(e.logprob)} if post else {**head, "logprob": e.logprob}
 
 
-def probabilities(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    return [{**_prob(e), "top_logprobs": [_prob(t) for t in e.top]} for e in entries]
+def probabilities(entries: Sequence[TokenLogprob], post: bool = False) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities; `post` (post_sampling_probs): the probabilities
+    after the sampler chain, as `prob` and `top_probs`."""
+    return [{**_prob(e, post), "top_probs" if post else "top_logprobs": [_prob(t, post) for t in e.top]}
+            for e in entries]
 
 
 def pick(out: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
@@ -266,7 +275,8 @@ class Reply:
                "prompt": self.prompts[i], "truncated": False, "stop_type": kind, "stopping_word": word,
                "tokens_cached": done.usage.cached_tokens, "timings": timings(done)}
         if self.native.n_probs and not stream:
-            out["completion_probabilities"] = probabilities([e for d in kept for e in d.logprobs])
+            out["completion_probabilities"] = probabilities([e for d in kept for e in d.logprobs],
+                                                            self.native.post_sampling)
         return pick(out, self.native.fields)
 
 
@@ -299,7 +309,9 @@ class CompletionWriter:
         chunk = {"index": ev.index, "content": ev.text, "tokens": list(ev.token_ids), "stop": False, "id_slot": -1,
                  "tokens_predicted": self.n[ev.index], "tokens_evaluated": self.reply.evaluated(ev.index)}
         if ev.logprobs:
-            chunk["completion_probabilities"] = probabilities(ev.logprobs)
+            chunk["completion_probabilities"] = probabilities(ev.logprobs, self.reply.native.post_sampling)
+        if ev.timings is not None:
+            chunk["timings"] = timings(ev.timings)
         return _data(chunk)
 
     def end(self, done: Done) -> bytes:

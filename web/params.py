@@ -171,6 +171,7 @@ COMMON = (
     _flag("cache_prompt", True, "Reuse the longest cached prefix of the prompt"),
     _flag("cache_pin", False, "Keep this prompt pinned in the RAM and disk prompt caches"),
     _flag("return_progress", False, "Streamed: report the prompt's processing (llama-server's prompt_progress)"),
+    _flag("timings_per_token", False, "Streamed: each chunk carries the request's timings so far (llama-server's)"),
     Param("speculate", "string", "Speculative decoding for this request (default: the server's setting)",
           enum=SPECULATE_MODES),
 )

@@ -131,7 +131,7 @@ class ChunkWriter:
                     call = {"index": c.index, "function": {"arguments": c.arguments}}
                 choices.append(self._delta_choice(ev.index, {"tool_calls": [call]}))
         if ev.text:
-            if not ev.logprobs and ev.index == 0 and not choices:
+            if not ev.logprobs and ev.index == 0 and not choices and ev.timings is None:
                 return self._text_chunk(ev.text)       # the hot path: one token's text
             choices.append(self._choice(ev.text, None, index=ev.index))
         if ev.logprobs and choices:
@@ -139,6 +139,9 @@ class ChunkWriter:
             choices[-1]["logprobs"] = _chat_logprobs(entries) if self.chat else \
                 _completion_logprobs(entries, self._offsets.get(ev.index, 0))
             self._offsets[ev.index] = self._offsets.get(ev.index, 0) + sum(len(e.token) for e in entries)
+        if ev.timings is not None and choices:     # timings_per_token: on the event's last chunk
+            return b"".join(self._chunk(c) for c in choices[:-1]) + \
+                self._chunk(choices[-1], timings=ev.timings.as_dict())
         return b"".join(self._chunk(c) for c in choices)
 
     def progress(self, ev: Progress) -> bytes:

@@ -43,6 +43,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False          # report each token's log-probability
     top_logprobs: int = 0           # and this many most likely alternatives
+    post_sampling_probs: bool = False   # of the distribution drawn from (after the chain), not the model's
     # (token id, bias) added to that token's logit before anything else; -inf (or <= -100) bans it
     logit_bias: tuple[tuple[int, float], ...] = ()
     # llama.cpp's other samplers, with its names, defaults and meanings (output/samplers.py, dry.py)
@@ -151,6 +152,7 @@ class Request:
     reasoning_format: str | None = None   # none | deepseek | auto (llama-server's); None: the server's
     images: tuple[ImageInput, ...] = ()
     return_progress: bool = False   # a Progress event before and after each prompt chunk (llama-server's)
+    timings_per_token: bool = False  # each Delta carries the timings so far (llama-server's)
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,7 @@ class Delta:
     reasoning: str = ""             # text of the reply's leading <think> block
     call_parts: tuple[ToolCallPart, ...] = ()  # the same calls as they stream (streamed answers use these)
     index: int = 0                  # the choice it belongs to (a request with n > 1)
+    timings: Timings | None = None  # the request's timings so far, when it asked (timings_per_token)
 
 
 @dataclass(frozen=True)

@@ -222,3 +222,33 @@ def test_return_progress_streams_the_prompts_processing_before_the_reply(server)
     marks = [c for c in chat if "prompt_progress" in c]
     assert len(marks) >= 3 and marks[-1]["prompt_progress"]["processed"] == marks[-1]["prompt_progress"]["total"]
     assert all(c["object"] == "chat.completion.chunk" and c["choices"][0]["delta"] == {} for c in marks)
+
+
+def test_timings_per_token_puts_the_timings_so_far_on_every_token(server):
+    body = {"prompt": PROMPT, "n_predict": 6, **GREEDY}
+    chunks = [c for c in streamed(server, "/completion", {**body, "timings_per_token": True}) if not c["stop"]]
+    assert chunks and all("timings" in c for c in chunks)
+    assert [c["timings"]["predicted_n"] for c in chunks] == sorted(c["timings"]["predicted_n"] for c in chunks)
+    assert all(c["timings"]["prompt_n"] + c["timings"]["cache_n"] == chunks[0]["tokens_evaluated"] for c in chunks)
+    assert all("timings" not in c for c in streamed(server, "/completion", body)[:-1])   # only when asked
+    chat = streamed(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                                     "max_tokens": 4, "timings_per_token": True, **GREEDY})
+    texts = [c for c in chat if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert texts and all("prompt_ms" in c["timings"] for c in texts)
+
+
+def test_post_sampling_probs_are_the_distribution_drawn_from(server):
+    """n_probs with post_sampling_probs: `prob` and `top_probs` after the chain (top_k 2 leaves two
+    candidates, their probabilities summing to 1; greedy leaves one, with probability 1)."""
+    body = {"prompt": PROMPT, "n_predict": 4, "n_probs": 5, "post_sampling_probs": True, "seed": 3}
+    for probs in (post(server, "/completion", {**body, "top_k": 2, "temperature": 1.0})["completion_probabilities"],
+                  [c["completion_probabilities"][0] for c in streamed(server, "/completion",
+                                                                      {**body, "top_k": 2, "temperature": 1.0})
+                   if c.get("completion_probabilities")]):
+        assert probs and all(1 <= len(p["top_probs"]) <= 2 and "logprob" not in p for p in probs)
+        assert all(abs(sum(t["prob"] for t in p["top_probs"]) - 1.0) < 1e-5 for p in probs)
+        assert all(p["prob"] in [t["prob"] for t in p["top_probs"]] for p in probs)
+    greedy = post(server, "/completion", {**body, "temperature": 0})["completion_probabilities"]
+    assert all(p["prob"] == 1.0 and [t["prob"] for t in p["top_probs"]] == [1.0] for p in greedy)
+    raw = post(server, "/completion", {**body, "temperature": 0, "post_sampling_probs": False})
+    assert all(len(p["top_logprobs"]) == 5 for p in raw["completion_probabilities"])

@@ -96,8 +96,8 @@ def test_bad_logit_bias_is_refused_word_for_word(value, message):
 
 def test_unsupported_options_are_refused_word_for_word():
     with pytest.raises(InvalidRequest) as e:
-        request({"post_sampling_probs": True})
-    assert e.value.message == "'post_sampling_probs' (post-sampling probabilities) is not supported by this server"
+        request({"n_cmpl": 2})
+    assert e.value.message == "'n_cmpl' (several completions) is not supported by this server"
 
 
 def test_llama_servers_samplers_reach_the_engine():
@@ -113,7 +113,8 @@ def test_llama_servers_samplers_reach_the_engine():
 
 
 def test_neutral_values_of_unsupported_options_are_accepted():
-    assert request({"post_sampling_probs": False, "lora": [], "n_cmpl": 1}).params.temperature == 0.8
+    assert request({"lora": [], "n_cmpl": 1}).params.temperature == 0.8
+    assert request({"n_probs": 2, "post_sampling_probs": True}).params.post_sampling_probs
 
 
 @pytest.mark.parametrize("value,prompts", [

@@ -105,11 +105,17 @@ class RequestOutput:
         return tok in self.eog_ids and not self.params.ignore_eos
 
     def _logprobs(self, row: np.ndarray, tok: int, piece: bytes) -> TokenLogprob:
-        lp = log_softmax(row)
+        final = self.sampler.final if self.params.post_sampling_probs else None
+        if final is not None:   # the distribution drawn from; its alternatives are what the chain kept
+            with np.errstate(divide="ignore"):
+                lp = np.log(final)
+        else:
+            lp = log_softmax(row)
 
         def entry(t: int, raw: bytes) -> TopLogprob:
             return TopLogprob(raw.decode("utf-8", errors="replace"), tuple(raw), float(lp[t]), t)
 
-        top = tuple(entry(int(t), self.detokenize([int(t)])) for t in top_ids(lp, self.params.top_logprobs))
+        top = tuple(entry(int(t), self.detokenize([int(t)])) for t in top_ids(lp, self.params.top_logprobs)
+                    if np.isfinite(lp[t]))
         e = entry(tok, piece)
         return TokenLogprob(e.token, e.bytes, e.logprob, top, tok)

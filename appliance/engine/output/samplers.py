@@ -118,6 +118,7 @@ class Mirostat:
     def __init__(self, version: int, tau: float, eta: float, n_vocab: int) -> None:
         self.version, self.tau, self.eta, self.n_vocab = version, tau, eta, n_vocab
         self.mu = 2.0 * tau
+        self.last: tuple[np.ndarray, np.ndarray] = (np.empty(0, dtype=np.int64), np.empty(0))   # drawn from
 
     def truncate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The candidates this step draws from (sorted by probability, most likely first), with
@@ -146,7 +147,7 @@ class Mirostat:
         return max(1, int(over[0]) if over.size else len(probs))
 
     def draw(self, x: np.ndarray, rng: np.random.Generator) -> int:
-        kept, probs = self.truncate(x)
+        kept, probs = self.last = self.truncate(x)
         i = int(rng.choice(len(kept), p=probs))
         self.mu -= self.eta * (-math.log2(probs[i]) - self.tau)
         return int(kept[i])

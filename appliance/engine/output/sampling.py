@@ -147,12 +147,14 @@ class Sampler:
         self.params, self.dry = params, dry
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.recent: list[int] = []
+        self.final: np.ndarray | None = None   # post_sampling_probs: the distribution the last token was drawn from
         self.mirostat = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, n_vocab) \
             if params.mirostat else None
         # greedy with no bias and no penalty: the argmax alone (the chain below returns the same)
         self.plain = (params.greedy and not params.logit_bias and params.presence_penalty == 0.0
                       and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
-                      and dry is None and params.typical_p >= 1.0 and params.xtc_probability <= 0.0)
+                      and dry is None and params.typical_p >= 1.0 and params.xtc_probability <= 0.0
+                      and not params.post_sampling_probs)
 
     def __call__(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
         """`allowed`: a bool mask over the vocabulary (structured output); others are never drawn."""
@@ -168,7 +170,12 @@ class Sampler:
         if p.logit_bias and not np.isfinite(x).any():
             x = self._masked(logits, allowed)   # the bans left no token the grammar allows: they yield
         if self.mirostat is not None:           # llama.cpp's Mirostat chain: temperature, then Mirostat
-            return self.mirostat.draw(scale(x, p.temperature), self.rng)
+            tok = self.mirostat.draw(scale(x, p.temperature), self.rng)
+            if p.post_sampling_probs:
+                kept, probs = self.mirostat.last
+                self.final = np.zeros(len(x))
+                self.final[kept] = probs
+            return tok
         temperature = None                      # not applied yet
         for name in p.samplers:
             if name == "temperature":
@@ -177,14 +184,24 @@ class Sampler:
                 temperature = 0.0 if p.greedy else \
                     dynamic_temperature(x, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
                 if temperature <= 0.0:          # greedy: only the largest survives what follows
-                    return greedy(x)
+                    return self._greedy(x)
                 if name != p.samplers[-1]:      # samplers after it see the scaled row
                     x, temperature = scale(x, temperature), 1.0
             elif not (p.greedy and name in KEEP_MAX):
                 x = self._step(name, x)
         if p.greedy:
-            return greedy(x)
-        return draw(x, 1.0 if temperature is None else temperature, self.rng)
+            return self._greedy(x)
+        temperature = 1.0 if temperature is None else temperature
+        if p.post_sampling_probs:
+            self.final = softmax(np.where(np.isfinite(x), x / temperature, NEG_INF))
+        return draw(x, temperature, self.rng)
+
+    def _greedy(self, x: np.ndarray) -> int:
+        tok = greedy(x)
+        if self.params.post_sampling_probs:     # the chain kept one token, with probability 1
+            self.final = np.zeros(len(x))
+            self.final[tok] = 1.0
+        return tok
 
     def _step(self, name: str, x: np.ndarray) -> np.ndarray:
         p = self.params

@@ -41,6 +41,7 @@ Invariant: a request in a slot has exactly `n_past` positions in that slot's KV.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import Counter, deque
@@ -346,6 +347,8 @@ class Scheduler:
             self.tokens_generated += 1
         delta = act.output.accept(tok, row)
         if delta is not None:
+            if act.req.timings_per_token:
+                delta = dataclasses.replace(delta, timings=act.timings(self.n_ctx, self.spec.label(act.spec)))
             self.emit(delta)
 
     def _take_rows(self, act: Active, span: Span, rows: np.ndarray) -> None:
