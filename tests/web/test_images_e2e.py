@@ -89,6 +89,7 @@ def test_health_models_and_ollama_show_say_the_model_sees_images(server):
     assert card["meta"]["vision"] is True
     shown = requests.post(server.url + "/api/show", json={"model": MODEL}, timeout=10).json()
     assert "vision" in shown["capabilities"]
+    assert requests.get(server.url + "/props", timeout=10).json()["modalities"]["vision"] is True   # llama-server's
 
 
 def test_openai_image_counts_its_rows_and_shapes_the_reply(server):
