@@ -1,7 +1,8 @@
 """Typed data crossing the server <-> engine boundary: requests in, events out.
 
-Every request's first event is `Accepted` or `Error`; then `Delta`s (of every choice, each with
-its `index`, when it asked for n > 1); then exactly one `Done` or `Error`. A tokenize or
+Every request's first event is `Accepted` or `Error`; then, when it asked (return_progress),
+`Progress` as its prompt is processed; then `Delta`s (of every choice, each with its `index`,
+when it asked for n > 1); then exactly one `Done` or `Error`. A tokenize or
 detokenize command gets exactly one `Tokenized` or `Error`, an embed command one `Embedded` or
 `Error`. Everything here is a frozen dataclass so it pickles across
 the process boundary and cannot be changed on the way.
