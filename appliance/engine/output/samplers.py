@@ -37,7 +37,7 @@ def typical_filter(x: np.ndarray, p: float, min_keep: int = 1) -> np.ndarray:
     if p >= 1.0:
         return x
     live = np.flatnonzero(np.isfinite(x))
-    live = live[np.lexsort((live, -x[live]))]          # most likely first, as llama.cpp sorts
+    live = live[np.argsort(-x[live], kind="stable")]   # most likely first (lowest id among equals)
     probs = _probs32(x[live])
     with np.errstate(divide="ignore"):
         surprise = -np.log(probs)
@@ -109,6 +109,17 @@ def scale(x: np.ndarray, temperature: float) -> np.ndarray:
     return ((z - np.max(z)) / temperature).astype(np.float32)
 
 
+def _largest_ids(values: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest values, largest first (without sorting the rest)."""
+    k = min(k, len(values))
+    part = np.argpartition(-values, k - 1)[:k] if k < len(values) else np.arange(len(values))
+    return part[np.lexsort((part, -values[part]))]
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    return values[_largest_ids(values, k)]
+
+
 class Mirostat:
     """Mirostat 1 (`version` 1) or 2: the truncation is steered so that the reply's surprise
     per token tracks tau; mu, the surprise ceiling, starts at 2 tau and moves by eta times each
@@ -121,30 +132,33 @@ class Mirostat:
         self.last: tuple[np.ndarray, np.ndarray] = (np.empty(0, dtype=np.int64), np.empty(0))   # drawn from
 
     def truncate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates this step draws from (sorted by probability, most likely first), with
-        their probabilities renormalized."""
+        """The candidates this step draws from (most likely first, lowest id among equals), with
+        their probabilities renormalized. Only the candidates are sorted, not the vocabulary."""
         live = np.flatnonzero(np.isfinite(x))
-        order = live[np.lexsort((live, -x[live]))]
-        probs = _probs(x[order])
-        k = self._k(probs) if self.version == 1 else self._k2(probs)
-        kept = order[:k]
+        probs = _probs(x[live])
+        if self.version == 1:
+            k = self._k(_largest(probs, MIROSTAT_M))
+            kept = live[_largest_ids(probs, k)]
+        else:   # Mirostat 2 keeps the tokens whose surprise is at most mu (at least the top one)
+            with np.errstate(divide="ignore"):
+                keep = -np.log2(probs) <= self.mu
+            kept = live[keep] if keep.any() else live[[int(np.argmax(probs))]]
+        kept = kept[np.lexsort((kept, -x[kept]))]
         return kept, _probs(x[kept])
 
-    def _k(self, probs: np.ndarray) -> int:
-        m = min(MIROSTAT_M - 1, len(probs) - 1)
+    def _k(self, top: np.ndarray) -> int:
+        """Mirostat 1's k from the sorted largest probabilities `top`: the estimated Zipf exponent
+        s_hat and the surprise ceiling mu."""
+        m = len(top) - 1
         if m <= 0:
             return 1
         i = np.arange(m, dtype=np.float64)
         t = np.log((i + 2) / (i + 1))
-        b = np.log(probs[:m] / probs[1:m + 1])
+        b = np.log(top[:m] / top[1:m + 1])
         s_hat = float(np.sum(t * b) / np.sum(t * t))
         eps = s_hat - 1
         k = math.pow((eps * math.pow(2, self.mu)) / (1 - math.pow(self.n_vocab, -eps)), 1 / s_hat)
-        return max(1, min(int(k) if math.isfinite(k) else len(probs), len(probs)))
-
-    def _k2(self, probs: np.ndarray) -> int:
-        over = np.flatnonzero(-np.log2(probs, where=probs > 0, out=np.full_like(probs, np.inf)) > self.mu)
-        return max(1, int(over[0]) if over.size else len(probs))
+        return max(1, int(k) if math.isfinite(k) else self.n_vocab)
 
     def draw(self, x: np.ndarray, rng: np.random.Generator) -> int:
         kept, probs = self.last = self.truncate(x)
