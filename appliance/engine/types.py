@@ -151,6 +151,19 @@ class Request:
     reasoning_format: str | None = None   # none | deepseek | auto (llama-server's); None: the server's
     images: tuple[ImageInput, ...] = ()
     return_progress: bool = False   # a Progress event before and after each prompt chunk (llama-server's)
+    # LoRA scales by adapter id (llama-server's `lora`: an adapter not listed is at 0); None: the
+    # engine's own, the flags' or what POST /lora-adapters set (engine/lora.py resolves it)
+    lora: tuple[tuple[int, float], ...] | None = None
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A loaded LoRA adapter as /lora-adapters lists it: its id (the order of the flags), its file
+    and the scale it started at."""
+
+    id: int
+    path: str
+    scale: float
 
 
 @dataclass(frozen=True)
