@@ -129,3 +129,63 @@ def test_a_file_that_is_no_adapter_fails_the_start(files, tmp_path):
 def test_torch_refuses_lora_at_start(files):
     with pytest.raises(ValueError, match="--lora needs the llama.cpp engine"):
         EngineConfig(engine="torch", lora=str(files[1]))
+
+
+# -- the scheduler: one adapter set a step, the prompt cache keyed on the set ----------------------
+
+from appliance.engine.sched.scheduler import Scheduler  # noqa: E402
+from appliance.engine.types import Delta, Done, Request, SamplingParams  # noqa: E402
+
+STORY = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 6
+A = ((0, 1.0),)
+
+
+def run(sched, reqs: dict[str, tuple[list[int], object]], cache: bool = True) -> dict[str, tuple[list[int], int]]:
+    """Greedy requests submitted together, run to their ends: each one's tokens and cached count."""
+    events: list = []
+    sched.emit = events.append
+    for rid, (ids, lora) in reqs.items():
+        sched.submit(Request(id=rid, params=SamplingParams(temperature=0, max_tokens=12), prompt="x",
+                             cache_prompt=cache, lora=lora), ids)
+    while sched.has_work():
+        sched.step()
+    done = {e.request_id: e for e in events if isinstance(e, Done)}
+    assert set(done) == set(reqs), [e for e in events if not isinstance(e, (Delta, Done))]
+    return {rid: ([t for e in events if isinstance(e, Delta) and e.request_id == rid for t in e.token_ids],
+                  done[rid].usage.cached_tokens) for rid in reqs}
+
+
+@pytest.fixture
+def sched(runner):
+    for slot in range(runner.info.n_slots):
+        runner.truncate(slot, 0)
+    return Scheduler(runner, EngineConfig(n_slots=2, n_ctx=256, prefill_chunk=32), lambda e: None)
+
+
+def test_request_scales_change_the_reply_and_do_not_leak(sched, runner):
+    ids = runner.tokenize(STORY, True)
+    base = run(sched, {"a": (ids, ())}, cache=False)["a"][0]
+    under = run(sched, {"b": (ids, A)}, cache=False)["b"][0]
+    assert under != base
+    assert run(sched, {"c": (ids, ())}, cache=False)["c"][0] == base
+    assert run(sched, {"d": (ids, None)}, cache=False)["d"][0] != base   # None: the start scales (1 and 0.5)
+
+
+def test_requests_under_different_sets_run_together_as_each_alone(sched, runner):
+    ids = runner.tokenize(STORY, True)
+    alone = {rid: run(sched, {rid: (ids, lora)}, cache=False)[rid][0] for rid, lora in (("a", ()), ("b", A))}
+    together = run(sched, {"a": (ids, ()), "b": (ids, A)}, cache=False)
+    assert {rid: got[0] for rid, got in together.items()} == alone
+
+
+def test_the_prompt_cache_never_reuses_a_prefix_across_sets(sched, runner):
+    ids = runner.tokenize(STORY, True)
+    cold = run(sched, {"cold": (ids, A)}, cache=False)["cold"][0]
+    sched = Scheduler(runner, sched.cfg, lambda e: None)   # a cache that holds nothing yet
+    assert run(sched, {"base": (ids, ())})["base"][1] == 0
+    first = run(sched, {"a": (ids, A)})["a"]
+    assert first == (cold, 0)                      # the base model's KV was there: not reused
+    again = run(sched, {"b": (ids, A)})["b"]
+    assert again[0] == cold and again[1] > 0       # its own set's KV is
+    assert sched.cache.kept_lora == [(), A] or sched.cache.kept_lora == [A, ()]
+    assert not (sched.cache.ram and sched.cache.ram.entries)   # states under adapters stay in their slots
