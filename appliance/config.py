@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Collection, Mapping
 
 from .chat_templates import BUILTIN, REASONING, REASONING_FORMATS, default_kwargs, load_template
+from .adapters import AdapterSettings
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .endpoints import parse_endpoints, parse_split
 from .flags import ENV_PREFIX, flag, listed, opt, values_of
@@ -22,8 +23,8 @@ from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """What the engine process needs to load a model and schedule requests."""
+class EngineConfig(AdapterSettings):
+    """What the engine process needs to load a model and schedule requests (the LoRA flags: adapters.py)."""
 
     model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     model_alias: str | None = opt(None, "model names, comma-separated: the first is its id, each reaches it (default: the file name without .gguf)")
@@ -188,7 +189,7 @@ class EngineConfig:
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
         # raise for a malformed --override-tensor, an unknown template name, an unreadable file, bad Jinja
         self.tensor_overrides(), self.template_override(), self.template_kwargs()
-        listed(self.model_alias, "--model-alias"), listed(self.tags, "--tags")     # raise for an empty name
+        listed(self.model_alias, "--model-alias"), listed(self.tags, "--tags"), self.check_adapters()  # an empty name, bad --lora
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0 and self.n_threads_batch >= 0
                  and self.stream_interval_ms >= 0, "counts must not be negative")
 
@@ -240,7 +241,6 @@ class EngineConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     """What the HTTP server needs."""
-
     host: str = opt("127.0.0.1", "addresses to bind, comma-separated (127.0.0.1,::1: both loopbacks; "
                     "0.0.0.0 exposes the server to the network)")
     port: int = opt(8080, "port to listen on")

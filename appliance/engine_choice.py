@@ -11,7 +11,7 @@ engine, and the one that serves every model) keeps it.
 At start, `resolve` turns `auto` into an engine: the plan's choice for this model file (the plan
 used whole or not at all, as for llama.cpp's settings), else llama.cpp with the reason. A choice of
 the torch runner falls back to llama.cpp where it cannot serve: torch not installed, a setting
-only llama.cpp has (--kv-type, --mmproj, tensor placement), or a load it refuses (an
+only llama.cpp has (--kv-type, --mmproj, --lora, tensor placement), or a load it refuses (an
 architecture it does not run; startup.py). /health's settings.engine_choice says which and why.
 """
 from __future__ import annotations
@@ -91,6 +91,8 @@ def _torch_blocked(cfg: Any) -> str | None:
         return f"--kv-type {cfg.kv_type} is llama.cpp's"
     if cfg.mmproj is not None:
         return "--mmproj (images) is served by llama.cpp"
+    if cfg.lora_files():
+        return "--lora (LoRA adapters) is applied by llama.cpp"
     if cfg.override_tensor or cfg.cpu_moe or cfg.n_cpu_moe is not None:
         return "tensor placement (--override-tensor, --cpu-moe) is llama.cpp's"
     return None

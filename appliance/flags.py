@@ -1,6 +1,7 @@
 """Settings declared once, as dataclass fields, and read from command-line flags and APPLIANCE_*
 variables. A field made with `opt` holds its help text (and `switch=True` for a mode that is
-also an on/off switch, like --prompt-cache); `add_arguments` gives every field of a class a
+also an on/off switch, like --prompt-cache; `repeat=True` for a list the flag adds to each time
+it is given, like --lora); `add_arguments` gives every field of a class a
 flag whose help names its variable and default; `values_of` parses what the flags and an
 environment mapping give for a class's fields. config.py declares the settings and hands this
 module the environment: it stays the only module that reads it."""
@@ -76,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type, only: frozens
                                    metavar="MODE", help=help_text)
                 group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
                                    const="off", help=argparse.SUPPRESS)
+            elif f.metadata.get("repeat"):   # llama-server's --lora: given again, it adds one
+                group.add_argument(flag(f.name), dest=f.name, default=None, action="append",
+                                   metavar=f.name.upper(), help=help_text)
             elif "bool" in str(f.type):
                 group.add_argument(flag(f.name), dest=f.name, default=None,
                                    action=argparse.BooleanOptionalAction, help=help_text)
@@ -90,6 +94,8 @@ def values_of(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -> di
     for f in dataclasses.fields(cls):
         given = flags.get(f.name)
         switch, words = bool(f.metadata.get("switch")), f.metadata.get("words")
+        if isinstance(given, list):   # a flag given again (repeat=True): its values, comma-separated
+            given = ",".join(given)
         if given is not None:
             values[f.name] = given if not isinstance(given, str) else _parse_value(f.type, given, f.name, switch, words)
         elif ENV_PREFIX + f.name.upper() in env:

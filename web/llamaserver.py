@@ -59,10 +59,10 @@ DEFAULTS = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)  # 
 RANDOM_SEED = 0xFFFFFFFF     # llama-server's LLAMA_DEFAULT_SEED: a new random seed per request
 PASSED = ("temperature", "top_k", "top_p", "min_p", "stop", "repeat_penalty", "repeat_last_n", "presence_penalty",
           "frequency_penalty", "ignore_eos", "cache_prompt", "cache_pin", "speculate", "stream", "keep_alive",
-          "return_progress", "timings_per_token",
+          "return_progress", "timings_per_token", "lora",
           "samplers", "dry_sequence_breakers", *(p.name for p in SAMPLERS))
 # llama-server's options that change the output and that this engine does not have: (neutral, what)
-UNSUPPORTED = {"n_cmpl": (1, "several completions"), "lora": ([], "per-request LoRA adapters")}
+UNSUPPORTED = {"n_cmpl": (1, "several completions")}
 
 N_PREDICT = Param("n_predict", "integer", "Most tokens to generate; -1 until the end of the context or of "
                   "generation, 0 only evaluates the prompt into the cache", lo=-1, hi=N_CTX, default=-1)

@@ -185,6 +185,13 @@ def _llama_server(chat: dict[str, Any], models: dict[str, Any]) -> dict[str, Any
         "/props": {"get": bodiless("llama-server's server properties", "openai",
                               _obj(("default_generation_settings", "total_slots"), total_slots={"type": "integer"}),
                               (query("model", STRING),))},
+        "/lora-adapters": {
+            "get": bodiless("The model's LoRA adapters and their scales (llama-server's)", "openai",
+                            {"type": "array", "items": _obj(("id", "path", "scale"))}, (query("model", STRING),)),
+            "post": post("Set the scales of the requests without their own lora (an adapter not listed: 0)",
+                         "openai", {"type": "array", "items": _obj(("id",), id={"type": "integer"},
+                                                                  scale={"type": "number"})},
+                         _obj(("success",)), params=(query("model", STRING),))},
         "/apply-template": {"post": post("A chat request's prompt as the model's template renders it", "openai",
                                          _obj(("messages",), messages={"type": "array", "items": OBJECT}),
                                          _obj(("prompt",), prompt=STRING))},

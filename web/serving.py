@@ -33,6 +33,7 @@ from appliance.errors import ApplianceError, EngineFailure, EngineUnavailable, I
 
 from . import wire
 from .batch import Merged
+from .lora import with_global
 
 log = logging.getLogger("appliance.api")
 
@@ -220,8 +221,8 @@ def parse_submit(body: dict[str, Any], chat: bool,
     with model(body) as (name, engine):
         parsed = parse(_as_served(body, name), engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine),
                        n_ctx(engine))
-        if adjust is not None:
-            parsed = dataclasses.replace(parsed, request=adjust(parsed.request), batch=tuple(map(adjust, parsed.batch)))
+        fix = lambda r: with_global(adjust(r) if adjust is not None else r, engine)  # noqa: E731
+        parsed = dataclasses.replace(parsed, request=fix(parsed.request), batch=tuple(map(fix, parsed.batch)))
         return _submit(engine, parsed)
 
 

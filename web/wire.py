@@ -27,6 +27,7 @@ from appliance.errors import InvalidRequest, ModelNotFound
 
 from . import prompts
 from .images import Images
+from .lora import lora_of
 from .params import CHAT, COMPLETION, RESPONSE_FORMATS, ROLES, STREAM_OPTIONS, TOOL_CHOICES, TOOL_NAME_PATTERN, Param
 from .reasoning import reasoning_format, reasoning_kwargs
 from .sampling import sampling_params
@@ -362,6 +363,7 @@ def parse_chat(body: dict, request_id: str, served: set[str], n_ctx: int) -> Par
                   tool_choice=choice, parallel_tool_calls=t["parallel_tool_calls"].read(body),
                   cache_prompt=t["cache_prompt"].read(body), cache_pin=t["cache_pin"].read(body),
                   return_progress=t["return_progress"].read(body), timings_per_token=t["timings_per_token"].read(body),
+                  lora=lora_of(body.get("lora")),
                   speculate=t["speculate"].read(body), n=t["n"].read(body), images=tuple(images.found),
                   reasoning_format=reasoning_format(body))
     return ParsedRequest(req, stream, include_usage, model)
@@ -380,7 +382,7 @@ def parse_completion(body: dict, request_id: str, served: set[str], n_ctx: int) 
                   constraint=constraint_of(body), cache_prompt=t["cache_prompt"].read(body),
                   cache_pin=t["cache_pin"].read(body), speculate=t["speculate"].read(body), n=t["n"].read(body),
                   images=batch[0].images, return_progress=t["return_progress"].read(body),
-                  timings_per_token=t["timings_per_token"].read(body))
+                  timings_per_token=t["timings_per_token"].read(body), lora=lora_of(body.get("lora")))
     several = tuple(dataclasses.replace(req, id=f"{request_id}-{i}", prompt=p.text, prompt_ids=p.ids, images=p.images)
                     for i, p in enumerate(batch)) if len(batch) > 1 else ()
     return ParsedRequest(req, stream, include_usage, model, several)

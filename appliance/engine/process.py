@@ -142,6 +142,7 @@ class EngineClient:
         self.embedding_only = embedding_only     # an embedding model's engine (engine/embed.py)
         self.turns = turns                       # the lock file of the cores it shares (cores.Turns)
         self.info: RunnerInfo | None = None
+        self.lora: tuple[tuple[int, float], ...] | None = None   # POST /lora-adapters' scales (None: the flags')
         self.stats: EngineStats | None = None
         self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()

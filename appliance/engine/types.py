@@ -154,6 +154,19 @@ class Request:
     images: tuple[ImageInput, ...] = ()
     return_progress: bool = False   # a Progress event before and after each prompt chunk (llama-server's)
     timings_per_token: bool = False  # each Delta carries the timings so far (llama-server's)
+    # LoRA scales by adapter id (llama-server's `lora`: an adapter not listed is at 0); None: the
+    # engine's own, the flags' or what POST /lora-adapters set (engine/lora.py resolves it)
+    lora: tuple[tuple[int, float], ...] | None = None
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A loaded LoRA adapter as /lora-adapters lists it: its id (the order of the flags), its file
+    and the scale it started at."""
+
+    id: int
+    path: str
+    scale: float
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,11 @@ one piece, and takes whatever was settled so far.
 each state then knows how many of its leading positions are exact (`exact`), and a request
 that reused more than exact reuse would have is labelled inexact in its timings.
 
+A slot's KV is computed under its request's LoRA adapter set (engine/lora.py), which the cache
+keeps beside it (`kept_lora`): a request reuses a slot's prefix only under the same set, and only
+the base model's states (the empty set) go to the RAM and disk tiers or are settled while idle,
+so a state never crosses adapters and the tiers' keys stay token chains.
+
 A spill costs the step path only the runner's `save` (the llama.cpp context is not
 thread-safe, so it stays on the engine thread): the RAM tier keeps the very bytes it returns,
 and the disk tier queues the same object for its writer thread (disk.py). At shutdown
@@ -42,6 +47,7 @@ from typing import Sequence
 
 from ...config import EngineConfig
 from ..grid import Grid, common_prefix
+from ..lora import BASE, LoraSet
 from ..runners.base import ModelRunner, Span
 from ..stats import CacheStats
 from .cost import PrefillCost
@@ -78,6 +84,7 @@ class PromptCache:
         self.enabled = mode != "off"
         self.kept: list[list[int]] = [[] for _ in range(n)]   # the positions each idle slot holds
         self.exact = [0] * n                                  # ... of which the first n are exact
+        self.kept_lora: list[LoraSet] = [BASE] * n            # ... computed under this adapter set
         self.on_disk = [False] * n                            # kept positions already checked/written
         self.unsettled: list[list[int]] = [[] for _ in range(n)]  # tokens past `kept` to settle while idle
         self.busy: set[int] = set()
@@ -96,16 +103,17 @@ class PromptCache:
 
     # -- a request's life ----------------------------------------------------------------
     def admit(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int],
-              room: int | None = None) -> Placement:
+              room: int | None = None, lora: LoraSet = BASE) -> Placement:
         """Give a request one of the `free` slots: the one keeping the longest reusable prefix
         of `prompt`, or a longer one restored from RAM or disk (one of at most `room` positions:
         what a shared KV pool has free for it). What the slot kept beyond that is saved to the
-        tiers first; its KV is cut to the reused prefix."""
+        tiers first; its KV is cut to the reused prefix. `lora`: the adapter set it runs under."""
         use = self.enabled and use_cache
-        slot, at = self._pick_slot(prompt, use, free)
+        slot, at = self._pick_slot(prompt, use, free, lora)
         self._spill(slot, at.reuse)
-        if use:
+        if use and lora == BASE:   # the tiers hold the base model's states only
             at = self._restore_saved(prompt, slot, at, room)
+        self.kept_lora[slot] = lora
         self.runner.truncate(slot, at.reuse)
         self.kept[slot], self.unsettled[slot] = [], []  # the slot is rewritten from position `reuse` on
         self.busy.add(slot)
@@ -128,7 +136,7 @@ class PromptCache:
             self.kept[slot] = (list(prompt) + list(output))[:n_past]
         else:
             self.kept[slot] = list(prompt[:n_exact])
-            if settle and output and self.mode == "on" and self.grid.any_position:
+            if settle and output and self.mode == "on" and self.grid.any_position and not self.kept_lora[slot]:
                 room = self.runner.info.n_ctx - n_exact  # a reply cut off by the context ends there
                 rest = (list(prompt[n_exact:]) + list(output))[:room]
                 self.unsettled[slot] = rest if n_exact + len(rest) >= self.grid.min_chunk else []
@@ -137,9 +145,9 @@ class PromptCache:
         if pin:
             self._pin(slot)
 
-    def pick(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int]) -> int:
+    def pick(self, prompt: Sequence[int], use_cache: bool, free: Sequence[int], lora: LoraSet = BASE) -> int:
         """The slot among `free` that `admit` would give this prompt."""
-        return self._pick_slot(prompt, self.enabled and use_cache, free)[0]
+        return self._pick_slot(prompt, self.enabled and use_cache, free, lora)[0]
 
     def planned(self, slot: int) -> int:
         """Positions an idle slot is to hold: its kept prompt and the reply still to settle."""
@@ -226,7 +234,7 @@ class PromptCache:
 
     def _persist_next(self, wait_s: float) -> bool:
         for i, kept in enumerate(self.kept):
-            if i in self.busy or not kept or self.on_disk[i]:
+            if i in self.busy or not kept or self.on_disk[i] or self.kept_lora[i]:
                 continue
             self.on_disk[i] = True  # the engine asks every idle tick: hash a slot's blocks once
             if not self.disk.holds(kept):
@@ -263,11 +271,14 @@ class PromptCache:
             return Placement(slot, fast, True, min(fast, exact))
         return Placement(slot, reuse)
 
-    def _pick_slot(self, prompt: Sequence[int], use: bool, free: Sequence[int]) -> tuple[int, Placement]:
-        """The free slot with the longest reusable prefix; without a hit, the one keeping least."""
+    def _pick_slot(self, prompt: Sequence[int], use: bool, free: Sequence[int],
+                   lora: LoraSet) -> tuple[int, Placement]:
+        """The free slot with the longest reusable prefix under the same adapter set; without a
+        hit, the one keeping least."""
         best: Placement | None = None
         for i in free:
-            at = self._place(i, prompt, common_prefix(self.kept[i], prompt), self.exact[i]) if use else Placement(i, 0)
+            same = use and self.kept_lora[i] == lora
+            at = self._place(i, prompt, common_prefix(self.kept[i], prompt), self.exact[i]) if same else Placement(i, 0)
             if best is None or at.reuse > best.reuse or (
                     at.reuse == best.reuse and len(self.kept[i]) < len(self.kept[best.slot])):
                 best = at
@@ -304,7 +315,7 @@ class PromptCache:
         is worth, while a save copies the whole state on this request's way to its first token
         (a settled reply the next turn resends changed: ~100 ms at 1,800 positions here)."""
         kept = self.kept[slot]
-        if not kept or len(kept) - reuse < self.grid.min_reuse:
+        if not kept or len(kept) - reuse < self.grid.min_reuse or self.kept_lora[slot]:
             return
         want_ram = self.ram is not None and not self.ram.holds(kept)
         want_disk = self.disk is not None and self.disk.enabled and not self.disk.holds(kept)
@@ -321,7 +332,7 @@ class PromptCache:
         """Save the slot's kept positions into both tiers now, pinned: a system prompt with
         tool schemas stays cached whatever else comes through."""
         kept = self.kept[slot]
-        if not kept or (self.ram is None and self.disk is None):
+        if not kept or (self.ram is None and self.disk is None) or self.kept_lora[slot]:
             return
         self.runner.truncate(slot, len(kept))  # drop what is not kept (a reply, outside fast mode)
         blob = self.runner.save(slot)

@@ -14,6 +14,9 @@ def make_runner(cfg: EngineConfig, model_path: Path, alias: str, defer_kernels: 
     if cfg.engine == "torch":
         if cfg.mmproj is not None:
             raise ModelLoadError("--mmproj: images are served by the llama.cpp runner only (--engine llamacpp)")
+        if cfg.lora_files():
+            raise ModelLoadError("--lora needs the llama.cpp engine (--engine llamacpp): the torch runner "
+                                 "does not apply LoRA adapters")
         try:
             from .torch.runner import TorchRunner
         except ImportError as e:

@@ -12,6 +12,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from ..types import LoraAdapter
+
 
 @dataclass(frozen=True)
 class FimTokens:
@@ -52,6 +54,7 @@ class RunnerInfo:
     # one pool of n_ctx cells for every slot (llama.cpp's kv_unified): the scheduler counts its cells
     # (sched/kv_pool.py) and the runner's `kv_used(slot)` says how many a slot holds
     kv_unified: bool = False
+    adapters: tuple[LoraAdapter, ...] = ()   # LoRA adapters loaded beside the model (--lora; llama.cpp)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,9 @@ class Span:
     tokens: tuple[int, ...]
     start_pos: int
     n_logits: int = 1
+    # the LoRA adapters it runs under, (id, scale) with scale != 0 by id (engine/lora.py); the
+    # adapters apply to the whole llama.cpp context, so one forward's spans share one set
+    lora: tuple[tuple[int, float], ...] = ()
 
 
 class ModelRunner(Protocol):

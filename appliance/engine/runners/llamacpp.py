@@ -32,6 +32,7 @@ from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from ...rope import ModelRope, RopeScaling, served
 from . import llamacpp_mtp, mtp_source
+from .llamacpp_lora import Adapters, one_set
 from .base import RunnerInfo, Span
 from .vision import Projector
 from .placement import GGML_KV_TYPES, place_model
@@ -121,6 +122,7 @@ class LlamaCppRunner(TextMethods):
                 # read before the context: llama.cpp rewrites n_ctx_train for a custom YaRN scale
                 n_ctx_train = L.llama_model_n_ctx_train(self.model)
                 cp = self._context(cfg, model_path, s)
+                self.adapters = self._adapters(cfg)
                 self._mtp_check(cp)
             except ModelLoadError as e:      # with llama.cpp's reason: a buffer a device did not give
                 raise ModelLoadError(e.message + said.why()) from None
@@ -146,10 +148,18 @@ class LlamaCppRunner(TextMethods):
             settings={**s.as_dict(), "kv_type": self.kv_type, "kv_unified": cfg.kv_unified, "llama_cpp_python": L.__version__,
                       "rope": self.rope.as_dict(), "context": self.rope.describe(n_ctx, n_ctx_train, "in the pool the slots share" if cfg.kv_unified else "per slot")},
             fingerprint=file_fingerprint(model_path),
-            placement=self.placed.summary(),
+            placement=self.placed.summary(), adapters=self.adapters.listed,
         )
+        self.info.settings.update(self._extras())
+
+    def _extras(self) -> dict[str, object]:
+        """The settings of what is loaded beside the model: the projector, the LoRA adapters."""
+        extras: dict[str, object] = {}
         if self.projector is not None:
-            self.info.settings["mmproj"] = self.projector.describe()
+            extras["mmproj"] = self.projector.describe()
+        if self.adapters.listed:
+            extras["lora"] = [f"{a.path}:{a.scale:g}" for a in self.adapters.listed]
+        return extras
 
     def _projector(self, cfg: EngineConfig, s: LlamaCppSettings) -> Projector | None:
         """--mmproj's projector beside the model (vision.py): images in a prompt."""
@@ -187,6 +197,16 @@ class LlamaCppRunner(TextMethods):
             raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of "
                                  f"{1 if cfg.kv_unified else cfg.n_slots} x {n_ctx} positions")
         return cp
+
+    def _adapters(self, cfg: EngineConfig) -> Adapters:
+        """--lora's adapters, loaded beside the model (llamacpp_lora.py); a file llama.cpp refuses
+        frees what was loaded and fails the start."""
+        try:
+            return Adapters(self.model, cfg.lora_files())
+        except ModelLoadError:
+            L.llama_free(self.ctx)
+            L.llama_model_free(self.model)
+            raise
 
     def _mtp_check(self, cp: L.llama_context_params) -> None:
         """Whether the model has a next-n (MTP) head llama.cpp can run, in its GGUF or a sidecar
@@ -235,6 +255,7 @@ class LlamaCppRunner(TextMethods):
     # -- compute -------------------------------------------------------------------------
     def forward(self, spans: Sequence[Span]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(spans)
+        self.adapters.apply(self.ctx, one_set(spans))
         if self.nextn is not None:
             self.hidden = []
         singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1 and s.tokens[0] >= 0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..lora import LoraSet
 from ..output.request_output import RequestOutput
 from ..spec import Drafting
 from ..types import ChoiceEnd, Done, Request, Timings, Usage
@@ -34,6 +35,7 @@ class Active:
     group: Choices | None = None       # the request's choices, when it asked for n > 1
     follows: Active | None = None      # a choice waiting for its leader's prefill, to take a copy of it
     reserved: bool = True              # it has a max_tokens (a shared KV pool holds them for it: kv_pool.py)
+    lora: LoraSet = ()                 # the LoRA adapter set it runs under (engine/lora.py)
 
     @property
     def prefilling(self) -> bool:

@@ -52,6 +52,7 @@ import numpy as np
 from ...config import EngineConfig
 from ...errors import ApplianceError, ContextOverflow, InvalidRequest, QueueFull
 from ..cache.prompt_cache import PromptCache
+from ..lora import resolve
 from ..output.constraints import Matcher
 from ..output.dry import BreakerTables
 from ..output.parser import OutputParser
@@ -62,7 +63,7 @@ from ..stats import EngineStats
 from ..types import Accepted, Done, Error, Event, Progress, Request
 from .kv_pool import SharedPool, need
 from .request_state import Active, Choices
-from .step_plan import StepPlan, plan_step
+from .step_plan import StepPlan, lora_turn, plan_step
 
 
 class Scheduler:
@@ -128,11 +129,12 @@ class Scheduler:
             assert outputs[0] == (None, None), "each choice needs its own matcher and parser"
             outputs = [outputs[0]] * req.n
         limit = min(max_tokens, self.n_ctx - n)
+        lora = resolve(req.lora, self.runner.info.adapters)   # under adapters it decodes serially (step_plan.py)
         choices = [Active(req, list(prompt), RequestOutput(
             req.id, p, (seed + i) % 2**64, limit, self.runner.info.eog_ids,
             self.runner.detokenize, matcher, parser, index=i, dry=self.breakers.dry(p, prompt, limit),
-            n_vocab=self.runner.info.n_vocab), self.spec.start(prompt, req.speculate),
-            reserved=asked > 0) for i, (matcher, parser) in enumerate(outputs[:req.n])]
+            n_vocab=self.runner.info.n_vocab), self.spec.start(prompt, "off" if lora else req.speculate),
+            reserved=asked > 0, lora=lora) for i, (matcher, parser) in enumerate(outputs[:req.n])]
         if req.n > 1:
             group = Choices(choices)
             for act in choices:
@@ -278,7 +280,8 @@ class Scheduler:
             self.waiting.popleft()
             for choice in act.members:   # the leader first: it alone may reuse a cached prefix
                 offer = [keep] if keep is not None and choice is act else free
-                at = self.cache.admit(choice.prompt, choice.req.cache_prompt and choice.follows is None, offer, room)
+                at = self.cache.admit(choice.prompt, choice.req.cache_prompt and choice.follows is None, offer, room,
+                                      choice.lora)
                 free.remove(at.slot)
                 choice.slot, choice.n_past, choice.cached = at.slot, at.reuse, at.reuse
                 choice.t_admit = time.perf_counter()
@@ -290,7 +293,7 @@ class Scheduler:
         """A shared pool: the slot the cache gives `act`'s leader (`keep`), and the cells free for
         it once that slot's own are counted (negative: `act` does not fit while the running
         requests hold theirs). Idle slots' cached prompts are evicted until it fits, that slot's last."""
-        keep = self.cache.pick(act.prompt, act.req.cache_prompt, free)
+        keep = self.cache.pick(act.prompt, act.req.cache_prompt, free, act.lora)
         want = need(act)
         if self.pool.free(self.slots, lambda i: 0) < want:   # type: ignore[union-attr]
             return keep, -1        # not even with every cached prompt gone: keep them while it waits
@@ -314,14 +317,16 @@ class Scheduler:
         return max(self.runner.kv_used(slot), self.cache.planned(slot))
 
     def _plan(self) -> StepPlan:
-        decoding = [a for a in self.slots if a is not None and a.decoding]
+        lora = lora_turn([a for a in self.slots if a is not None and a.follows is None], self.steps)
+        decoding = [a for a in self.slots if a is not None and a.decoding and a.lora == lora]
         rooms = [a.room(self.n_ctx) for a in decoding]
         if self.pool is not None and decoding:   # a growing request takes a cell a step, cached prompts giving theirs
             pool, growing = self.pool, sum(not a.reserved for a in decoding)
             self._evict_until(lambda: pool.free(self.slots, self._idle_cells) >= growing)
             rooms = pool.grant(decoding, rooms, pool.free(self.slots, self._idle_cells))
         drafts = self.spec.propose([a.spec for a in decoding], rooms, [a.slot for a in decoding]) if decoding else []
-        prefilling = sorted((a for a in self.slots if a is not None and a.prefilling), key=lambda a: a.t_submit)
+        prefilling = sorted((a for a in self.slots if a is not None and a.prefilling and a.lora == lora),
+                            key=lambda a: a.t_submit)
         return plan_step(decoding, drafts, prefilling, self.grid, self.cfg.step_token_budget)
 
     # -- choices (n > 1) ---------------------------------------------------------------------
