@@ -3,7 +3,7 @@
 Every request's first event is `Accepted` or `Error`; then `Delta`s (of every choice, each with
 its `index`, when it asked for n > 1); then exactly one `Done` or `Error`. A tokenize or
 detokenize command gets exactly one `Tokenized` or `Error`, an embed command one `Embedded` or
-`Error`. Everything here is a frozen dataclass so it pickles across
+`Error`, a slots command one `Slots`, a slot action one `SlotDone` or `Error`. Everything here is a frozen dataclass so it pickles across
 the process boundary and cannot be changed on the way.
 """
 from __future__ import annotations
@@ -327,4 +327,46 @@ class Embedded:
         return [self.floats(start + j) for j in range(self.n_tokens[i])]
 
 
-Event = Accepted | Delta | Done | Error | Tokenized | Embedded
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as llama-server's GET /slots shows it. `id_task` and what follows it are of the
+    request in the slot, or (idle) of the last one it served; None: it has served none."""
+
+    id: int
+    n_ctx: int
+    speculative: bool
+    is_processing: bool
+    n_prompt_tokens: int               # positions the slot holds (idle: what the prompt cache keeps)
+    id_task: int | None = None
+    params: SamplingParams | None = None
+    n_prompt_tokens_processed: int = 0
+    n_prompt_tokens_cache: int = 0
+    n_decoded: int = 0
+    n_remain: int = -1                 # tokens it may still generate; -1: no max_tokens given
+    has_next_token: bool = False
+    has_new_line: bool = False
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The one event answering a slots command: every slot, in order."""
+
+    request_id: str
+    slots: tuple[SlotState, ...]
+
+
+@dataclass(frozen=True)
+class SlotDone:
+    """The one event answering a slot action (llama-server's save, restore, erase): the prompt
+    positions the file or the slot held, the file's bytes and the milliseconds it took."""
+
+    request_id: str
+    action: str
+    slot: int
+    filename: str = ""
+    n_tokens: int = 0
+    n_bytes: int = 0
+    ms: float = 0.0
+
+
+Event = Accepted | Delta | Done | Error | Tokenized | Embedded | Slots | SlotDone

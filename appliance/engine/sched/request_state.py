@@ -34,6 +34,7 @@ class Active:
     group: Choices | None = None       # the request's choices, when it asked for n > 1
     follows: Active | None = None      # a choice waiting for its leader's prefill, to take a copy of it
     reserved: bool = True              # it has a max_tokens (a shared KV pool holds them for it: kv_pool.py)
+    task: int = 0                      # the request's number in this engine (llama-server's id_task in /slots)
 
     @property
     def prefilling(self) -> bool:
