@@ -39,16 +39,14 @@ class EngineConfig(AdapterSettings):
                              "Q8_0, MXFP4, NVFP4) kept as stored on the device and multiplied by the "
                              "Triton kernels of kernels/ (auto: on a CUDA device when Triton is installed; "
                              "triton: required, on a CPU only under TRITON_INTERPRET=1; off: dequantized)")
-    torch_graphs: str = opt("auto", "torch runner with its kernels: decode steps as CUDA graphs, one per "
-                            "batch bucket, auto | eager | off (auto: on a CUDA device for a dense model; "
-                            "eager: the same fixed-shape step without capture, a check that runs on a CPU; "
-                            "off: the ordinary forward)")
-    torch_cpu_kernels: str = opt("auto", "torch runner on a CPU: auto | cpp | ops. cpp: C++ kernels built once "
-                                 "per machine for RMSNorm, RoPE, SwiGLU, the int4 matmul (AVX512-BF16) and the "
-                                 "attention of steps and verifies (each row alone, over its own keys); ops: torch "
-                                 "ops; auto: cpp when they build (the attention where it fits the model), "
-                                 "else ops; a first build does not hold the engine's start: torch ops serve "
-                                 "until the engine, next idle, moves to the kernels (cpp waits for it)")
+    torch_graphs: str = opt("auto", "torch runner with its kernels: decode steps as CUDA graphs, one per batch "
+                            "bucket, auto | eager | off (auto: on a CUDA device for a dense model; eager: the same "
+                            "fixed-shape step without capture, a check that runs on a CPU; off: the ordinary forward)")
+    torch_cpu_kernels: str = opt("auto", "torch runner on a CPU: auto | cpp | ops. cpp: C++ kernels built once per machine "
+                                 "for RMSNorm, RoPE, SwiGLU, the int4 matmul (AVX512-BF16) and the attention of steps and "
+                                 "verifies (each row alone, over its own keys); ops: torch ops; auto: cpp when they build (the "
+                                 "attention where it fits the model), else ops; a first build does not hold the engine's "
+                                 "start: torch ops serve until the engine, next idle, moves to the kernels (cpp waits for it)")
     expert_cache: str = opt("auto", "torch runner, MoE models: SLOTS | auto | off. Routed experts stay in "
                             "host memory and a device cache of SLOTS experts, shared by the layers, holds "
                             "the ones the router uses most (auto: a cache only when the experts do not fit "
@@ -107,6 +105,7 @@ class EngineConfig(AdapterSettings):
     cache_dir: str | None = opt(None, "directory of the prompt cache's disk tier, which survives restarts "
                                 "(default: $XDG_DATA_HOME/appliance/prompt-cache)")
     cache_disk_bytes: int = opt(8 * 1024**3, "bytes of saved prompt states kept on disk (0 = no disk tier)")
+    slot_save_path: str | None = opt(None, "directory of llama-server's slot save/restore files (POST /slots/ID; 501 without it)")
     probe_cache: str | None = opt(None, "directory of start-up probe results a restart reads back (default: off)")
     plan: str | None = opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
                            "directory, when present); 'off' to use the fixed defaults")
@@ -250,6 +249,7 @@ class ServerConfig:
                             "this machine's (localhost, 127.0.0.1, 0.0.0.0, [::1], any port) and apps' "
                             "(app://, file://, ...); '*' any, one '*' a pattern; any other Origin: 403")
     http_threads: int = opt(64, "HTTP worker threads (more than slots + queue, so waiting clients never block /health)")
+    slots: bool = opt(True, "answer llama-server's GET /slots, each slot's state (--no-slots: 501, as llama-server's)")
     image_urls: float = opt(0.0, "seconds to fetch an http(s) image URL, at most --max-body-bytes (0: data: URIs only)")
     max_body_bytes: int = opt(8 * 1024 * 1024, "largest request body accepted (413 past it)")
     max_connections: int = opt(1000, "open client connections at most; at the limit, a new one closes the "

@@ -70,6 +70,12 @@ class PayloadTooLarge(ApplianceError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
+class NotSupported(ApplianceError):
+    """A route this server answers only when started with a flag (llama-server's 501)."""
+
+    status, type, code = 501, "not_supported_error", "not_supported"
+
+
 class QueueFull(ApplianceError):
     """Every slot is busy and the wait queue is full: try again later."""
 
@@ -100,7 +106,7 @@ class ModelLoadError(ApplianceError):
 
 _BY_NAME = {cls.__name__: cls for cls in (
     ApplianceError, InvalidRequest, ContextOverflow, InvalidToken, Unauthorized, Forbidden, NotFound,
-    ModelNotFound, MethodNotAllowed, PayloadTooLarge, QueueFull,
+    ModelNotFound, MethodNotAllowed, PayloadTooLarge, NotSupported, QueueFull,
     EngineUnavailable, EngineCrashed, EngineFailure, ModelLoadError)}
 
 

@@ -67,13 +67,14 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     from .hostreport import bp as host_bp
     from .llamaserver import bp as llamaserver_bp
     from .ollama import bp as ollama_bp
+    from .slots import bp as slots_bp
     from .openai_responses import bp as openai_responses_bp
     from .lora_adapters import bp as lora_bp
     from .tokens import bp as tokens_bp
     from .ui import bp as ui_bp
 
-    for bp in (api_bp, openai_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, tokens_bp, lora_bp, conversations_bp,
-               host_bp, bench_bp, ui_bp):
+    for bp in (api_bp, openai_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, slots_bp,
+               tokens_bp, lora_bp, conversations_bp, host_bp, bench_bp, ui_bp):
         app.register_blueprint(bp)
     app.before_request(_start_clock)
     app.before_request(_guard)

@@ -369,7 +369,8 @@ def props():
         "default_generation_settings": {"n_ctx": info.n_ctx, "params": settings(DEFAULTS, Native(), False)},
         "total_slots": info.n_slots, "model_alias": name, "model_path": info.model_path,
         "modalities": {"vision": "mmproj" in info.settings, "audio": False, "video": False},
-        "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True, "webui": True,
+        "endpoint_slots": serving.state().config.server.slots, "endpoint_props": False, "endpoint_metrics": True,
+        "webui": True,
         "chat_template": info.chat_template or CHATML, "bos_token": info.bos_text, "eos_token": info.eos_text,
         "build_info": f"appliance-{__version__} ({info.backend})", "is_sleeping": False})
 

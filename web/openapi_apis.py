@@ -192,12 +192,30 @@ def _llama_server(chat: dict[str, Any], models: dict[str, Any]) -> dict[str, Any
                          "openai", {"type": "array", "items": _obj(("id",), id={"type": "integer"},
                                                                   scale={"type": "number"})},
                          _obj(("success",)), params=(query("model", STRING),))},
+        **_slots(),
         "/apply-template": {"post": post("A chat request's prompt as the model's template renders it", "openai",
                                          _obj(("messages",), messages={"type": "array", "items": OBJECT}),
                                          _obj(("prompt",), prompt=STRING))},
         "/chat/completions": {"post": {**chat, "summary": "/v1/chat/completions, as llama-server also answers it"}},
         "/models": {"get": {**models, "summary": "/v1/models, as llama-server also answers it"}},
     }
+
+
+def _slots() -> dict[str, Any]:
+    """GET /slots and the slot actions, which also answer 501 (--no-slots, no --slot-save-path)."""
+    integer, model = {"type": "integer"}, query("model", STRING)
+    slot = _obj(("id", "n_ctx", "speculative", "is_processing"), id=integer, n_ctx=integer,
+                speculative={"type": "boolean"}, is_processing={"type": "boolean"}, id_task=integer,
+                params=OBJECT, next_token={"type": "array", "items": OBJECT})
+    listed = bodiless("llama-server's slots: each one's state", "openai", {"type": "array", "items": slot},
+                      (model, query("fail_on_no_slot", STRING)))
+    action = post("Save a slot's prompt state to a file in --slot-save-path, restore it, or erase the slot "
+                  "(llama-server's)", "openai", _obj(filename=STRING), _obj(("id_slot",), id_slot=integer),
+                  params=(path_param("id_slot", integer), query("action", {"type": "string", "enum": [
+                      "save", "restore", "erase"]}, True), model))
+    for op in (listed, action):
+        op["responses"].update(_errors("openai", (501,)))
+    return {"/slots": {"get": listed}, "/slots/{id_slot}": {"post": action}}
 
 
 # -- the appliance's own -------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The messages that cross the pipes between the server process and the engine process.
 
-    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, RenderPrompt, Embed, Stop
+    server -> engine (cmd pipe)      Submit, Abort, Tokenize, Detokenize, RenderPrompt, Embed,
+                                     GetSlots, SlotAction, Stop
     engine -> server (event pipe)    Ready or LoadFailed once; then StepEvents, one per step
 
 Every message is a frozen dataclass (it pickles across the boundary and cannot change on the
@@ -78,7 +79,26 @@ class Embed:
     per_token: bool = False          # a vector per token where the model pools none (llama-server's /embeddings)
 
 
-Command = Submit | Abort | Tokenize | Detokenize | RenderPrompt | Embed | Stop
+@dataclass(frozen=True)
+class GetSlots:
+    """llama-server's GET /slots: answered between steps with one `Slots` event."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class SlotAction:
+    """llama-server's POST /slots/ID?action=save|restore|erase: one `SlotDone` event (or an
+    `Error`), once the slot is idle (an action on a busy slot waits for its request to end, as
+    llama-server defers it). `filename`: a plain name in --slot-save-path (save, restore)."""
+
+    request_id: str
+    slot: int
+    action: str
+    filename: str = ""
+
+
+Command = Submit | Abort | Tokenize | Detokenize | RenderPrompt | Embed | GetSlots | SlotAction | Stop
 
 
 # -- replies: engine -> server --------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 Commands (`ipc`) are polled without blocking while there is work and with a short timeout when
 idle. A submit is prepared (template, tokens, parsers: `prompts.PromptBuilder`) and queued;
-/tokenize and /detokenize are answered as soon as they are read, between steps. An embed is
-queued in the `Embedder` (embed.py), which runs one batch per turn before the scheduler's step.
+/tokenize and /detokenize are answered as soon as they are read, between steps, and so are
+llama-server's slot commands (slot_commands.py: an action on a busy slot waits for its request
+to end). An embed is queued in the `Embedder` (embed.py), which runs one batch per turn before
+the scheduler's step.
 Each turn's events go to the server in one `StepEvents`, with the engine's statistics about
 ten times a second; a stream's later tokens may wait for a later turn, at most
 `stream_interval_ms` after the last message (`_hold`: each message wakes the server, its SSE
@@ -27,10 +29,12 @@ from multiprocessing.connection import Connection
 
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineFailure, InvalidRequest
-from .ipc import Abort, Command, Detokenize, Embed, Ready, RenderPrompt, StepEvents, Stop, Submit, Tokenize
+from .ipc import (Abort, Command, Detokenize, Embed, GetSlots, Ready, RenderPrompt, SlotAction, StepEvents, Stop,
+                  Submit, Tokenize)
 from .cores import Neighbours, Turns
 from .embed import Embedder
 from .sched.scheduler import Scheduler
+from .slot_commands import SlotCommands
 from .startup import start, start_embedding, upgrade, upgrade_ready
 from .stats import EngineStats
 from .types import Delta, Done, Error, Event, Request, Tokenized
@@ -58,6 +62,8 @@ class EngineLoop:
         self.embedder = self.engine.embedder
         # what runs a batch per turn, embeddings first: each has has_work, step, abort, fail_all
         self.workers = [w for w in (self.embedder, self.scheduler) if w is not None]
+        self.slot_commands = (SlotCommands(self.scheduler, cfg.slot_save_path, self._failed)
+                              if self.scheduler is not None else None)
 
     def stats(self) -> EngineStats:
         return self.scheduler.stats() if self.scheduler is not None else EngineStats()
@@ -101,6 +107,15 @@ class EngineLoop:
         except Exception as e:
             return self._failed(msg.request_id, e)
 
+    def slots(self, msg: GetSlots | SlotAction) -> Event | None:
+        """The answer to a slots command (slot_commands.py); None for an action whose slot is busy."""
+        if self.slot_commands is None:
+            e = InvalidRequest(f"the model {self.info.model_name} is an embedding model: it has no slots", param="model")
+            return Error(msg.request_id, *e.to_wire())
+        if isinstance(msg, GetSlots):
+            return self.slot_commands.slots(msg)
+        return self.slot_commands.act(msg)
+
     def _failed(self, request_id: str, e: Exception) -> Error:
         """The Error event for a request that could not be served: a bug fails it, not the engine."""
         if isinstance(e, ApplianceError):
@@ -116,11 +131,18 @@ class EngineLoop:
             case Abort(rid):
                 for w in self.workers:
                     w.abort(rid)
+                if self.slot_commands is not None:
+                    self.slot_commands.abort(rid)
             case Embed():
                 self.embed(msg)
             case Tokenize() | Detokenize() | RenderPrompt():
                 self.outbox.append(self.tokens(msg))
                 return self._send(evt, None)  # answered now, not after the next step
+            case GetSlots() | SlotAction():
+                answer = self.slots(msg)
+                if answer is not None:       # None: an action waiting for its slot (answered by `due`)
+                    self.outbox.append(answer)
+                    return self._send(evt, None)
             case Stop():
                 if self.scheduler is not None:
                     self.scheduler.cache.persist()
@@ -156,6 +178,8 @@ class EngineLoop:
                         with self.turns.turn():        # the cores, in turn with the pool's other engines
                             self._step(w)
                 busy_at = time.monotonic()
+                if self.slot_commands is not None:   # slot actions that waited for a request to end
+                    self.outbox.extend(self.slot_commands.due())
             else:
                 self._idle_work(busy_at)
             now = time.monotonic()

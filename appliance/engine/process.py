@@ -4,6 +4,7 @@
     EngineClient.submit(Request) --- cmd pipe --->   engine_main: render template, tokenize,
     EngineClient.abort(id)           Submit, Abort,  Scheduler.step() over the runner
     EngineClient.tokenize/detokenize Tokenize, ...   answered between steps: one Tokenized
+    EngineClient.slots/slot_action   GetSlots, ...   answered between steps: Slots, SlotDone
     EngineClient.embed(Embed)        Embed           batched, a batch per turn: one Embedded
     router thread  <------- event pipe ----------    Ready, then one StepEvents per step
       -> per-request queue.Queue
@@ -33,16 +34,18 @@ from typing import Any, Sequence
 from ..compute_settings import thread_env
 from ..config import EngineConfig
 from ..errors import ApplianceError, EngineCrashed, EngineUnavailable, from_wire
-from .ipc import (Abort, Command, Detokenize, Embed, LoadFailed, Ready, RenderPrompt, StepEvents, Stop, Submit,
-                  Tokenize)
+from .ipc import (Abort, Command, Detokenize, Embed, GetSlots, LoadFailed, Ready, RenderPrompt, SlotAction, StepEvents,
+                  Stop, Submit, Tokenize)
 from .runners.base import RunnerInfo
 from .stats import EngineStats
-from .types import Done, Embedded, Error, Event, Request, Tokenized
+from .types import Done, Embedded, Error, Event, Request, SlotDone, Slots, Tokenized
 
 log = logging.getLogger("appliance.engine")
 
-_TERMINAL = (Done, Error, Tokenized, Embedded)
+_TERMINAL = (Done, Error, Tokenized, Embedded, Slots, SlotDone)
 ANSWER_TIMEOUT_S = 60.0  # a tokenize command waits for at most the scheduler step under way
+# a slot action on a busy slot waits for its request to end (llama-server waits as long as the client)
+SLOT_ACTION_TIMEOUT_S = 600.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +234,18 @@ class EngineClient:
         """The prompt `req` would be given: its ids and text (nothing is generated)."""
         rid = self.new_id("render")
         return self._ask(rid, RenderPrompt(rid, dataclasses.replace(req, id=rid)), timeout)
+
+    def slots(self, timeout: float = ANSWER_TIMEOUT_S) -> Slots:
+        """Every slot's state (llama-server's GET /slots)."""
+        rid = self.new_id("slots")
+        return self._ask(rid, GetSlots(rid), timeout)
+
+    def slot_action(self, slot: int, action: str, filename: str = "",
+                    timeout: float = SLOT_ACTION_TIMEOUT_S) -> SlotDone:
+        """Save, restore or erase a slot (llama-server's POST /slots/ID); on a busy slot, once its
+        request ends."""
+        rid = self.new_id("slot")
+        return self._ask(rid, SlotAction(rid, slot, action, filename), timeout)
 
     def _ask(self, request_id: str, msg: Command, timeout: float) -> Tokenized:
         """Send a command the engine answers with one event, and wait for it (an Error raises)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import __version__, engine_choice
+from .. import engine_choice
 from ..config import EngineConfig
 from ..engine_choice import EngineChoice
 from ..errors import ModelLoadError
@@ -31,6 +31,7 @@ from ..fit.gguf_header import read_header
 from ..models import resolve
 from ..rope import ModelRope
 from . import plan as plan_mod
+from .cache import kvfile
 from .cache.disk import WRITE_QUEUE_BYTES, DiskTier
 from .cache.invariance import CANDIDATES, ChunkInvariance, check_chunk_invariance, probe_prompt
 from .cache.prompt_cache import PromptCache
@@ -233,15 +234,12 @@ def prefill_grid(cfg: EngineConfig, runner: ModelRunner) -> tuple[Grid, dict]:
 
 
 def disk_tier(cfg: EngineConfig, runner: ModelRunner, grid: Grid) -> DiskTier | None:
-    """The prompt cache's disk tier. A saved state is valid only for what the runner says its
-    KV depends on (model file, context, KV type, engine build, batch shapes), this appliance's
-    version and the prefill grid (its chunk, and whether any chunk computes as the grid's):
-    files of another fingerprint are deleted at start. Its files are written by a thread of
-    their own, behind a queue of at most WRITE_QUEUE_BYTES."""
+    """The prompt cache's disk tier. A saved state is valid only under its fingerprint
+    (`kvfile.fingerprint`): files of another fingerprint are deleted at start. Its files are
+    written by a thread of their own, behind a queue of at most WRITE_QUEUE_BYTES."""
     if not cfg.prompt_cache_on or cfg.cache_disk_bytes <= 0:
         return None
-    fingerprint = "|".join([runner.kv_fingerprint(), f"appliance={__version__}", f"chunk={grid.chunk}",
-                            f"min_chunk={grid.min_chunk}"])
+    fingerprint = kvfile.fingerprint(runner.kv_fingerprint(), grid.chunk, grid.min_chunk)
     return DiskTier(cfg.resolved_cache_dir(), cfg.cache_disk_bytes, fingerprint, index_block(grid.chunk),
                     queue_bytes=WRITE_QUEUE_BYTES)
 

@@ -4,7 +4,7 @@ Every request's first event is `Accepted` or `Error`; then, when it asked (retur
 `Progress` as its prompt is processed; then `Delta`s (of every choice, each with its `index`,
 when it asked for n > 1); then exactly one `Done` or `Error`. A tokenize or
 detokenize command gets exactly one `Tokenized` or `Error`, an embed command one `Embedded` or
-`Error`. Everything here is a frozen dataclass so it pickles across
+`Error`, a slots command one `Slots`, a slot action one `SlotDone` or `Error`. Everything here is a frozen dataclass so it pickles across
 the process boundary and cannot be changed on the way.
 """
 from __future__ import annotations
@@ -14,60 +14,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .sampling_params import SAMPLER_ORDER, SamplingParams  # noqa: F401 - crosses the boundary in Request
+
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 IMAGE_MARKER = "<__media__>"    # where an image goes in a prompt's text (llama-server's marker)
-
-
-# llama.cpp's default sampler chain (common/common.h), each run where it stands; logit bias and the
-# grammar's mask come before it, the draw after it
-SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """OpenAI's knobs plus llama.cpp's. temperature <= 0 means greedy (argmax, lowest id on ties)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    penalty_last_n: int = 64
-    seed: int | None = None
-    max_tokens: int | None = None
-    # max_tokens is a ceiling, not a reservation: a prompt with less room than it is served up to
-    # the context's end (Anthropic's clients send their model's largest output: Claude Code 32000)
-    max_tokens_ceiling: bool = False
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False          # report each token's log-probability
-    top_logprobs: int = 0           # and this many most likely alternatives
-    post_sampling_probs: bool = False   # of the distribution drawn from (after the chain), not the model's
-    # (token id, bias) added to that token's logit before anything else; -inf (or <= -100) bans it
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    # llama.cpp's other samplers, with its names, defaults and meanings (output/samplers.py, dry.py)
-    typical_p: float = 1.0              # locally typical sampling; 1 disables
-    top_n_sigma: float = -1.0           # keep logits within n standard deviations of the top; <= 0 disables
-    xtc_probability: float = 0.0        # exclude top choices: how often
-    xtc_threshold: float = 0.1          # and above which probability
-    dynatemp_range: float = 0.0         # entropy-scaled temperature in temperature +- range; 0 disables
-    dynatemp_exponent: float = 1.0
-    mirostat: int = 0                   # 1 or 2: Mirostat replaces the chain after the temperature
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dry_multiplier: float = 0.0         # DRY's repetition penalty over prompt and reply; 0 disables
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1        # -1: the whole context
-    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
-    samplers: tuple[str, ...] = SAMPLER_ORDER   # the chain's order (llama.cpp's --samplers)
-
-    @property
-    def greedy(self) -> bool:
-        """The most likely token (after bias and penalties) is always drawn."""
-        return (self.temperature <= 0.0 and self.dynatemp_range <= 0.0) or self.top_k == 1
 
 
 @dataclass(frozen=True)
@@ -356,4 +306,46 @@ class Embedded:
         return [self.floats(start + j) for j in range(self.n_tokens[i])]
 
 
-Event = Accepted | Progress | Delta | Done | Error | Tokenized | Embedded
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as llama-server's GET /slots shows it. `id_task` and what follows it are of the
+    request in the slot, or (idle) of the last one it served; None: it has served none."""
+
+    id: int
+    n_ctx: int
+    speculative: bool
+    is_processing: bool
+    n_prompt_tokens: int               # positions the slot holds (idle: what the prompt cache keeps)
+    id_task: int | None = None
+    params: SamplingParams | None = None
+    n_prompt_tokens_processed: int = 0
+    n_prompt_tokens_cache: int = 0
+    n_decoded: int = 0
+    n_remain: int = -1                 # tokens it may still generate; -1: no max_tokens given
+    has_next_token: bool = False
+    has_new_line: bool = False
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The one event answering a slots command: every slot, in order."""
+
+    request_id: str
+    slots: tuple[SlotState, ...]
+
+
+@dataclass(frozen=True)
+class SlotDone:
+    """The one event answering a slot action (llama-server's save, restore, erase): the prompt
+    positions the file or the slot held, the file's bytes and the milliseconds it took."""
+
+    request_id: str
+    action: str
+    slot: int
+    filename: str = ""
+    n_tokens: int = 0
+    n_bytes: int = 0
+    ms: float = 0.0
+
+
+Event = Accepted | Progress | Delta | Done | Error | Tokenized | Embedded | Slots | SlotDone

@@ -26,8 +26,10 @@ SAME_VIEW = {"/chat/completions": "/v1/chat/completions", "/responses": "/v1/res
 def server(tmp_path_factory):
     # a request that sets no limit (Responses, llama-server's n_predict -1) answers a few tokens, not
     # up to the context's end: the fuzz is about what is accepted and how it is answered
-    with running_server(tmp_path_factory.mktemp("fuzz"), "--n-ctx", str(N_CTX), "--n-slots", "2",
-                        "--max-tokens-default", "16") as srv:
+    # with a --slot-save-path, so that the slot actions answer (without one they are llama-server's 501)
+    tmp = tmp_path_factory.mktemp("fuzz")
+    with running_server(tmp, "--n-ctx", str(N_CTX), "--n-slots", "2", "--max-tokens-default", "16",
+                        "--slot-save-path", str(tmp / "slots")) as srv:
         yield srv
 
 

@@ -19,6 +19,15 @@ from typing import Sequence
 MAGIC = b"APPLIANCE-KV2\n"   # KV1 files (keyed by grid blocks) are deleted at start as unreadable
 
 
+def fingerprint(kv_fingerprint: str, chunk: int, min_chunk: int) -> str:
+    """What a saved state's validity depends on: what the runner says its KV depends on (model
+    file, context, KV type, engine build, batch shapes: `kv_fingerprint()`), this appliance's
+    version and the prefill grid (its chunk, and whether any chunk computes as the grid's)."""
+    from ... import __version__
+
+    return "|".join([kv_fingerprint, f"appliance={__version__}", f"chunk={chunk}", f"min_chunk={min_chunk}"])
+
+
 def header_line(fingerprint: str, tokens: Sequence[int], blob: bytes, exact: int | None = None) -> bytes:
     """The JSON header, without its newline; its checksum reads the whole blob. `exact`: how
     many leading positions are exact to reuse (all of them unless --prompt-cache fast)."""
@@ -35,9 +44,10 @@ def _json(fingerprint: str, tokens: Sequence[int], blob_len: int, sha256: str, e
                        "exact": len(tokens) if exact is None else exact}, separators=(",", ":")).encode()
 
 
-def write(path: Path, header: bytes, blob: bytes) -> None:
-    """Write to a temporary name, fsync, rename; on any failure no file is left behind."""
-    tmp = path.with_suffix(".tmp")
+def write(path: Path, header: bytes, blob: bytes, tmp: Path | None = None) -> None:
+    """Write to a temporary name (`tmp`, else `<key>.tmp`), fsync, rename; on any failure no
+    file is left behind."""
+    tmp = tmp or path.with_suffix(".tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC + header + b"\n")

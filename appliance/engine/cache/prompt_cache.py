@@ -7,7 +7,8 @@
 The scheduler asks it twice in a request's life: `admit` when the request takes a slot (which
 free slot, and how many of its prompt's positions are already there, restored from a tier if
 one beats every slot), and `release` when it ends (what its slot keeps). Between requests the
-engine calls `persist_one` (write-behind to disk while idle).
+engine calls `persist_one` (write-behind to disk while idle), and llama-server's slot actions
+(slot_files.py) `export`, `load` and `erase` an idle slot's state whole.
 
 How much of a shared prefix is reused is the grid's (grid.py): on a runner proven at start to
 compute any chunk of at least m rows as the grid does (invariance.py), to the token, leaving m
@@ -51,6 +52,7 @@ from ..lora import BASE, LoraSet
 from ..runners.base import ModelRunner, Span
 from ..stats import CacheStats
 from .cost import PrefillCost
+from . import kvfile
 from .disk import DiskTier
 from .ram import RamTier, index_block
 
@@ -157,9 +159,50 @@ class PromptCache:
         """Empty an idle slot's KV, whose cells a request needs (a shared pool, sched/kv_pool.py):
         what it kept goes to the RAM and disk tiers first, as when a request overwrites it."""
         self._spill(slot, 0)
+        self._empty(slot)
+        self.evicted += 1
+
+    # -- a slot's state whole: llama-server's slot save, restore and erase (slot_files.py) -------
+    @property
+    def fingerprint(self) -> str:
+        """What a state saved from this cache is valid under (`kvfile.fingerprint`)."""
+        return kvfile.fingerprint(self.runner.kv_fingerprint(), self.grid.chunk, self.grid.min_chunk)
+
+    def export(self, slot: int) -> tuple[list[int], int, bytes]:
+        """An idle slot's kept positions, how many of them are exact, and their state (a reply's
+        decode KV past them dropped first, as a spill drops it; its settling is not disturbed)."""
+        assert slot not in self.busy, "export of a busy slot"
+        kept = list(self.kept[slot])
+        self.runner.truncate(slot, len(kept))
+        return kept, self.exact[slot], self.runner.save(slot) if kept else b""
+
+    def load(self, slot: int, tokens: Sequence[int], exact: int, blob: bytes) -> None:
+        """Put a saved state into an idle slot, which then keeps it: the next request whose prompt
+        starts with `tokens` reuses them (`admit` picks the slot as any other's). What the slot
+        kept before goes to the RAM and disk tiers first, as when a request overwrites it. A
+        runner that refuses the state (it raises) leaves the slot empty."""
+        assert slot not in self.busy, "load into a busy slot"
+        self._spill(slot, 0)
+        self._empty(slot)
+        if tokens:
+            try:
+                self.runner.restore(slot, blob)
+            except Exception:
+                self.runner.truncate(slot, 0)
+                raise
+        self.kept[slot], self.exact[slot] = list(tokens), max(0, min(exact, len(tokens)))
+
+    def erase(self, slot: int) -> int:
+        """Empty an idle slot, forgetting what it kept (not saved to the tiers); how many
+        positions it kept."""
+        assert slot not in self.busy, "erase of a busy slot"
+        n = len(self.kept[slot])
+        self._empty(slot)
+        return n
+
+    def _empty(self, slot: int) -> None:
         self.runner.truncate(slot, 0)
         self.kept[slot], self.unsettled[slot], self.exact[slot], self.on_disk[slot] = [], [], 0, False
-        self.evicted += 1
 
     def forget(self) -> None:
         """The runner failed: trust no KV in any slot."""

@@ -36,6 +36,7 @@ class Active:
     follows: Active | None = None      # a choice waiting for its leader's prefill, to take a copy of it
     reserved: bool = True              # it has a max_tokens (a shared KV pool holds them for it: kv_pool.py)
     lora: LoraSet = ()                 # the LoRA adapter set it runs under (engine/lora.py)
+    task: int = 0                      # the request's number in this engine (llama-server's id_task in /slots)
 
     @property
     def prefilling(self) -> bool:

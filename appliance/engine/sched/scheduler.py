@@ -79,6 +79,8 @@ class Scheduler:
         self.pool = SharedPool(self.n_ctx, runner.kv_used) if runner.info.kv_unified else None
         self.waiting: deque[Active] = deque()
         self.slots: list[Active | None] = [None] * runner.info.n_slots
+        self.last: list[Active | None] = [None] * runner.info.n_slots   # what each slot served last (GET /slots)
+        self.n_tasks = 0
         self.by_id: dict[str, Active] = {}
         self.steps = 0
         self.decode_rows_seen: Counter[int] = Counter()
@@ -99,6 +101,9 @@ class Scheduler:
         except ApplianceError as e:
             self.emit(Error(req.id, *e.to_wire()))
             return
+        self.n_tasks += 1
+        for choice in act.members:
+            choice.task = self.n_tasks
         self.waiting.append(act)
         self.by_id[req.id] = act
         self.emit(Accepted(req.id, len(prompt), 0))
@@ -380,7 +385,7 @@ class Scheduler:
             if tail is not None:
                 self.emit(tail)
         if act.slot >= 0 and self.slots[act.slot] is act:
-            self.slots[act.slot] = None
+            self.slots[act.slot], self.last[act.slot] = None, act
             self.cache.release(act.slot, act.prompt, act.n_past, pin=act.req.cache_pin and reason != "cancelled",
                                output=act.out, exact=act.cache_exact, settle=reason != "cancelled")
         if act.group is not None and not act.group.end(act, reason):
