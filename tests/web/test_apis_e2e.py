@@ -141,6 +141,19 @@ def test_ollama_generate_and_a_json_format(ol):
     assert isinstance(json.loads(js.message.content)["colour"], str)
 
 
+def test_ollama_sampler_options_reach_the_engine_seeded_and_reproducible(ol):
+    """Ollama's options for llama.cpp's samplers (typical_p, mirostat, repeat_last_n) are the
+    engine's samplers: a seeded request gives the same reply twice; Mirostat answers too."""
+    ask = dict(model="SmolLM2-135M-Instruct-Q4_1", messages=ASK)
+    base = {"temperature": 0.9, "seed": 11, "num_predict": 24}
+    typical = [ol.chat(options={**base, "typical_p": 0.5, "repeat_last_n": 16}, **ask).message.content for _ in (0, 1)]
+    mirostat = ol.chat(options={**base, "mirostat": 2, "mirostat_tau": 1.0}, **ask).message.content
+    assert typical[0] == typical[1] and typical[0].strip() and mirostat.strip()
+    with pytest.raises(ollama.ResponseError) as ei:
+        ol.chat(options={"mirostat": 3}, **ask)
+    assert ei.value.status_code == 400 and "mirostat" in ei.value.error
+
+
 def test_ollama_errors_and_the_load_request(ol, server):
     with pytest.raises(ollama.ResponseError) as ei:
         ol.chat(model="no-such-model", messages=ASK)
