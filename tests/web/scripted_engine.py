@@ -45,6 +45,7 @@ class ScriptedEngine:
     from one request to the next as the engine's does, and `usage.cached_tokens` says so."""
 
     stats = None
+    lora = None   # as EngineClient's before any POST /lora-adapters: the flags' scales
 
     def __init__(self, path: str | None, n_ctx: int = 2048, prompt_cache: str = "off",
                  director: Callable[[Request], str] | None = None, runner=None) -> None:

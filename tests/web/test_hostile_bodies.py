@@ -30,6 +30,7 @@ class Engine:
     """A loaded model whose every call is a 503: a body gets this far only once it is valid."""
 
     info = FakeRunner().info
+    lora = None   # as EngineClient's before any POST /lora-adapters: the flags' scales
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-1"
@@ -83,7 +84,7 @@ def routes(app):
     """Every route that reads a body, its variables filled in (a conversation that exists)."""
     client = app.test_client()
     cid = client.post("/api/conversations", json={"title": "t"}).get_json()["id"]
-    return [(method, rule.rule.replace("<conv_id>", cid), rule.endpoint.split(".")[0])
+    return [(method, rule.rule.replace("<conv_id>", cid).replace("<id_slot>", "0"), rule.endpoint.split(".")[0])
             for rule in app.url_map.iter_rules()
             for method in sorted(rule.methods & {"POST", "PUT", "PATCH"})]
 

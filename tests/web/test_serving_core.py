@@ -52,6 +52,7 @@ class Engine:
 
     info = FakeRunner().info
     stats = None
+    lora = None   # as EngineClient's before any POST /lora-adapters: the flags' scales
 
     def __init__(self) -> None:
         self.fail = False
