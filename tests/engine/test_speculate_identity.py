@@ -200,7 +200,7 @@ SAMPLERS = {"dry": {"dry_multiplier": 0.8, "dry_allowed_length": 1}, "xtc": {"xt
 
 
 def sampled(messages, knobs: dict, mode: str) -> Request:
-    body = {"messages": list(messages), "max_tokens": N_GEN // 2, "temperature": 0.6, "seed": 1234,
+    body = {"messages": list(messages), "max_tokens": N_GEN // 2, "temperature": 0.3, "seed": 1234,
             "speculate": mode, "cache_prompt": False, **knobs}
     return wire.parse_chat(body, uuid.uuid4().hex, {"m"}, N_CTX).request
 
