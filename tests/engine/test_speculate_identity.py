@@ -205,6 +205,7 @@ def sampled(messages, knobs: dict, mode: str) -> Request:
     return wire.parse_chat(body, uuid.uuid4().hex, {"m"}, N_CTX).request
 
 
+@pytest.mark.parametrize("exact", ["llamacpp-q8kv"], indirect=True)   # one exact runner: see below
 @pytest.mark.parametrize("name", list(SAMPLERS))
 def test_each_sampler_seeded_is_reproducible_and_the_same_with_lookup(exact, name):
     """Seeded sampling with each of llama.cpp's samplers: a serial run and a run with lookup
@@ -212,8 +213,6 @@ def test_each_sampler_seeded_is_reproducible_and_the_same_with_lookup(exact, nam
     and so does the serial run again. The sampler is the same code over every runner's rows:
     one exact runner proves it (CI time)."""
     loop = exact[0]
-    if loop.cfg.engine != "llamacpp":
-        pytest.skip("the samplers are checked on one exact runner, llama.cpp's")
     msgs = [{"role": "user", "content": generated(1, seed=3)[0]}]
     (a,) = run(loop, [sampled(msgs, SAMPLERS[name], "off")])
     (c,) = run(loop, [sampled(msgs, SAMPLERS[name], "lookup")])
