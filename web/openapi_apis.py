@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from appliance import conversation_export
+
 from . import anthropic, openai_responses
 from . import openapi
 from .openapi import ERROR, SSE_EVENT, TIMINGS
@@ -245,9 +247,24 @@ def _appliance() -> dict[str, Any]:
                           params=cid),
             "delete": bodiless("Delete a conversation", "openai", _obj(("id", "deleted")), cid)},
         "/api/conversations/{conv_id}/messages": {"post": post(
-            "Replace its messages (from a position on)", "openai",
-            _obj(("messages",), True, messages={"type": "array", "items": OBJECT}, **{"from": ANY}), conversation,
-            params=cid)},
+            "Add messages: under a message (parent), at a position of the path shown (from: a new branch "
+            "beside the one there, which is kept) or at its end", "openai",
+            _obj(("messages",), True, messages={"type": "array", "items": OBJECT}, parent=ANY, **{"from": ANY}),
+            conversation, params=cid)},
+        "/api/conversations/{conv_id}/messages/{msg_id}": {"put": post(
+            "Replace one message (a reply continued)", "openai", _obj(("role", "content"), True, **{
+                k: ANY for k in ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "timings",
+                                 "finish_reason", "images")}), conversation, params=(*cid, path_param("msg_id")))},
+        "/api/conversations/{conv_id}/select": {"post": post(
+            "Show the branch through a message, down to its latest leaf", "openai",
+            _obj(("message_id",), True, message_id=STRING), conversation, params=cid)},
+        "/api/conversations/{conv_id}/export": {"get": bodiless(
+            "The conversation as a file: settings, every branch, pictures (format version 1, docs/web-app.md)",
+            "openai", _obj(("format", "version", "messages")), cid)},
+        "/api/conversations/import": {"post": post(
+            "A new conversation from an exported file, checked whole", "openai",
+            _obj(("format", "version", "messages"), True, **{k: ANY for k in conversation_export.KEYS}),
+            conversation, status="201")},
         "/api/bench/runs": {"get": bodiless("The stored benchmark runs", "openai",
                                        _obj(("runs",), runs={"type": "array", "items": OBJECT}))},
         "/api/bench/runs/{run_id}": {"get": bodiless("One benchmark run, its rows and series", "openai",
