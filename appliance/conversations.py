@@ -21,8 +21,8 @@ each stored list into a single branch.
 
 Times are UTC ISO 8601 with milliseconds. Durability and concurrency as in `store.py`: WAL
 journal, a busy timeout on every connection, every write in one `BEGIN IMMEDIATE` transaction
-(a read-modify-write such as a settings merge or truncate-and-append is atomic), and every read
-of several rows in one transaction, so it sees one committed state.
+(a read-modify-write such as a settings merge or a branch added at a position of the path shown
+is atomic), and every read of several rows in one transaction, so it sees one committed state.
 
 Threads: the web server calls a store from many waitress threads at once. Each operation opens
 its own connection and closes it when done, rather than sharing one connection behind a lock: a

@@ -63,7 +63,7 @@ SCALARS = {"temperature": _setting("temperature"), "top_p": _setting("top_p"),
            "max_tokens": _setting("max_tokens", hi=1_000_000), "seed": _setting("seed"),
            "thinking": Param("settings.thinking", "boolean", "think before answering (null: the "
                              "template's default)")}
-FROM = Param("from", "integer", "drop the messages from this position on", lo=0)
+FROM = Param("from", "integer", "add the messages at this position of the path shown, as a new branch", lo=0)
 STRINGS = {"system": (0, MAX_SYSTEM), "model": (1, MAX_MODEL)}
 
 
