@@ -4,17 +4,25 @@ so that they survive a reload, another browser and a restart.
 Schema, built by named migrations that are applied once each and recorded in `_migrations`:
 
     conversations   id ("conv_" + 24 hex digits), title, settings (JSON: only the keys the user
-                    set; the web layer fills in the defaults), created_at, updated_at
-    messages        one row per message: (conversation_id, position) is the key, positions run
-                    0..n-1; role, content, reasoning_content, tool_calls (JSON), tool_call_id,
-                    timings (JSON), finish_reason, images (JSON: a user message's pictures as
-                    data: URIs, checked by the web layer), created_at. Deleting a conversation
-                    deletes its messages (ON DELETE CASCADE).
+                    set; the web layer fills in the defaults), created_at, updated_at,
+                    current_leaf (the last message of the path shown; null: none shown)
+    messages        a tree (`conversation_tree.py`): one row per message, id ("msg_" + 24 hex
+                    digits), conversation_id, parent_id (null for a first message), seq (order
+                    of creation in the conversation: siblings are ordered by it), depth (1 for a
+                    first message), role, content, reasoning_content, tool_calls (JSON),
+                    tool_call_id, timings (JSON), finish_reason, images (JSON: a user message's
+                    pictures as data: URIs, checked by the web layer), created_at. Deleting a
+                    conversation deletes its messages (ON DELETE CASCADE).
+
+A conversation as read (`get`) is its path shown: the messages from a first one down to the
+current leaf, each with its siblings (the other answers to the same parent), so an edited
+question or a regenerated answer leaves the old one in place as a sibling. Version 0003 turned
+each stored list into a single branch.
 
 Times are UTC ISO 8601 with milliseconds. Durability and concurrency as in `store.py`: WAL
 journal, a busy timeout on every connection, every write in one `BEGIN IMMEDIATE` transaction
-(a read-modify-write such as a settings merge or truncate-and-append is atomic), and every read
-of several rows in one transaction, so it sees one committed state.
+(a read-modify-write such as a settings merge or a branch added at a position of the path shown
+is atomic), and every read of several rows in one transaction, so it sees one committed state.
 
 Threads: the web server calls a store from many waitress threads at once. Each operation opens
 its own connection and closes it when done, rather than sharing one connection behind a lock: a
@@ -35,13 +43,14 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import sqlite_utils
 
+from . import conversation_export as export
+from .conversation_tree import (MESSAGE_FIELDS, Shape, check_parent, dumps as _dumps, insert_chain, message_row,
+                                migrate_linear, new_message_id, path_messages, require)
 from .errors import ApplianceError, InvalidRequest, NotFound
 
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_TITLE = "New conversation"
-MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "timings",
-                  "finish_reason", "images")
-_JSON_FIELDS = ("tool_calls", "timings", "images")
+__all__ = ["ConversationStore", "ConversationsUnavailable", "DEFAULT_TITLE", "MESSAGE_FIELDS"]
 
 
 class ConversationsUnavailable(ApplianceError):
@@ -77,6 +86,11 @@ def _create_tables(db: sqlite_utils.Database) -> None:
 @MIGRATIONS(name="0002_message_images")
 def _add_images(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE messages ADD COLUMN images TEXT")
+
+
+@MIGRATIONS(name="0003_message_tree")
+def _to_tree(db: sqlite_utils.Database) -> None:
+    migrate_linear(db)
 
 
 def _now() -> str:
@@ -116,35 +130,43 @@ class ConversationStore:
     # -- readers ---------------------------------------------------------------------------
 
     def get(self, conv_id: str) -> dict[str, Any]:
-        """The conversation with its messages in position order; NotFound if there is none."""
+        """The conversation with its path shown; NotFound if there is none."""
         with self._read() as db:
             return _full(db, conv_id)
 
     def summaries(self, q: str | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-        """Conversations without their messages (with n_messages), newest updated_at first;
-        `q` keeps those whose title or a message's content contains it, ignoring case."""
+        """Conversations without their messages (with n_messages: the path shown's length),
+        newest updated_at first; `q` keeps those whose title or a message's content (in any
+        branch) contains it, ignoring case."""
         where, args = "", []
         if q:
             pattern = "%" + q.casefold().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             where = ("WHERE casefold(c.title) LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
                      "WHERE m.conversation_id = c.id AND casefold(m.content) LIKE ? ESCAPE '\\')")
             args = [pattern, pattern]
-        sql = (f"SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id = c.id) AS n_messages "
-               f"FROM conversations c {where} ORDER BY c.updated_at DESC, c.rowid DESC LIMIT ? OFFSET ?")
+        sql = f"SELECT {_COLUMNS} FROM conversations c {where} ORDER BY c.updated_at DESC, c.rowid DESC LIMIT ? OFFSET ?"
         with self._read() as db:
             return [_summary(r) for r in db.query(sql, [*args, limit, offset])]
+
+    def export(self, conv_id: str) -> dict[str, Any]:
+        """The conversation as a file to download: its whole tree (`conversation_export.py`)."""
+        with self._read() as db:
+            conv = _row(db, conv_id)
+            rows = list(db.query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", [conv_id]))
+            return export.export_doc({**conv, "settings": json.loads(conv["settings"])}, rows, self._clock())
 
     # -- writers ---------------------------------------------------------------------------
 
     def create(self, title: str = DEFAULT_TITLE, settings: Mapping[str, Any] | None = None,
                messages: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-        """A new conversation; returns it as `get` would."""
+        """A new conversation, its messages one branch; returns it as `get` would."""
         conv_id, now = new_id(), self._clock()
         row = {"id": conv_id, "title": title, "settings": _dumps(dict(settings or {})),
                "created_at": now, "updated_at": now}
         with self._write() as db:
             db.table("conversations").insert(row)
-            _put_messages(db, conv_id, 0, messages, now)
+            leaf = insert_chain(db, conv_id, Shape([]), None, messages, now)
+            db.table("conversations").update(conv_id, {"current_leaf": leaf})
             return _full(db, conv_id)
 
     def update(self, conv_id: str, title: str | None = None,
@@ -161,21 +183,77 @@ class ConversationStore:
             db.table("conversations").update(conv_id, changes)
             return _full(db, conv_id)
 
-    def put_messages(self, conv_id: str, messages: Sequence[Mapping[str, Any]],
-                     start: int | None = None) -> dict[str, Any]:
-        """Drop the messages at positions >= `start` (None: keep them all) and append `messages`
-        after the rest; bumps updated_at. InvalidRequest if `start` is not between 0 and the
-        number of messages, and then nothing changes."""
+    def add_messages(self, conv_id: str, parent: str | None, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Add `messages` one under the other below the message `parent` (None: as a first
+        message), beside that parent's other children, which stay; the last one added becomes
+        the current leaf (with none, `parent` does). Bumps updated_at. Returns the conversation,
+        whose path ends with the messages added. InvalidRequest if `parent` is not one of its
+        messages, and then nothing changes."""
         with self._write() as db:
             _row(db, conv_id)
-            count = db.table("messages").count_where("conversation_id = ?", [conv_id])
-            start = count if start is None else start
-            if not 0 <= start <= count:
-                raise InvalidRequest(f"'from' must be between 0 and {count} (the number of messages); "
+            shape = Shape.read(db, conv_id)
+            check_parent(shape, conv_id, parent)
+            return self._append(db, conv_id, shape, parent, messages)
+
+    def put_messages(self, conv_id: str, messages: Sequence[Mapping[str, Any]],
+                     start: int | None = None) -> dict[str, Any]:
+        """Add `messages` to the path shown at position `start` (None: at its end): under the
+        message before `start`, as a new branch beside the one that was there, which is kept.
+        InvalidRequest if `start` is not between 0 and the path's length, and then nothing changes."""
+        with self._write() as db:
+            conv = _row(db, conv_id)
+            shape = Shape.read(db, conv_id)
+            path = shape.path(conv["current_leaf"])
+            start = len(path) if start is None else start
+            if not 0 <= start <= len(path):
+                raise InvalidRequest(f"'from' must be between 0 and {len(path)} (the number of messages); "
                                      f"got {start}", param="from")
-            now = self._clock()
-            _put_messages(db, conv_id, start, messages, now)
-            db.table("conversations").update(conv_id, {"updated_at": now})
+            return self._append(db, conv_id, shape, path[start - 1] if start else None, messages)
+
+    def update_message(self, conv_id: str, msg_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Set some of a message's fields (MESSAGE_FIELDS; others are left as they are), e.g. a
+        reply as it grows or once it is continued; bumps updated_at. NotFound if there is no
+        such message in the conversation."""
+        with self._write() as db:
+            _row(db, conv_id)
+            require(Shape.read(db, conv_id), conv_id, msg_id, "message_id")
+            row = {k: v for k, v in message_row(changes).items() if k in changes}
+            if row:
+                db.table("messages").update(msg_id, row)
+            db.table("conversations").update(conv_id, {"updated_at": self._clock()})
+            return _full(db, conv_id)
+
+    def select(self, conv_id: str, msg_id: str) -> dict[str, Any]:
+        """Show the branch through `msg_id`: the current leaf becomes its latest leaf (the most
+        recently added message under it with no children). NotFound if it is not one of the
+        conversation's messages. updated_at is left alone: moving between branches changes nothing."""
+        with self._write() as db:
+            _row(db, conv_id)
+            shape = Shape.read(db, conv_id)
+            require(shape, conv_id, msg_id, "message_id")
+            db.table("conversations").update(conv_id, {"current_leaf": shape.latest_leaf(msg_id)})
+            return _full(db, conv_id)
+
+    def import_conversation(self, doc: export.Imported, title: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """A new conversation from a checked file (`conversation_export.check`; its title and
+        settings checked by the caller), every branch of it, under new ids."""
+        conv_id, now = new_id(), self._clock()
+        ids = [new_message_id() for _ in doc.messages]
+        depth: list[int] = []
+        rows = []
+        for i, m in enumerate(doc.messages):
+            parent = doc.parents[i]
+            depth.append(1 if parent is None else depth[parent] + 1)
+            rows.append({"id": ids[i], "conversation_id": conv_id, "parent_id": None if parent is None else ids[parent],
+                         "seq": i, "depth": depth[i], **message_row(m), "created_at": doc.created[i] or now})
+        with self._write() as db:
+            db.table("conversations").insert({"id": conv_id, "title": title, "settings": _dumps(dict(settings)),
+                                              "created_at": now, "updated_at": now})
+            if rows:
+                db.table("messages").insert_all(rows)
+            shape = Shape(rows)
+            leaf = None if doc.current is None else shape.latest_leaf(ids[doc.current])
+            db.table("conversations").update(conv_id, {"current_leaf": leaf})
             return _full(db, conv_id)
 
     def delete(self, conv_id: str) -> None:
@@ -183,6 +261,13 @@ class ConversationStore:
         with self._write() as db:
             _row(db, conv_id)
             db.execute("DELETE FROM conversations WHERE id = ?", [conv_id])
+
+    def _append(self, db: sqlite_utils.Database, conv_id: str, shape: Shape, parent: str | None,
+                messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        now = self._clock()
+        leaf = insert_chain(db, conv_id, shape, parent, messages, now)
+        db.table("conversations").update(conv_id, {"current_leaf": leaf, "updated_at": now})
+        return _full(db, conv_id)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -231,13 +316,11 @@ def _casefold(text: str | None) -> str | None:
     return text.casefold() if isinstance(text, str) else text
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+_COLUMNS = ("c.*, coalesce((SELECT m.depth FROM messages m WHERE m.id = c.current_leaf), 0) AS n_messages")
 
 
 def _row(db: sqlite_utils.Database, conv_id: str) -> dict[str, Any]:
-    rows = list(db.query("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id = c.id) "
-                         "AS n_messages FROM conversations c WHERE c.id = ?", [conv_id]))
+    rows = list(db.query(f"SELECT {_COLUMNS} FROM conversations c WHERE c.id = ?", [conv_id]))
     if not rows:
         raise NotFound(f"no conversation '{conv_id}'", param="id")
     return rows[0]
@@ -250,28 +333,7 @@ def _summary(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _full(db: sqlite_utils.Database, conv_id: str) -> dict[str, Any]:
-    conv = _summary(_row(db, conv_id))
-    rows = db.query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", [conv_id])
-    conv["messages"] = [_message(r) for r in rows]
+    row = _row(db, conv_id)
+    conv = _summary(row)
+    conv["messages"] = path_messages(db, Shape.read(db, conv_id), row["current_leaf"])
     return conv
-
-
-def _message(row: Mapping[str, Any]) -> dict[str, Any]:
-    msg = {k: row[k] for k in MESSAGE_FIELDS}
-    for k in _JSON_FIELDS:
-        msg[k] = None if msg[k] is None else json.loads(msg[k])
-    msg["created_at"] = row["created_at"]
-    return msg
-
-
-def _put_messages(db: sqlite_utils.Database, conv_id: str, start: int,
-                  messages: Sequence[Mapping[str, Any]], now: str) -> None:
-    db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", [conv_id, start])
-    rows = []
-    for i, m in enumerate(messages):
-        row = {k: m.get(k) for k in MESSAGE_FIELDS}
-        for k in _JSON_FIELDS:
-            row[k] = None if row[k] is None else _dumps(row[k])
-        rows.append({"conversation_id": conv_id, "position": start + i, **row, "created_at": now})
-    if rows:
-        db.table("messages").insert_all(rows)

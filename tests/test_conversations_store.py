@@ -1,4 +1,5 @@
-"""The conversations store on its own: CRUD, order, search, truncate-from, migrations, reopen."""
+"""The conversations store on its own: CRUD, order, search, branches (the tree, switching, the
+migration from the old list schema), export and import, migrations, reopen."""
 from __future__ import annotations
 
 import re
@@ -45,9 +46,12 @@ def test_create_and_get(store):
     assert (c["title"], c["settings"], c["n_messages"]) == ("Title", {"temperature": 0.2}, 2)
     assert c["created_at"] == c["updated_at"] == "2025-01-01T00:00:01.000+00:00"
     m0, m1 = c["messages"]
-    assert m0 == {**user("hi"), "reasoning_content": None, "tool_calls": None, "tool_call_id": None,
-                  "timings": None, "finish_reason": None, "images": None, "created_at": c["created_at"]}
-    assert m1 == {**assistant, "tool_call_id": None, "images": None, "created_at": c["created_at"]}
+    assert re.fullmatch(r"msg_[0-9a-f]{24}", m0["id"]) and m0["id"] != m1["id"]
+    assert m0 == {"id": m0["id"], "parent_id": None, **user("hi"), "reasoning_content": None, "tool_calls": None,
+                  "tool_call_id": None, "timings": None, "finish_reason": None, "images": None,
+                  "created_at": c["created_at"], "siblings": [m0["id"]], "sibling_index": 0, "n_siblings": 1}
+    assert m1 == {"id": m1["id"], "parent_id": m0["id"], **assistant, "tool_call_id": None, "images": None,
+                  "created_at": c["created_at"], "siblings": [m1["id"]], "sibling_index": 0, "n_siblings": 1}
     assert store.get(c["id"]) == c
 
 
@@ -74,18 +78,21 @@ def test_update_merges_settings_and_bumps(store):
     assert store.get(c["id"])["settings"] == {"temperature": 0.2, "top_p": 0.5}
 
 
-def test_put_messages_append_truncate_and_range(store):
+def test_put_messages_append_branch_and_range(store):
     c = store.create(messages=[user("0"), user("1"), user("2")])
     assert [m["content"] for m in store.put_messages(c["id"], [user("3")])["messages"]] == ["0", "1", "2", "3"]
     after = store.put_messages(c["id"], [user("x"), user("y")], start=1)
     assert [m["content"] for m in after["messages"]] == ["0", "x", "y"] and after["n_messages"] == 3
+    assert after["messages"][1]["n_siblings"] == 2 and after["messages"][1]["sibling_index"] == 1  # "1" is kept
     assert [m["content"] for m in store.put_messages(c["id"], [], start=3)["messages"]] == ["0", "x", "y"]
     before = store.get(c["id"])
     for bad in (-1, 4):
         with pytest.raises(InvalidRequest, match="between 0 and 3"):
             store.put_messages(c["id"], [user("no")], start=bad)
     assert store.get(c["id"]) == before
-    assert store.put_messages(c["id"], [], start=0)["messages"] == []
+    assert store.put_messages(c["id"], [], start=0)["messages"] == []        # nothing shown, nothing lost
+    assert store.summaries()[0]["n_messages"] == 0
+    assert [m["content"] for m in store.export(c["id"])["messages"]] == ["0", "1", "2", "3", "x", "y"]
 
 
 def test_summaries_order_paging_and_counts(store):
@@ -134,7 +141,7 @@ def test_reopen_keeps_data_and_applies_migrations_once(path):
     assert second.get(c["id"]) == c
     with sqlite3.connect(path) as conn:
         names = [r[0] for r in conn.execute("SELECT name FROM _migrations")]
-        assert names == ["0001_conversations_messages", "0002_message_images"]
+        assert names == ["0001_conversations_messages", "0002_message_images", "0003_message_tree"]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 

@@ -3,10 +3,21 @@
 
     GET    /api/conversations?q=&limit=&offset=   {"object": "list", "data": [summary...]}
     POST   /api/conversations                     {title?, settings?, messages?} -> 201 conversation
-    GET    /api/conversations/<id>                conversation (summary + messages)
+    GET    /api/conversations/<id>                conversation (summary + the path shown)
     PATCH  /api/conversations/<id>                {title?, settings?} -> conversation
     DELETE /api/conversations/<id>                {"id", "object": "conversation.deleted", "deleted": true}
-    POST   /api/conversations/<id>/messages       {messages, from?} -> conversation
+    POST   /api/conversations/<id>/messages       {messages, from? | parent?} -> conversation
+    PUT    /api/conversations/<id>/messages/<m>   a message -> conversation (message m replaced)
+    POST   /api/conversations/<id>/select         {message_id} -> conversation
+    GET    /api/conversations/<id>/export         the file of appliance/conversation_export.py
+    POST   /api/conversations/import              that file -> 201 a new conversation
+
+The messages are a tree (appliance/conversation_tree.py); a conversation shows one path of it,
+each message with its `siblings` (ids, oldest first), `sibling_index` and `n_siblings`. Adding
+messages never deletes: under `parent` (a message id), or at position `from` of the path shown
+(under the message before it, beside the one there), or, with neither, at the path's end; what
+was added becomes the path shown. `select` shows the branch through a message, down to its
+latest leaf.
 
 A request is checked whole before anything is written, so a refused one changes nothing. In a
 body, null means the same as absent: the default on create, unchanged on update; inside
@@ -22,6 +33,7 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 from flask.blueprints import BlueprintSetupState
 
+from appliance import conversation_export
 from appliance.conversations import DEFAULT_TITLE, MESSAGE_FIELDS, ConversationStore
 from appliance.errors import InvalidRequest
 
@@ -51,7 +63,7 @@ SCALARS = {"temperature": _setting("temperature"), "top_p": _setting("top_p"),
            "max_tokens": _setting("max_tokens", hi=1_000_000), "seed": _setting("seed"),
            "thinking": Param("settings.thinking", "boolean", "think before answering (null: the "
                              "template's default)")}
-FROM = Param("from", "integer", "drop the messages from this position on", lo=0)
+FROM = Param("from", "integer", "add the messages at this position of the path shown, as a new branch", lo=0)
 STRINGS = {"system": (0, MAX_SYSTEM), "model": (1, MAX_MODEL)}
 
 
@@ -104,6 +116,11 @@ def _string(v: Any, name: str, lo: int, hi: int, strip: bool = False) -> str:
         raise InvalidRequest(f"'{name}' must be {lo} to {hi} characters{' (spaces stripped)' if strip else ''}; "
                              f"got {len(v)}", param=name)
     return v
+
+
+def _id(body: dict, name: str) -> str | None:
+    v = body.get(name)
+    return None if v is None else _string(v, name, 1, 100)
 
 
 def _title(body: dict) -> str | None:
@@ -242,6 +259,47 @@ def delete_conversation(conv_id: str):
 
 @bp.post("/api/conversations/<conv_id>/messages")
 def put_messages(conv_id: str):
-    body = _body(("messages", "from"))
-    messages, start = _messages(body, required=True), FROM.read(body)  # its upper bound: in the store
-    return _full(_store().put_messages(conv_id, messages, start))
+    body = _body(("messages", "from", "parent"))
+    messages, start, parent = _messages(body, required=True), FROM.read(body), _id(body, "parent")
+    if parent is not None:
+        if start is not None:
+            raise InvalidRequest("give 'from' or 'parent', not both", param="parent")
+        return _full(_store().add_messages(conv_id, parent, messages))
+    return _full(_store().put_messages(conv_id, messages, start))  # the upper bound of from: in the store
+
+
+@bp.put("/api/conversations/<conv_id>/messages/<msg_id>")
+def replace_message(conv_id: str, msg_id: str):
+    m = _message(parse_json_body(request.get_data(cache=False)), "message")
+    return _full(_store().update_message(conv_id, msg_id, {k: m.get(k) for k in MESSAGE_FIELDS}))
+
+
+@bp.post("/api/conversations/<conv_id>/select")
+def select_branch(conv_id: str):
+    body = _body(("message_id",))
+    msg_id = _id(body, "message_id")
+    if msg_id is None:
+        raise InvalidRequest("'message_id' is required", param="message_id")
+    return _full(_store().select(conv_id, msg_id))
+
+
+@bp.get("/api/conversations/<conv_id>/export")
+def export_conversation(conv_id: str):
+    doc = _store().export(conv_id)
+    resp = jsonify(doc)
+    name = "".join(c if c.isalnum() or c in "-_ " else "_" for c in doc["title"]).strip() or "conversation"
+    resp.headers["Content-Disposition"] = f'attachment; filename="{name[:80]}.json"'
+    return resp
+
+
+@bp.post("/api/conversations/import")
+def import_conversation():
+    """The whole file is checked (its shape, then each value as a create checks it) before
+    anything is written."""
+    doc = parse_json_body(request.get_data(cache=False))
+    tree = conversation_export.check(doc)
+    title = _title(doc) or DEFAULT_TITLE
+    settings = {k: v for k, v in _settings(doc).items() if v is not None}
+    for i, m in enumerate(tree.messages):
+        _message(m, f"messages[{i}]")
+    return _full(_store().import_conversation(tree, title, settings)), 201

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from appliance import conversation_export
+from appliance.conversations import MESSAGE_FIELDS
+
 from . import anthropic, openai_responses
 from . import openapi
 from .openapi import ERROR, SSE_EVENT, TIMINGS
@@ -219,18 +222,14 @@ def _slots() -> dict[str, Any]:
 
 
 # -- the appliance's own -------------------------------------------------------------------------
-def _appliance() -> dict[str, Any]:
-    model = _obj(("model",), model=STRING)
-    state = _obj(("model", "state"), model=STRING, state=STRING)
+def _conversations() -> dict[str, Any]:
+    """The chat page's conversations: a tree of messages, a path shown, export and import."""
     summary = _obj(("id", "title"), id=STRING, title=STRING)
     conversation = _obj(("id", "title", "messages"), id=STRING, title=STRING,
                         messages={"type": "array", "items": OBJECT})
-    cid, run = (path_param("conv_id"),), (path_param("run_id", {"type": "integer"}),)
+    cid = (path_param("conv_id"),)
     nullable_array = {"type": "array", "items": OBJECT, "nullable": True}
     return {
-        "/api/models/load": {"post": post("Load a model of the pool", "openai", model, state)},
-        "/api/models/unload": {"post": post("Unload a model of the pool", "openai", model, state)},
-        "/openapi.json": {"get": bodiless("This document", "openai", _obj(("openapi", "paths")))},
         "/api/conversations": {
             "get": bodiless("The chat page's conversations", "openai",
                        _obj(("object", "data"), data={"type": "array", "items": summary}),
@@ -245,9 +244,36 @@ def _appliance() -> dict[str, Any]:
                           params=cid),
             "delete": bodiless("Delete a conversation", "openai", _obj(("id", "deleted")), cid)},
         "/api/conversations/{conv_id}/messages": {"post": post(
-            "Replace its messages (from a position on)", "openai",
-            _obj(("messages",), True, messages={"type": "array", "items": OBJECT}, **{"from": ANY}), conversation,
-            params=cid)},
+            "Add messages: under a message (parent), at a position of the path shown (from: a new branch "
+            "beside the one there, which is kept) or at its end", "openai",
+            _obj(("messages",), True, messages={"type": "array", "items": OBJECT}, parent=ANY, **{"from": ANY}),
+            conversation, params=cid)},
+        "/api/conversations/{conv_id}/messages/{msg_id}": {"put": post(
+            "Replace one message (a reply continued)", "openai",
+            _obj(("role", "content"), True, **{k: ANY for k in MESSAGE_FIELDS}), conversation,
+            params=(*cid, path_param("msg_id")))},
+        "/api/conversations/{conv_id}/select": {"post": post(
+            "Show the branch through a message, down to its latest leaf", "openai",
+            _obj(("message_id",), True, message_id=STRING), conversation, params=cid)},
+        "/api/conversations/{conv_id}/export": {"get": bodiless(
+            "The conversation as a file: settings, every branch, pictures (format version 1, docs/web-app.md)",
+            "openai", _obj(("format", "version", "messages")), cid)},
+        "/api/conversations/import": {"post": post(
+            "A new conversation from an exported file, checked whole", "openai",
+            _obj(("format", "version", "messages"), True, **{k: ANY for k in conversation_export.KEYS}),
+            conversation, status="201")},
+    }
+
+
+def _appliance() -> dict[str, Any]:
+    model = _obj(("model",), model=STRING)
+    state = _obj(("model", "state"), model=STRING, state=STRING)
+    run = (path_param("run_id", {"type": "integer"}),)
+    return {
+        "/api/models/load": {"post": post("Load a model of the pool", "openai", model, state)},
+        "/api/models/unload": {"post": post("Unload a model of the pool", "openai", model, state)},
+        "/openapi.json": {"get": bodiless("This document", "openai", _obj(("openapi", "paths")))},
+        **_conversations(),
         "/api/bench/runs": {"get": bodiless("The stored benchmark runs", "openai",
                                        _obj(("runs",), runs={"type": "array", "items": OBJECT}))},
         "/api/bench/runs/{run_id}": {"get": bodiless("One benchmark run, its rows and series", "openai",

@@ -58,8 +58,12 @@
     history.replaceState(null, "", "#" + conv.id);
   }
 
-  async function saveMessages(from, messages) {
-    const stored = await api(`/api/conversations/${conv.id}/messages`, { json: { from, messages } });
+  // Store messages at position `from` of the path shown (a new branch there: the server keeps the
+  // old one), or replace the message `replaceId` (a continued reply); the page takes the server's path.
+  async function saveMessages(from, messages, replaceId) {
+    const stored = replaceId ? await api(`/api/conversations/${conv.id}/messages/${replaceId}`, { method: "PUT", json: messages[0] })
+      : await api(`/api/conversations/${conv.id}/messages`, { json: { from, messages } });
+    if (stored.id === conv.id) conv.messages = stored.messages;
     refreshList();
     return stored;
   }
@@ -143,7 +147,7 @@
       const thumbs = (m.images || []).map((url, k) => el("img", { class: "thumb", src: url, alt: `picture ${k + 1}` }));
       wrap.append(el("div", { class: "msg user" }, thumbs.length ? el("div", { class: "thumbs" }, thumbs) : null,
                      el("span", { class: "text", text: m.content })),
-        el("div", { class: "actions" }, el("button", { type: "button", class: "edit", text: "Edit", onclick: () => editMessage(i) })));
+        el("div", { class: "actions" }, ChatBranches.nav(m), el("button", { type: "button", class: "edit", text: "Edit", onclick: () => editMessage(i) })));
     } else if (m.role === "tool") {
       wrap.append(el("div", { class: "msg tool" }, el("div", { class: "label", text: `tool result${m.tool_call_id ? " · " + m.tool_call_id : ""}` }),
         el("pre", { text: m.content })));
@@ -207,7 +211,7 @@
 
   function actionsNode(m, i) {
     const last = i === conv.messages.length - 1;
-    const acts = el("div", { class: "actions" });
+    const acts = el("div", { class: "actions" }, ChatBranches.nav(m));
     acts.append(el("button", { type: "button", class: "copyreply", text: "Copy", onclick: () => Markdown.copyText(m.content || "") }));
     if (last) acts.append(el("button", { type: "button", class: "regenerate", text: "Regenerate", onclick: () => regenerate(i) }));
     if (last && (m.finish_reason === "length" || m.finish_reason === "cancelled") && !(m.tool_calls || []).length)
@@ -336,8 +340,9 @@
                      tool_calls: m.tool_calls && m.tool_calls.length ? m.tool_calls : null,
                      timings: m.timings ? Object.assign({}, m.timings, { ttft_ms: m.ttft_ms }) : null,
                      finish_reason: m.finish_reason || (m.error ? "error" : null) };
-    try { await saveMessages(at, [stored]); } catch (err) { showError(err); }
-    conv.messages[at] = Object.assign({}, stored, { error: m.error, ttft_ms: m.ttft_ms });
+    let saved = stored;
+    try { saved = (await saveMessages(at, [stored], m.id)).messages[at] || stored; } catch (err) { showError(err); }
+    conv.messages[at] = Object.assign({}, saved, { error: m.error, ttft_ms: m.ttft_ms });
     renderAll();
     input.focus();
   }
@@ -505,6 +510,8 @@
     e.preventDefault(); composer.classList.remove("dragging");
     if (e.dataTransfer && e.dataTransfer.files.length) attach([...e.dataTransfer.files]);
   });
+  ChatBranches.init({ conv: () => conv, busy, open, showError,
+                      adopt: (stored) => { if (stored.id === conv.id) { conv.messages = stored.messages; renderAll(); } } });
   document.addEventListener("keydown", (e) => { if (e.key === "Escape" && busy()) controller.abort(); });
   stopBtn.addEventListener("click", () => busy() && controller.abort());
   $("new").addEventListener("click", newChat);
