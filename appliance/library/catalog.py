@@ -8,7 +8,7 @@ Per-model settings live in `settings.toml` in the library's directory, one table
     n_slots = 2
     kv_type = "q8_0"
 
-Any `EngineConfig` field but `model`, `model_alias`, `tags` and `embedding_model` may be set; a
+The table `[mcp]` holds the MCP servers (mcp/settings.py). Any `EngineConfig` field but `model`, `model_alias`, `tags` and `embedding_model` may be set; a
 flag or APPLIANCE_* variable given to `serve` wins over the file.
 
 `--model-alias a,b` names the model `--model` serves (without it, the embedded model): `a` is its
@@ -29,6 +29,7 @@ from pathlib import Path
 from ..config import Config, EngineConfig, fit_engine
 from ..flags import listed
 from ..fit.auto import for_file as auto_n_ctx
+from ..mcp.settings import TABLE as MCP_TABLE
 from ..rope import AUTO_N_CTX
 from .index import Library
 
@@ -84,6 +85,7 @@ def load_settings(root: Path) -> dict[str, dict[str, object]]:
         return {}
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"{path}: {e}") from None
+    data.pop(MCP_TABLE, None)    # the MCP servers' settings (mcp/settings.py), no model's
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_SETTINGS
     for name, table in data.items():
         if not isinstance(table, dict):
