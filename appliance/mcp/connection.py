@@ -23,6 +23,7 @@ from .settings import ServerSpec
 
 log = logging.getLogger("appliance.tools")
 
+CONNECT_MIN_S = 20.0     # a connection may take the server's timeout, and at least this (npx, uvx start slowly)
 MAX_TOOL_PAGES = 20          # tools/list pages read at most: a server that pages forever cannot hang a connect
 
 
@@ -54,6 +55,10 @@ class Connection:
         self._task: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
 
+    @property
+    def connect_timeout(self) -> float:
+        return max(self.spec.timeout_s, CONNECT_MIN_S)
+
     def _target(self) -> Any:
         spec = self.spec
         if spec.command:
@@ -81,9 +86,9 @@ class Connection:
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._hold(ready, self._stop), name=f"mcp:{self.spec.name}")
         try:
-            await asyncio.wait_for(asyncio.shield(ready), self.spec.timeout_s)
+            await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout)
         except TimeoutError:
-            self._fail(f"did not connect within {self.spec.timeout_s:g} s")
+            self._fail(f"did not connect within {self.connect_timeout:g} s")
             await self._drop()
         except Exception as e:
             self._fail(describe(e))
@@ -114,14 +119,18 @@ class Connection:
                 if self.state == "ready":
                     self.state, self.error = "lost", "the connection closed"
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
-        """The server's result for `tool`. TimeoutError past the server's timeout (the hub's
-        callers bound the whole call, connecting included); Unavailable when it cannot be reached
-        or its connection closed during the call (dropped: the next call reconnects)."""
+    async def prepare(self) -> None:
+        """Open, and answering: a stdio server that exited while idle starts again here.
+        Unavailable says why it cannot be."""
         await self.ensure()
-        if not await self._alive():   # a stdio server that exited while idle starts again here
+        if not await self._alive():
             self.state, self.error = "lost", "the connection had closed"
             await self.ensure()
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
+        """The server's result for `tool`, on the connection `prepare` opened (the hub bounds it
+        in time); Unavailable when its connection closes during the call (dropped: the next call
+        opens it again)."""
         client = self._client
         if client is None:
             raise Unavailable("the connection closed")

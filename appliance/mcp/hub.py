@@ -32,7 +32,7 @@ from .settings import ServerSpec
 
 log = logging.getLogger("appliance.tools")
 
-START_WAIT_S = 1.0     # tools() waits at most a server's timeout plus this for its first connection
+START_WAIT_S = 1.0     # tools() waits at most a connection's timeout plus this for its first one
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class ToolHub:
     def _await_start(self) -> None:
         for name, fut in self._started.items():
             try:
-                fut.result(timeout=self._conns[name].spec.timeout_s + START_WAIT_S)
+                fut.result(timeout=self._conns[name].connect_timeout + START_WAIT_S)
             except (FutureTimeout, Exception):  # noqa: BLE001 - the connection's state says why
                 pass
 
@@ -154,10 +154,10 @@ class ToolHub:
         if conn is None:
             return ToolResult(False, "", False, f"no configured MCP server has a tool {name!r}", 0.0)
         spec = conn.spec
-        # connecting (when it must) and the call each get the server's timeout; this bounds both
+        # connecting (when it must) and the call each have their timeout; this bounds both
         fut = self._submit(self._run(conn, name, arguments))
         try:
-            result = fut.result(timeout=2 * spec.timeout_s + 10.0)
+            result = fut.result(timeout=conn.connect_timeout + spec.timeout_s + 10.0)
         except FutureTimeout:
             fut.cancel()
             result = ToolResult(False, "", False, f"timed out after {spec.timeout_s:g} s", 0.0)
@@ -168,7 +168,7 @@ class ToolHub:
     async def _run(self, conn: Connection, name: str, arguments: dict) -> ToolResult:
         spec = conn.spec
         try:
-            await conn.ensure()
+            await conn.prepare()
         except Unavailable as e:
             return ToolResult(False, "", False, f"server {spec.name} is unavailable: {e}", 0.0)
         found = self._find(name)

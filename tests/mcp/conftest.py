@@ -1,0 +1,47 @@
+"""The toy MCP server (toy_server.py) as the tests reach it: a stdio command, and one process
+serving streamable HTTP on a free port, shared by the module that asks for it."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.mcp.settings import ServerSpec
+
+TOY = str(Path(__file__).with_name("toy_server.py"))
+
+
+def stdio_spec(name: str = "toy", **changes) -> ServerSpec:
+    return ServerSpec(name, command=sys.executable, args=(TOY, "stdio"), **changes)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def toy_http_url():
+    """http://127.0.0.1:PORT/mcp of a toy server in a process of its own, until the module ends."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, TOY, "http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            assert proc.poll() is None, "the toy HTTP server exited"
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("the toy HTTP server did not listen within 60 s")
+    yield f"http://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    proc.wait(timeout=10)
