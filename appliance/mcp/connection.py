@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import httpx2
@@ -54,6 +55,7 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
+        self.attempted = 0.0          # time.monotonic() of the last connection attempt
 
     @property
     def connect_timeout(self) -> float:
@@ -81,7 +83,7 @@ class Connection:
 
     async def _open(self) -> None:
         await self._drop()
-        self.state, self.error = "connecting", None
+        self.state, self.error, self.attempted = "connecting", None, time.monotonic()
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._hold(ready, self._stop), name=f"mcp:{self.spec.name}")

@@ -4,9 +4,9 @@ The web server is synchronous (waitress threads); the SDK is async. The hub owns
 event loop in a daemon thread, where every connection (connection.py) lives; `tools()`, `call()`
 and `status()` hand coroutines to it and wait for their results, so any thread may call them at
 once. Each server connects at start, in the background: one that fails is logged and reported by
-`status()` (and so by /api/tools), and is tried again on its tools' next call; the appliance serves
-meanwhile. A call never raises for the tool's own failure, a dead server or a timeout: its
-ToolResult says what happened.
+`status()` (and so by /api/tools), and is tried again when the tools are listed RETRY_S later
+(or on a call to one of its tools); the appliance serves meanwhile. A call never raises for the
+tool's own failure, a dead server or a timeout: its ToolResult says what happened.
 
 A tool's name as the model sees it is `SERVER__TOOL` (characters outside [A-Za-z0-9_-] as `_`, at
 most 64, the end a hash of the whole when longer): unique across servers, and the same from one
@@ -33,6 +33,7 @@ from .settings import ServerSpec
 log = logging.getLogger("appliance.tools")
 
 START_WAIT_S = 1.0     # tools() waits at most a connection's timeout plus this for its first one
+RETRY_S = 30.0         # a server that failed to connect is tried again when listed this long after
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,12 @@ class ToolHub:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def _await_start(self) -> None:
+        """Wait (bounded) for the connections being tried: the first ones, and again those that
+        failed more than RETRY_S ago."""
+        now = time.monotonic()
+        for name, conn in self._conns.items():
+            if conn.state == "failed" and now - conn.attempted > RETRY_S and self._started[name].done():
+                self._started[name] = self._submit(conn.ensure())
         for name, fut in self._started.items():
             try:
                 fut.result(timeout=self._conns[name].connect_timeout + START_WAIT_S)

@@ -2,6 +2,7 @@
 serving streamable HTTP on a free port, shared by the module that asks for it."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -28,7 +29,13 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def toy_http_url():
     """http://127.0.0.1:PORT/mcp of a toy server in a process of its own, until the module ends."""
-    port = free_port()
+    with toy_http(free_port()) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def toy_http(port: int):
+    """A toy server on streamable HTTP at `port` while the block runs; its URL."""
     proc = subprocess.Popen([sys.executable, TOY, "http", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -42,6 +49,8 @@ def toy_http_url():
     else:
         proc.kill()
         pytest.fail("the toy HTTP server did not listen within 60 s")
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

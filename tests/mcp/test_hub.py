@@ -13,7 +13,7 @@ import pytest
 from appliance.mcp.hub import ToolHub, model_name
 from appliance.mcp.settings import STDIO_INHERITED, TOOL_NAME, ServerSpec
 
-from .conftest import stdio_spec
+from .conftest import free_port, stdio_spec, toy_http
 
 TIMEOUT_S = 3.0
 BOUND = 1000
@@ -144,6 +144,22 @@ def test_servers_that_cannot_be_reached_are_reported_and_the_others_serve(toy_ht
         r = h.call("missing__anything", {})
         assert not r.ok and r.error.startswith("server missing is unavailable")
         assert h.call("toy__add", {"a": 3, "b": 4}).text == "7"
+    finally:
+        h.close()
+
+
+def test_a_server_that_failed_is_tried_again_when_the_tools_are_listed_later(monkeypatch):
+    from appliance.mcp import hub as hub_module
+
+    port = free_port()
+    h = ToolHub([ServerSpec("late", url=f"http://127.0.0.1:{port}/mcp", timeout_s=3)])
+    try:
+        assert h.status()[0].state == "failed" and h.tools() == []
+        with toy_http(port):
+            assert h.status()[0].state == "failed"           # not before RETRY_S
+            monkeypatch.setattr(hub_module, "RETRY_S", 0.0)
+            assert h.status()[0].state == "ready"
+            assert h.call("late__add", {"a": 1, "b": 2}).text == "3"
     finally:
         h.close()
 
