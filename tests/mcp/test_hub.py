@@ -13,7 +13,7 @@ import pytest
 from appliance.mcp.hub import ToolHub, model_name
 from appliance.mcp.settings import STDIO_INHERITED, TOOL_NAME, ServerSpec
 
-from .conftest import free_port, stdio_spec, toy_http
+from .toy import free_port, stdio_spec, toy_http
 
 TIMEOUT_S = 3.0
 BOUND = 1000
