@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import settings_file
 from ..config import Config, EngineConfig, fit_engine
 from ..flags import listed
 from ..fit.auto import for_file as auto_n_ctx
@@ -35,7 +35,7 @@ from .index import Library
 
 log = logging.getLogger("appliance.library")
 
-SETTINGS = "settings.toml"
+SETTINGS = settings_file.SETTINGS
 _NOT_SETTINGS = {"model", "model_alias", "tags", "embedding_model"}
 _DEFAULT_MODEL_ONLY = ("chat_template", "chat_template_kwargs")   # serve's apply to the default model
 
@@ -79,12 +79,7 @@ def load_settings(root: Path) -> dict[str, dict[str, object]]:
     """`settings.toml` of the library (empty when there is none). ValueError names the file, the
     model and the key of a mistake."""
     path = root / SETTINGS
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"{path}: {e}") from None
+    data = settings_file.read(root)
     data.pop(MCP_TABLE, None)    # the MCP servers' settings (mcp/settings.py), no model's
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_SETTINGS
     for name, table in data.items():

@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Mapping
 
+from .. import settings_file
 from ..flags import opt
 
 TABLE = "mcp"            # the key of settings.toml that holds no model's settings
@@ -132,16 +132,9 @@ def _approvals(value: str | None) -> dict[str, set[str]]:
 
 def read_table(root: Path) -> dict[str, Any]:
     """The [mcp] table of `root`/settings.toml (empty without one). ValueError names the file."""
-    path = root / "settings.toml"
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"{path}: {e}") from None
-    table = data.get(TABLE, {})
+    table = settings_file.read(root).get(TABLE, {})
     if not isinstance(table, dict):
-        raise ValueError(f"{path}: [{TABLE}] must be a table")
+        raise ValueError(f"{root / settings_file.SETTINGS}: [{TABLE}] must be a table")
     return table
 
 
