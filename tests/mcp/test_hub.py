@@ -15,7 +15,7 @@ from appliance.mcp.settings import STDIO_INHERITED, TOOL_NAME, ServerSpec
 
 from .toy import free_port, stdio_spec, toy_http
 
-TIMEOUT_S = 3.0
+TIMEOUT_S = 5.0
 BOUND = 1000
 TOOLS = {"add", "hang", "huge", "fail", "env", "die", "die_soon", "pid"}
 
