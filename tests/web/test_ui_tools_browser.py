@@ -2,7 +2,7 @@
 settings.toml (stdio, tests/mcp/toy_server.py) and a broken one from --mcp; /api/tools and a call
 through the served app; the page's tools panel (the servers, their state and tools, which run
 unasked) and a conversation's choice of tools, stored in its settings and shown again after a
-reload; and the stdio server stopped with the appliance."""
+reload; and the stdio server stopped with the appliance (the fixture's teardown checks it)."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,12 @@ def server(tmp_path_factory):
         "auto_approve = [\"add\"]\ntimeout_s = 5\n")
     with running_server(d, "--n-ctx", "512", "--n-slots", "1", "--library", str(library),
                         "--mcp", "broken=/nonexistent/mcp-server") as srv:
+        pid = int(requests.post(srv.url + "/api/tools/call", json={"name": "toy__pid"}, timeout=60).json()["text"])
+        assert _alive(pid)
         yield srv
+    # stopping the appliance stops its stdio servers
+    assert wait_until(lambda: not _alive(pid), timeout=15), f"the toy MCP server {pid} outlived the appliance"
+    assert "stopped" in srv.log()
 
 
 def stored_tools(server, cid: str) -> list[str]:
@@ -72,15 +77,6 @@ def test_the_tools_panel_lists_the_servers_and_a_conversation_chooses_tools(serv
         page.locator('[data-tool="toy__add"] input').uncheck()
         assert wait_until(lambda: stored_tools(server, cid) == ["toy__huge"], timeout=10)
         assert page.console == []
-
-
-def test_stopping_the_appliance_stops_its_stdio_servers(tmp_path):
-    with running_server(tmp_path, "--n-ctx", "256", "--n-slots", "1",
-                        "--mcp", f"toy={sys.executable} {TOY} stdio") as srv:
-        pid = int(requests.post(srv.url + "/api/tools/call", json={"name": "toy__pid"}, timeout=60).json()["text"])
-        os.kill(pid, 0)                                          # running
-    assert wait_until(lambda: not _alive(pid), timeout=15)
-    assert "stopped" in srv.log()
 
 
 def _alive(pid: int) -> bool:
