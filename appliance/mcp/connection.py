@@ -24,7 +24,7 @@ from .settings import ServerSpec
 
 log = logging.getLogger("appliance.tools")
 
-CONNECT_MIN_S = 20.0     # a connection may take the server's timeout, and at least this (npx, uvx start slowly)
+CONNECT_MIN_S = 60.0     # a connection may take the server's timeout, and at least this (npx -y, uvx fetch first)
 MAX_TOOL_PAGES = 20          # tools/list pages read at most: a server that pages forever cannot hang a connect
 
 

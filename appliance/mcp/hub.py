@@ -32,7 +32,7 @@ from .settings import ServerSpec
 
 log = logging.getLogger("appliance.tools")
 
-START_WAIT_S = 1.0     # tools() waits at most a connection's timeout plus this for its first one
+WAIT_S = 10.0          # status() and tools() wait at most this for connections being tried
 RETRY_S = 30.0         # a server that failed to connect is tried again when listed this long after
 
 
@@ -108,16 +108,16 @@ class ToolHub:
     def _submit(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def _await_start(self) -> None:
-        """Wait (bounded) for the connections being tried: the first ones, and again those that
-        failed more than RETRY_S ago."""
+    def _await_start(self, wait_s: float) -> None:
+        """Wait, `wait_s` at most, for the connections being tried: the first ones, and again
+        those that failed more than RETRY_S ago (one still trying is listed as connecting)."""
         now = time.monotonic()
         for name, conn in self._conns.items():
             if conn.state == "failed" and now - conn.attempted > RETRY_S and self._started[name].done():
                 self._started[name] = self._submit(conn.ensure())
-        for name, fut in self._started.items():
+        for fut in list(self._started.values()):
             try:
-                fut.result(timeout=self._conns[name].connect_timeout + START_WAIT_S)
+                fut.result(timeout=max(0.0, now + wait_s - time.monotonic()))
             except (FutureTimeout, Exception):  # noqa: BLE001 - the connection's state says why
                 pass
 
@@ -126,15 +126,15 @@ class ToolHub:
         return tuple(ToolInfo(model_name(spec.name, t.name), spec.name, t.description or "", dict(t.input_schema),
                               spec.approves(t.name), t.name) for t in conn.tools)
 
-    def status(self) -> list[ServerStatus]:
-        """Every configured server: its transport, state, error and tools (after the first
-        connections were tried)."""
-        self._await_start()
+    def status(self, wait_s: float = WAIT_S) -> list[ServerStatus]:
+        """Every configured server: its transport, state, error and tools, once the connections
+        being tried are made or `wait_s` has passed."""
+        self._await_start(wait_s)
         return [ServerStatus(n, c.spec.transport, c.state, c.error, self._infos(c)) for n, c in self._conns.items()]
 
-    def tools(self) -> list[ToolInfo]:
-        """The tools of the servers connected now."""
-        return [t for s in self.status() for t in s.tools]
+    def tools(self, wait_s: float = WAIT_S) -> list[ToolInfo]:
+        """The tools of the servers connected now (waiting `wait_s` at most for those connecting)."""
+        return [t for s in self.status(wait_s) for t in s.tools]
 
     def _find(self, name: str) -> tuple[Connection, str] | None:
         for conn in self._conns.values():

@@ -29,6 +29,7 @@ def hub(request, toy_http_url):
         spec = ServerSpec("toy", url=toy_http_url, timeout_s=TIMEOUT_S, max_result_chars=BOUND,
                           approve_all=True)
     h = ToolHub([spec])
+    h.status(wait_s=120)     # connected, however loaded the machine (listing waits 10 s by default)
     yield h
     h.close()
 
@@ -135,7 +136,7 @@ def test_servers_that_cannot_be_reached_are_reported_and_the_others_serve(toy_ht
              ServerSpec("toy", url=toy_http_url, timeout_s=3)]
     h = ToolHub(specs)
     try:
-        status = {s.name: s for s in h.status()}
+        status = {s.name: s for s in h.status(wait_s=120)}
         for name in ("missing", "closed", "notmcp"):
             assert status[name].state == "failed" and status[name].error and not status[name].tools, status[name]
         assert "No such file" in status["missing"].error
@@ -158,7 +159,7 @@ def test_a_server_that_failed_is_tried_again_when_the_tools_are_listed_later(mon
         with toy_http(port):
             assert h.status()[0].state == "failed"           # not before RETRY_S
             monkeypatch.setattr(hub_module, "RETRY_S", 0.0)
-            assert h.status()[0].state == "ready"
+            assert h.status(wait_s=120)[0].state == "ready"
             assert h.call("late__add", {"a": 1, "b": 2}).text == "3"
     finally:
         h.close()

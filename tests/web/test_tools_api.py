@@ -27,6 +27,7 @@ class NoPool:
 def hub():
     h = ToolHub([stdio_spec(timeout_s=3, max_result_chars=500, auto_approve=frozenset({"add"})),
                  ServerSpec("broken", command="/nonexistent/mcp-server", timeout_s=3)])
+    h.status(wait_s=120)     # connected, however loaded the machine
     yield h
     h.close()
 

@@ -27,6 +27,8 @@ def server(tmp_path_factory):
         "auto_approve = [\"add\"]\ntimeout_s = 5\n")
     with running_server(d, "--n-ctx", "512", "--n-slots", "1", "--library", str(library),
                         "--mcp", "broken=/nonexistent/mcp-server") as srv:
+        # connected (on a loaded machine a stdio server may take longer than /api/tools waits)
+        assert wait_until(lambda: _state(srv, "toy") == "ready", timeout=120, interval=0.5)
         pid = int(requests.post(srv.url + "/api/tools/call", json={"name": "toy__pid"}, timeout=60).json()["text"])
         assert _alive(pid)
         yield srv
@@ -77,6 +79,11 @@ def test_the_tools_panel_lists_the_servers_and_a_conversation_chooses_tools(serv
         page.locator('[data-tool="toy__add"] input').uncheck()
         assert wait_until(lambda: stored_tools(server, cid) == ["toy__huge"], timeout=10)
         assert page.console == []
+
+
+def _state(server, name: str) -> str | None:
+    servers = requests.get(server.url + "/api/tools", timeout=60).json()["servers"]
+    return next((s["state"] for s in servers if s["name"] == name), None)
 
 
 def _alive(pid: int) -> bool:
