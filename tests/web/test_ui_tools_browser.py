@@ -26,7 +26,7 @@ def server(tmp_path_factory):
         f"[mcp.servers.toy]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(TOY)}, \"stdio\"]\n"
         "auto_approve = [\"add\"]\ntimeout_s = 5\n")
     with running_server(d, "--n-ctx", "512", "--n-slots", "1", "--library", str(library),
-                        "--mcp", "broken=/nonexistent/mcp-server") as srv:
+                        "--mcp", "broken=/nonexistent/mcp-server", timeout=400) as srv:
         # connected (on a loaded machine a stdio server may take longer than /api/tools waits)
         assert wait_until(lambda: _state(srv, "toy") == "ready", timeout=120, interval=0.5)
         pid = int(requests.post(srv.url + "/api/tools/call", json={"name": "toy__pid"}, timeout=60).json()["text"])
