@@ -1,6 +1,6 @@
 """Configuration: frozen dataclasses built once from flags > APPLIANCE_* env > defaults.
 
-This is the only module that reads the environment. Every field of `EngineConfig` and
+This is the only module that reads the environment (with data_dir.py, its XDG lookup). Every field of `EngineConfig` and
 `ServerConfig` is a command-line flag (`--n-slots`) and an environment variable
 (`APPLIANCE_N_SLOTS`) by flags.py; the field holds its help text, so `appliance serve --help`
 documents every setting by construction.
@@ -17,8 +17,10 @@ from typing import Any, Collection, Mapping
 from .chat_templates import BUILTIN, REASONING, REASONING_FORMATS, default_kwargs, load_template
 from .adapters import AdapterSettings
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
+from .data_dir import default_data_dir
 from .endpoints import parse_endpoints, parse_split
 from .flags import ENV_PREFIX, flag, listed, opt, values_of
+from .mcp.settings import ToolSettings
 from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
 
@@ -238,8 +240,8 @@ class EngineConfig(AdapterSettings):
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    """What the HTTP server needs."""
+class ServerConfig(ToolSettings):
+    """What the HTTP server needs (the MCP tools' flags: mcp/settings.py)."""
     host: str = opt("127.0.0.1", "addresses to bind, comma-separated (127.0.0.1,::1: both loopbacks; "
                     "0.0.0.0 exposes the server to the network)")
     port: int = opt(8080, "port to listen on")
@@ -288,6 +290,7 @@ class ServerConfig:
         _require(self.max_connections >= 16, "max_connections must be at least 16")
         _require(self.request_timeout > 0 and self.send_timeout > 0, "request_timeout and send_timeout must be positive")
         _require(self.max_loaded >= 0 and self.idle_unload >= 0, "max_loaded and idle_unload must not be negative")
+        self.check_tools()   # a malformed --mcp, --mcp-auto-approve, timeout or bound
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  "log_level must be one of debug, info, warning, error")
 
@@ -387,14 +390,3 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     engine, adjusted = fit_engine(values_of(EngineConfig, flags, env), given)
     return Config(engine=engine, server=ServerConfig(**values_of(ServerConfig, flags, env)),
                   store=StoreConfig(**values_of(StoreConfig, flags, env)), given=given, adjusted=adjusted)
-
-
-def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    """$XDG_DATA_HOME/appliance, else ~/.local/share/appliance. The XDG spec says a relative
-    XDG_DATA_HOME is invalid and must be ignored."""
-    env = os.environ if env is None else env
-    xdg = env.get("XDG_DATA_HOME", "")
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "appliance"
-    home = env.get("HOME")
-    return (Path(home) if home else Path.home()) / ".local" / "share" / "appliance"

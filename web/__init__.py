@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
@@ -21,6 +22,9 @@ from appliance.errors import ApplianceError, Forbidden, Unauthorized
 from . import openapi_apis, origins
 from .http_errors import error_response, http_error, unexpected
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from appliance.mcp.hub import ToolHub
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 ALLOW_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version"
@@ -45,7 +49,8 @@ class AppState:
         return f"appliance-{__version__}-{info.fingerprint if info else ''}"
 
 
-def create_app(config: Config, pool: ModelPool) -> Flask:
+def create_app(config: Config, pool: ModelPool, tools: ToolHub | None = None) -> Flask:
+    """The app over `pool`; `tools`: the MCP servers' hub (web/tools.py), None without servers."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     app.config["OPENAPI_BUILD"] = openapi_apis.build
@@ -57,6 +62,7 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
 
     metrics = Metrics(lambda: default("stats"), lambda: default("info"), lambda: pool.engine_pids())
     app.extensions["appliance"] = AppState(config, pool, metrics)
+    app.extensions["appliance.tools"] = tools
 
     from .anthropic import bp as anthropic_bp
     from .api import bp as api_bp
@@ -71,10 +77,11 @@ def create_app(config: Config, pool: ModelPool) -> Flask:
     from .openai_responses import bp as openai_responses_bp
     from .lora_adapters import bp as lora_bp
     from .tokens import bp as tokens_bp
+    from .tools import bp as tools_bp
     from .ui import bp as ui_bp
 
     for bp in (api_bp, openai_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, slots_bp,
-               tokens_bp, lora_bp, conversations_bp, host_bp, bench_bp, ui_bp):
+               tokens_bp, lora_bp, conversations_bp, tools_bp, host_bp, bench_bp, ui_bp):
         app.register_blueprint(bp)
     app.before_request(_start_clock)
     app.before_request(_guard)

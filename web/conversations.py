@@ -36,6 +36,7 @@ from flask.blueprints import BlueprintSetupState
 from appliance import conversation_export
 from appliance.conversations import DEFAULT_TITLE, MESSAGE_FIELDS, ConversationStore
 from appliance.errors import InvalidRequest
+from appliance.mcp.settings import TOOL_NAME
 
 from . import images
 from .params import CHAT, Param
@@ -50,7 +51,8 @@ MAX_MODEL = 1000
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULTS: dict[str, Any] = {"system": "", "temperature": 0.7, "top_p": 1.0, "max_tokens": 1024,
-                            "seed": None, "thinking": None, "model": None}
+                            "seed": None, "thinking": None, "model": None, "tools": []}
+MAX_TOOLS = 128          # tools one conversation may choose (names as /api/tools gives them)
 
 
 def _setting(name: str, **changes: Any) -> Param:
@@ -140,9 +142,24 @@ def _settings(body: dict) -> dict[str, Any]:
     for key, v in settings.items():
         if key in SCALARS:
             out[key] = SCALARS[key].read({SCALARS[key].name: v})
+        elif key == "tools":
+            out[key] = None if v is None else _tool_names(v)
         else:
             out[key] = None if v is None else _string(v, f"settings.{key}", *STRINGS[key])
     return out
+
+
+def _tool_names(v: Any) -> list[str]:
+    """settings.tools: the MCP tools the conversation gives the model, by their /api/tools names
+    (a tool whose server is down now keeps its place)."""
+    if not isinstance(v, list) or len(v) > MAX_TOOLS:
+        raise InvalidRequest(f"'settings.tools' must be a list of at most {MAX_TOOLS} tool names",
+                             param="settings.tools")
+    for name in v:
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise InvalidRequest("'settings.tools' holds tool names as /api/tools gives them: 1 to 64 "
+                                 "letters, digits, '_' or '-'", param="settings.tools")
+    return list(dict.fromkeys(v))
 
 
 def _optional(m: dict, key: str, kind: type, what: str, where: str) -> None:

@@ -274,6 +274,7 @@ def _appliance() -> dict[str, Any]:
         "/api/models/unload": {"post": post("Unload a model of the pool", "openai", model, state)},
         "/openapi.json": {"get": bodiless("This document", "openai", _obj(("openapi", "paths")))},
         **_conversations(),
+        **_tools(),
         "/api/bench/runs": {"get": bodiless("The stored benchmark runs", "openai",
                                        _obj(("runs",), runs={"type": "array", "items": OBJECT}))},
         "/api/bench/runs/{run_id}": {"get": bodiless("One benchmark run, its rows and series", "openai",
@@ -286,6 +287,18 @@ def _appliance() -> dict[str, Any]:
         "/api/host": {"get": bodiless("The host report (hardware, drivers, advice)", "openai", OBJECT,
                                  (query("refresh", STRING),))},
     }
+
+
+def _tools() -> dict[str, Any]:
+    """The configured MCP servers' tools (web/tools.py)."""
+    array = {"type": "array", "items": OBJECT}
+    result = _obj(("ok", "text", "truncated", "error", "seconds"), ok={"type": "boolean"}, text=STRING,
+                  truncated={"type": "boolean"}, error={"type": "string", "nullable": True},
+                  seconds={"type": "number"})
+    return {"/api/tools": {"get": bodiless("The configured MCP servers, their state and their tools", "openai",
+                                           _obj(("object", "servers", "data"), servers=array, data=array))},
+            "/api/tools/call": {"post": post("Run one tool now, without approval (debugging)", "openai",
+                                             _obj(("name",), True, name=STRING, arguments=OBJECT), result)}}
 
 
 def paths(chat: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:

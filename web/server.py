@@ -35,22 +35,29 @@ def serve(config: Config) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
+    try:
+        tools = _tool_hub(config)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     pool = ModelPool(specs, default, config)
     try:
         engine = pool.load(default, srv_cfg.engine_start_timeout)
     except Exception as e:
         log.error("%s", getattr(e, "message", e))
         pool.close()
+        _close(tools)
         return 1
     info = engine.info
     if len(specs) > 1:
         log.info("also served, loaded on request: %s", ", ".join(s.name for s in specs if s.name != default))
-    app = create_app(config, pool)
+    app = create_app(config, pool, tools)
     try:
         socket_map, servers, dispatcher = _listen(app, srv_cfg)
     except (OSError, ValueError) as e:     # an address this host lacks, a port in use
         log.error("cannot listen on %s: %s", _listen_on(srv_cfg), e)
         pool.close()
+        _close(tools)
         return 1
     urls = ", ".join(f"http://{_address(s.effective_host, s.effective_port)}" for s in servers)
     announce(info.model_name, urls, srv_cfg)
@@ -60,8 +67,27 @@ def serve(config: Config) -> int:
         dispatcher.shutdown()
         wasyncore.close_all(socket_map)
         pool.close()
+        _close(tools)
     log.info("stopped")
     return 0
+
+
+def _tool_hub(config: Config):
+    """The MCP servers' hub, connecting in the background (None when none is configured)."""
+    from .tools import configured
+
+    specs = configured(config)
+    if not specs:
+        return None
+    from appliance.mcp.hub import ToolHub
+
+    log.info("MCP servers: %s", ", ".join(f"{s.name} ({s.transport})" for s in specs))
+    return ToolHub(specs)
+
+
+def _close(tools) -> None:
+    if tools is not None:
+        tools.close()
 
 
 def _listen_on(cfg: ServerConfig) -> str:

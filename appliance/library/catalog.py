@@ -8,7 +8,7 @@ Per-model settings live in `settings.toml` in the library's directory, one table
     n_slots = 2
     kv_type = "q8_0"
 
-Any `EngineConfig` field but `model`, `model_alias`, `tags` and `embedding_model` may be set; a
+The table `[mcp]` holds the MCP servers (mcp/settings.py). Any `EngineConfig` field but `model`, `model_alias`, `tags` and `embedding_model` may be set; a
 flag or APPLIANCE_* variable given to `serve` wins over the file.
 
 `--model-alias a,b` names the model `--model` serves (without it, the embedded model): `a` is its
@@ -22,19 +22,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import settings_file
 from ..config import Config, EngineConfig, fit_engine
 from ..flags import listed
 from ..fit.auto import for_file as auto_n_ctx
+from ..mcp.settings import TABLE as MCP_TABLE
 from ..rope import AUTO_N_CTX
 from .index import Library
 
 log = logging.getLogger("appliance.library")
 
-SETTINGS = "settings.toml"
+SETTINGS = settings_file.SETTINGS
 _NOT_SETTINGS = {"model", "model_alias", "tags", "embedding_model"}
 _DEFAULT_MODEL_ONLY = ("chat_template", "chat_template_kwargs")   # serve's apply to the default model
 
@@ -78,12 +79,8 @@ def load_settings(root: Path) -> dict[str, dict[str, object]]:
     """`settings.toml` of the library (empty when there is none). ValueError names the file, the
     model and the key of a mistake."""
     path = root / SETTINGS
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"{path}: {e}") from None
+    data = settings_file.read(root)
+    data.pop(MCP_TABLE, None)    # the MCP servers' settings (mcp/settings.py), no model's
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_SETTINGS
     for name, table in data.items():
         if not isinstance(table, dict):

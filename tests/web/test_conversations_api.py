@@ -129,6 +129,18 @@ def test_unknown_id(client):
     assert ok(client.get("/api/conversations"))["data"] == []
 
 
+def test_the_chosen_tools_are_a_setting(client):
+    """settings.tools: the MCP tools a conversation gives the model, names as /api/tools gives
+    them, each once; null is none again."""
+    c = ok(client.post("/api/conversations", json={"settings": {"tools": ["calc__add", "web__fetch", "calc__add"]}}),
+           201)
+    assert c["settings"]["tools"] == ["calc__add", "web__fetch"]
+    p = ok(client.patch(f"/api/conversations/{c['id']}", json={"settings": {"tools": ["calc__add"]}}))
+    assert p["settings"]["tools"] == ["calc__add"]
+    cleared = ok(client.patch(f"/api/conversations/{c['id']}", json={"settings": {"tools": None}}))
+    assert cleared["settings"]["tools"] == [] == DEFAULTS["tools"]
+
+
 BAD_CREATE = [
     ({"title": "x" * 201}, "title"),
     ({"title": "   "}, "title"),
@@ -146,6 +158,11 @@ BAD_CREATE = [
     ({"settings": {"system": "x" * 200_001}}, "settings.system"),
     ({"settings": {"model": ""}}, "settings.model"),
     ({"settings": {"mood": "calm"}}, "settings.mood"),
+    ({"settings": {"tools": "calc__add"}}, "settings.tools"),
+    ({"settings": {"tools": [1]}}, "settings.tools"),
+    ({"settings": {"tools": ["has space"]}}, "settings.tools"),
+    ({"settings": {"tools": ["x" * 65]}}, "settings.tools"),
+    ({"settings": {"tools": [f"t{i}" for i in range(129)]}}, "settings.tools"),
     ({"messages": {}}, "messages"),
     ({"messages": ["hi"]}, "messages[0]"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),

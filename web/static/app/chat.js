@@ -8,7 +8,7 @@
   const { api, sse, el, fmt } = App;
   const $ = (id) => document.getElementById(id);
   const log = $("log"), input = $("input"), sendBtn = $("send"), stopBtn = $("stop");
-  const DEFAULTS = { system: "", temperature: 0.7, top_p: 1.0, max_tokens: 1024, seed: null, thinking: null, model: null };
+  const DEFAULTS = { system: "", temperature: 0.7, top_p: 1.0, max_tokens: 1024, seed: null, thinking: null, model: null, tools: [] };
   const SETTING_INPUTS = ["system", "temperature", "top_p", "max_tokens", "seed", "thinking", "model"];
 
   let conv = fresh();          // {id, title, settings, messages}
@@ -79,6 +79,7 @@
     $("thinking").value = s.thinking === null ? "" : s.thinking ? "on" : "off";
     if (s.model && ![...$("model").options].some((o) => o.value === s.model)) $("model").append(el("option", { value: s.model, text: s.model }));
     $("model").value = s.model || "";
+    App.chatTools.show(s.tools);
     $("title").textContent = conv.title;
     summarizeSettings();
   }
@@ -91,6 +92,7 @@
       max_tokens: Math.max(1, Math.round(num("max_tokens", DEFAULTS.max_tokens))),
       seed: $("seed").value.trim() === "" ? null : Math.round(num("seed", 0)),
       thinking: thinking === "" ? null : thinking === "on", model: $("model").value || null,
+      tools: App.chatTools.chosen(),
     };
   }
 
@@ -523,6 +525,7 @@
   $("search").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => refreshList().catch(showError), 200); });
   for (const id of SETTING_INPUTS) $(id).addEventListener("change", settingsChanged);
   $("system").addEventListener("input", settingsChanged);
+  App.chatTools.onChange(settingsChanged);
   App.onHealth((h) => {
     const sw = !!(h.chat_template && h.chat_template.thinking_switch), sel = $("thinking");
     if (sel.disabled === sw) {
