@@ -8,7 +8,9 @@ Schema, built by named migrations that are applied once each and recorded in `_m
     messages        one row per message: (conversation_id, position) is the key, positions run
                     0..n-1; role, content, reasoning_content, tool_calls (JSON), tool_call_id,
                     timings (JSON), finish_reason, images (JSON: a user message's pictures as
-                    data: URIs, checked by the web layer), created_at. Deleting a conversation
+                    data: URIs, checked by the web layer), documents (JSON: a user message's
+                    attached files as the page sent them, each {name, kind, pages, tokens,
+                    content}: content is the framed text sent to the model), created_at. Deleting a conversation
                     deletes its messages (ON DELETE CASCADE).
 
 Times are UTC ISO 8601 with milliseconds. Durability and concurrency as in `store.py`: WAL
@@ -40,8 +42,8 @@ from .errors import ApplianceError, InvalidRequest, NotFound
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_TITLE = "New conversation"
 MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "timings",
-                  "finish_reason", "images")
-_JSON_FIELDS = ("tool_calls", "timings", "images")
+                  "finish_reason", "images", "documents")
+_JSON_FIELDS = ("tool_calls", "timings", "images", "documents")
 
 
 class ConversationsUnavailable(ApplianceError):
@@ -77,6 +79,11 @@ def _create_tables(db: sqlite_utils.Database) -> None:
 @MIGRATIONS(name="0002_message_images")
 def _add_images(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE messages ADD COLUMN images TEXT")
+
+
+@MIGRATIONS(name="0003_message_documents")
+def _add_documents(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE messages ADD COLUMN documents TEXT")
 
 
 def _now() -> str:

@@ -248,6 +248,11 @@ def _appliance() -> dict[str, Any]:
             "Replace its messages (from a position on)", "openai",
             _obj(("messages",), True, messages={"type": "array", "items": OBJECT}, **{"from": ANY}), conversation,
             params=cid)},
+        "/api/documents": {"post": post(
+            "Read a file attached in the chat page as text: framed for a message, counted in tokens", "openai",
+            _obj(("name", "data"), True, name=STRING, data=STRING, model={"type": "string", "nullable": True}),
+            _obj(("object", "name", "kind", "text", "content", "tokens"), name=STRING, kind=STRING, text=STRING,
+                 content=STRING, tokens={"type": "integer"}))},
         "/api/bench/runs": {"get": bodiless("The stored benchmark runs", "openai",
                                        _obj(("runs",), runs={"type": "array", "items": OBJECT}))},
         "/api/bench/runs/{run_id}": {"get": bodiless("One benchmark run, its rows and series", "openai",
