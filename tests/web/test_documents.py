@@ -1,9 +1,10 @@
 """Documents attached to a chat message: the reading and framing (web/document_text.py), the
 route that reads and counts them (POST /api/documents) on a real server over the embedded
-model, and their storage with the message."""
+model, their storage with the message, and the chat page attaching them in Chromium."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 import requests
@@ -11,9 +12,11 @@ import requests
 from web import document_text
 from web.document_text import Document
 
+from .browser import browser_page, needs_browser
 from .conftest import running_server
 from .pdf_fixtures import make_pdf
 from .test_conversations_api import error, make_client, ok
+from .test_ui_browser import greedy
 
 MAX_BODY = 256 * 1024
 N_CTX = 2048
@@ -62,7 +65,7 @@ def test_a_pdf_gives_its_pages_text_and_a_scan_or_a_fake_is_refused():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("docs"), "--n-ctx", str(N_CTX), "--n-slots", "1",
-                        "--max-body-bytes", str(MAX_BODY)) as srv:
+                        "--max-body-bytes", str(MAX_BODY), timeout=600) as srv:   # 2 cores, shared
         yield srv
 
 
@@ -151,3 +154,56 @@ def test_documents_are_stored_with_a_user_message_and_checked(tmp_path):
                        ({"role": "user", "content": "x", "documents": [{**DOC, "name": ""}]}, "messages[0].documents[0].name")]:
         error(client.post(f"/api/conversations/{conv['id']}/messages", json={"messages": [bad], "from": 0}), 400, param)
     assert ok(client.get(f"/api/conversations/{conv['id']}"))["messages"] == again["messages"]   # nothing changed
+
+
+# -- the page -----------------------------------------------------------------------------------------
+
+PDF_TEXT, NOTE_TEXT = "The secret ingredient is cardamom.", "Remember to water the ferns on Tuesday."
+
+
+@needs_browser
+def test_the_page_attaches_a_pdf_and_a_text_file_sends_their_text_and_keeps_the_chips(server):
+    with browser_page(server, "chat-documents") as page:
+        sent = []
+        page.on("request", lambda r: r.url.endswith("/v1/chat/completions") and sent.append(r.post_data))
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelector('#meter').textContent.includes('context')")
+        greedy(page, 8)
+        page.set_input_files("#file", files=[
+            {"name": "recipe.pdf", "mimeType": "application/pdf", "buffer": make_pdf([PDF_TEXT])},
+            {"name": "todo.txt", "mimeType": "text/plain", "buffer": NOTE_TEXT.encode()}])
+        page.wait_for_function("document.querySelectorAll('#documents .doc-chip').length == 2")
+        chips = page.locator("#documents .doc-chip .doc-name").all_inner_texts()
+        assert chips[0].startswith("recipe.pdf · 1 page · ") and chips[1].startswith("todo.txt · "), chips
+        page.fill("#input", "What is the secret ingredient?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".turn.assistant .stats, .turn.assistant .note")
+        page.wait_for_selector("#send:not([disabled])")
+        assert page.locator(".msg.user .doc-chip").count() == 2 and not page.locator("#documents .doc-chip").count()
+        body = json.loads(sent[-1])
+        user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        assert user.startswith("File: recipe.pdf (PDF, 1 page)\n```\n" + PDF_TEXT)
+        assert "File: todo.txt\n```\n" + NOTE_TEXT + "\n```" in user and user.endswith("\n\nWhat is the secret ingredient?")
+        assert page.locator(".msg.user .text").inner_text() == "What is the secret ingredient?"   # chips, not the text
+        page.reload()
+        page.wait_for_selector(".msg.user .doc-chip")
+        assert page.locator(".msg.user .doc-chip .doc-name").all_inner_texts() == chips
+        assert not page.locator(".msg.error").count() and not page.console, page.console
+
+
+@needs_browser
+def test_the_page_refuses_a_file_too_large_for_the_context_with_the_numbers(server):
+    with browser_page(server, "chat-documents-too-large") as page:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelector('#meter').textContent.includes('context')")
+        greedy(page, 100)
+        big = ("lorem ipsum dolor sit amet " * 800).encode()
+        tokens = post(server, name="long.txt", data=data_uri(big)).json()["tokens"]
+        assert tokens > N_CTX
+        page.set_input_files("#file", files=[{"name": "long.txt", "mimeType": "text/plain", "buffer": big}])
+        page.wait_for_selector(".msg.error")
+        message = page.locator(".msg.error").inner_text()
+        assert f"long.txt is too large for the context: {tokens:,} tokens" in message, message
+        assert f"max tokens (100) the turn needs {tokens + 100:,} tokens, over the model's context of {N_CTX:,}" in message
+        assert not page.locator("#documents .doc-chip").count()
+        assert not page.console, page.console
