@@ -19,8 +19,8 @@ import sqlite_utils
 from .errors import InvalidRequest, NotFound
 
 MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "timings",
-                  "finish_reason", "images")
-JSON_FIELDS = ("tool_calls", "timings", "images")
+                  "finish_reason", "images", "documents")
+JSON_FIELDS = ("tool_calls", "timings", "images", "documents")
 
 
 def new_message_id() -> str:
@@ -150,7 +150,7 @@ def migrate_linear(db: sqlite_utils.Database) -> None:
         conv_id, msg_id = r["conversation_id"], new_message_id()
         db.table("messages").insert({"id": msg_id, "conversation_id": conv_id, "parent_id": last.get(conv_id),
                                      "seq": r["position"], "depth": r["position"] + 1,
-                                     **{k: r[k] for k in MESSAGE_FIELDS}, "created_at": r["created_at"]})
+                                     **{k: r[k] for k in MESSAGE_FIELDS if k in r}, "created_at": r["created_at"]})
         last[conv_id] = msg_id
     for conv_id, leaf in last.items():
         db.execute("UPDATE conversations SET current_leaf = ? WHERE id = ?", [leaf, conv_id])

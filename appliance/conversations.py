@@ -11,7 +11,10 @@ Schema, built by named migrations that are applied once each and recorded in `_m
                     of creation in the conversation: siblings are ordered by it), depth (1 for a
                     first message), role, content, reasoning_content, tool_calls (JSON),
                     tool_call_id, timings (JSON), finish_reason, images (JSON: a user message's
-                    pictures as data: URIs, checked by the web layer), created_at. Deleting a
+                    pictures as data: URIs, checked by the web layer), documents (JSON: a user
+                    message's attached files as the page sent them, each {name, kind, pages,
+                    tokens, content}: content is the framed text sent to the model; version
+                    0004), created_at. Deleting a
                     conversation deletes its messages (ON DELETE CASCADE).
 
 A conversation as read (`get`) is its path shown: the messages from a first one down to the
@@ -91,6 +94,11 @@ def _add_images(db: sqlite_utils.Database) -> None:
 @MIGRATIONS(name="0003_message_tree")
 def _to_tree(db: sqlite_utils.Database) -> None:
     migrate_linear(db)
+
+
+@MIGRATIONS(name="0004_message_documents")
+def _add_documents(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE messages ADD COLUMN documents TEXT")
 
 
 def _now() -> str:

@@ -49,9 +49,9 @@ def test_create_and_get(store):
     assert re.fullmatch(r"msg_[0-9a-f]{24}", m0["id"]) and m0["id"] != m1["id"]
     assert m0 == {"id": m0["id"], "parent_id": None, **user("hi"), "reasoning_content": None, "tool_calls": None,
                   "tool_call_id": None, "timings": None, "finish_reason": None, "images": None,
-                  "created_at": c["created_at"], "siblings": [m0["id"]], "sibling_index": 0, "n_siblings": 1}
+                  "documents": None, "created_at": c["created_at"], "siblings": [m0["id"]], "sibling_index": 0, "n_siblings": 1}
     assert m1 == {"id": m1["id"], "parent_id": m0["id"], **assistant, "tool_call_id": None, "images": None,
-                  "created_at": c["created_at"], "siblings": [m1["id"]], "sibling_index": 0, "n_siblings": 1}
+                  "documents": None, "created_at": c["created_at"], "siblings": [m1["id"]], "sibling_index": 0, "n_siblings": 1}
     assert store.get(c["id"]) == c
 
 
@@ -141,7 +141,8 @@ def test_reopen_keeps_data_and_applies_migrations_once(path):
     assert second.get(c["id"]) == c
     with sqlite3.connect(path) as conn:
         names = [r[0] for r in conn.execute("SELECT name FROM _migrations")]
-        assert names == ["0001_conversations_messages", "0002_message_images", "0003_message_tree"]
+        assert names == ["0001_conversations_messages", "0002_message_images", "0003_message_tree",
+                         "0004_message_documents"]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -174,3 +175,18 @@ def test_a_user_messages_pictures_are_kept_in_order(store):
     pics = ["data:image/png;base64,AAAA", "data:image/jpeg;base64,BBBB"]
     c = store.create("Pictures", {}, [{**user("what is this?"), "images": pics}])
     assert store.get(c["id"])["messages"][0]["images"] == pics
+
+
+def test_a_user_messages_documents_are_kept(store):
+    docs = [{"name": "a.pdf", "kind": "pdf", "pages": 2, "tokens": 40, "content": "File: a.pdf (PDF, 2 pages)\n```\nx\n```"}]
+    c = store.create("Documents", {}, [{**user("read it"), "documents": docs}])
+    assert store.get(c["id"])["messages"][0]["documents"] == docs
+
+
+def test_a_database_from_before_documents_is_migrated_with_its_messages(path):
+    c = ConversationStore.open(path).create("old", {}, [user("hello")])
+    with sqlite3.connect(path) as conn:   # as the store left it before 0004: no documents column
+        conn.execute("ALTER TABLE messages DROP COLUMN documents")
+        conn.execute("DELETE FROM _migrations WHERE name = '0004_message_documents'")
+    reopened = ConversationStore.open(path).get(c["id"])
+    assert reopened["messages"] == [{**c["messages"][0], "documents": None}]

@@ -38,7 +38,7 @@ from appliance.conversations import DEFAULT_TITLE, MESSAGE_FIELDS, ConversationS
 from appliance.errors import InvalidRequest
 from appliance.mcp.settings import TOOL_NAME
 
-from . import images
+from . import document_text, images
 from .params import CHAT, Param
 from .wire import parse_json_body
 
@@ -67,6 +67,9 @@ SCALARS = {"temperature": _setting("temperature"), "top_p": _setting("top_p"),
                              "template's default)")}
 FROM = Param("from", "integer", "add the messages at this position of the path shown, as a new branch", lo=0)
 STRINGS = {"system": (0, MAX_SYSTEM), "model": (1, MAX_MODEL)}
+MAX_DOCUMENTS = 16
+MAX_DOCUMENT = document_text.MAX_CHARS + 1000     # characters: the text and its framing
+DOCUMENT_FIELDS = ("name", "kind", "pages", "tokens", "content")
 
 
 class _LazyStore:
@@ -182,6 +185,7 @@ def _message(m: Any, where: str) -> dict[str, Any]:
     _optional(m, "timings", dict, "an object", where)
     _optional(m, "tool_calls", list, "a list of objects", where)
     _images(m, where)
+    _documents(m, where)
     if not all(isinstance(c, dict) for c in m.get("tool_calls") or ()):
         raise InvalidRequest(f"'{where}.tool_calls' must be a list of objects", param=f"{where}.tool_calls")
     return m
@@ -201,6 +205,30 @@ def _images(m: dict, where: str) -> None:
         if not url.startswith("data:"):        # the store keeps the picture itself, never a link
             raise InvalidRequest(f"'{where}.images[{k}]' must be a data: URI", param=f"{where}.images[{k}]")
         found.add(images.data_uri(url, f"{where}.images[{k}]"), f"{where}.images[{k}]")
+
+
+def _documents(m: dict, where: str) -> None:
+    """A user message's attached files as /api/documents answered them: each a name, its kind,
+    pages (a PDF's, else null), its token count and the framed content the page sends."""
+    docs = m.get("documents")
+    if docs is None:
+        return
+    if not isinstance(docs, list) or len(docs) > MAX_DOCUMENTS or m.get("role") != "user":
+        raise InvalidRequest(f"'{where}.documents' must be a list of at most {MAX_DOCUMENTS} documents, "
+                             "on a user message", param=f"{where}.documents")
+    for k, d in enumerate(docs):
+        at = f"{where}.documents[{k}]"
+        if not isinstance(d, dict):
+            raise InvalidRequest(f"'{at}' must be an object", param=at)
+        _only(d, DOCUMENT_FIELDS, f"{at}.")
+        _string(d.get("name"), f"{at}.name", 1, document_text.MAX_NAME)
+        _string(d.get("content"), f"{at}.content", 0, MAX_DOCUMENT)
+        if d.get("kind") not in ("pdf", "text"):
+            raise InvalidRequest(f"'{at}.kind' must be 'pdf' or 'text'", param=f"{at}.kind")
+        for key in ("pages", "tokens"):
+            v = d.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise InvalidRequest(f"'{at}.{key}' must be a count or null", param=f"{at}.{key}")
 
 
 def _messages(body: dict, required: bool) -> list[dict[str, Any]]:

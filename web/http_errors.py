@@ -30,7 +30,9 @@ def error_response(e: ApplianceError, llama: bool = False) -> tuple[Any, int, di
 def http_error(e: HTTPException):
     mapped = {404: NotFound(f"no route for {request.method} {request.path}"),
               405: MethodNotAllowed(f"{request.method} is not allowed on {request.path}"),
-              413: PayloadTooLarge("the request body is larger than the server accepts")}
+              413: PayloadTooLarge(f"the request body is larger than the server accepts "
+                                   f"({current_app.config['MAX_CONTENT_LENGTH']:,} bytes, --max-body-bytes)",
+                                   max_body_bytes=current_app.config["MAX_CONTENT_LENGTH"])}
     code = e.code or 500
     if code in mapped:
         err = mapped[code]

@@ -275,6 +275,11 @@ def _appliance() -> dict[str, Any]:
         "/openapi.json": {"get": bodiless("This document", "openai", _obj(("openapi", "paths")))},
         **_conversations(),
         **_tools(),
+        "/api/documents": {"post": post(
+            "Read a file attached in the chat page as text: framed for a message, counted in tokens", "openai",
+            _obj(("name", "data"), True, name=STRING, data=STRING, model={"type": "string", "nullable": True}),
+            _obj(("object", "name", "kind", "text", "content", "tokens"), name=STRING, kind=STRING, text=STRING,
+                 content=STRING, tokens={"type": "integer"}))},
         "/api/bench/runs": {"get": bodiless("The stored benchmark runs", "openai",
                                        _obj(("runs",), runs={"type": "array", "items": OBJECT}))},
         "/api/bench/runs/{run_id}": {"get": bodiless("One benchmark run, its rows and series", "openai",

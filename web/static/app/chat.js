@@ -3,6 +3,7 @@
 // each reply the engine's timings (TTFT, prefill and decode rates, cached tokens, depth, drafts).
 // Pictures attached, pasted or dropped go with a message (stored with it as data: URIs, shown as
 // thumbnails) to a model that takes images; to one that does not, the page says so and sends the text.
+// Documents (text, code, PDF) attach through chat_docs.js.
 "use strict";
 (function () {
   const { api, sse, el, fmt } = App;
@@ -147,7 +148,7 @@
     const wrap = el("div", { class: "turn " + m.role, "data-index": i });
     if (m.role === "user") {
       const thumbs = (m.images || []).map((url, k) => el("img", { class: "thumb", src: url, alt: `picture ${k + 1}` }));
-      wrap.append(el("div", { class: "msg user" }, thumbs.length ? el("div", { class: "thumbs" }, thumbs) : null,
+      wrap.append(el("div", { class: "msg user" }, thumbs.length ? el("div", { class: "thumbs" }, thumbs) : null, ChatDocs.chips(m),
                      el("span", { class: "text", text: m.content })),
         el("div", { class: "actions" }, ChatBranches.nav(m), el("button", { type: "button", class: "edit", text: "Edit", onclick: () => editMessage(i) })));
     } else if (m.role === "tool") {
@@ -230,7 +231,7 @@
   function updateMeter() {
     const meter = $("meter");
     if (!nCtx) { meter.textContent = ""; return; }
-    const need = lastDepth + inputTokens + conv.settings.max_tokens;
+    const need = lastDepth + inputTokens + ChatDocs.pendingTokens() + conv.settings.max_tokens;
     meter.textContent = `context ${fmt.int(lastDepth)} / ${fmt.int(nCtx)}` + (inputTokens ? ` · next turn needs ≈ ${fmt.int(need)}` : "");
     const over = need > nCtx;
     meter.classList.toggle("over", over);
@@ -258,7 +259,7 @@
     if (s.system) messages.push({ role: "system", content: s.system });
     const pictures = takesImages();
     for (const m of conv.messages) {
-      const out = { role: m.role, content: m.content || "" };
+      const out = { role: m.role, content: ChatDocs.content(m) };
       if (pictures && m.images && m.images.length)
         out.content = [...m.images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text: out.content }];
       if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
@@ -357,17 +358,24 @@
   }
 
   async function send(text) {
-    const images = pending;
+    const images = pending, documents = ChatDocs.take();
     pending = []; showPending();
     try {
       await ensureSaved(text);
       const at = conv.messages.length;
-      conv.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+      conv.messages.push(userMessage(text, images, documents));
       await saveMessages(at, [conv.messages[at]]);
       renderAll();
       $("title").textContent = conv.title;
       await generate(at + 1, false);
     } catch (err) { showError(err); setBusy(false); }
+  }
+
+  function userMessage(text, images, documents) {
+    const m = { role: "user", content: text };
+    if (images && images.length) m.images = images;
+    if (documents && documents.length) m.documents = documents;
+    return m;
   }
 
   async function regenerate(i) {
@@ -393,8 +401,8 @@
     const submit = async () => {
       const text = box.value.trim();
       if (!text) return;
-      const images = conv.messages[i].images;
-      conv.messages.splice(i, conv.messages.length - i, images && images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+      const { images, documents } = conv.messages[i];
+      conv.messages.splice(i, conv.messages.length - i, userMessage(text, images, documents));
       try { await saveMessages(i, [conv.messages[i]]); } catch (err) { showError(err); return; }
       renderAll();
       await generate(i + 1, false);
@@ -444,6 +452,7 @@
 
   async function attach(files) {
     for (const file of files) {
+      if (ChatDocs.isDocument(file)) { await ChatDocs.attach(file); continue; }
       if (!IMAGE_TYPES.includes(file.type)) { showError(new Error(`${file.name}: not a PNG, JPEG, WebP or GIF picture`)); continue; }
       if (pending.length >= MAX_IMAGES) { showError(new Error(`at most ${MAX_IMAGES} pictures a message`)); break; }
       try { pending.push(await readImage(file)); } catch (err) { showError(err); }
@@ -490,7 +499,7 @@
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = input.value.trim();
-    if (!text || busy()) return;
+    if (!text || busy() || ChatDocs.refuseSend()) return;
     clearTimeout(tokenizeTimer);
     input.value = ""; inputTokens = 0;
     send(text);
@@ -536,6 +545,8 @@
     updateVisionNote();
   });
 
+  ChatDocs.init({ context: () => ({ nCtx, used: lastDepth + inputTokens, maxTokens: conv.settings.max_tokens }),
+                  model: () => conv.settings.model || (App.health() && App.health().model) || null, showError, changed: updateMeter });
   (async () => {
     await loadModels();
     showSettings();
