@@ -65,7 +65,7 @@ def llamacpp_verdict(cfg: config.EngineConfig, reference: Path | None = None):
     ref = resolve(cfg.model)
     runner = make_runner(dataclasses.replace(cfg, engine="llamacpp"), ref.path, ref.alias)
     try:
-        return checked(runner, VerdictCache(cfg.device_check_dir()), fresh=True, reference_path=reference)
+        return checked(runner, VerdictCache(), fresh=True, reference_path=reference)
     finally:
         runner.close()
 

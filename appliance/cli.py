@@ -105,7 +105,7 @@ def _device_checks() -> list:
     """The device check's remembered verdicts (engine/device_check.py), newest first."""
     from .engine.device_check import VerdictCache
 
-    return VerdictCache(config.EngineConfig.device_check_dir()).all()
+    return VerdictCache().all()
 
 
 def _llama_build():

@@ -5,7 +5,6 @@ here loads llama.cpp."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from .flags import opt
 
@@ -26,9 +25,3 @@ class DeviceCheckSettings:
         if self.device_check not in MODES:
             raise ValueError(f"device_check must be off, warn or on, not {self.device_check!r}")
 
-    @staticmethod
-    def device_check_dir() -> Path:
-        """Where verdicts are remembered: device-check/ in the data directory."""
-        from .config import default_data_dir
-
-        return default_data_dir() / "device-check"

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..config import default_data_dir
 from ..errors import ModelLoadError
 from . import device_reference as ref
 from .logit_compare import LogitComparison, Tolerance, compare, departures
@@ -134,10 +135,11 @@ def run(runner: ModelRunner, target: Target, reference: Callable[[Sequence[int]]
 
 
 class VerdictCache:
-    """Verdicts on disk, one JSON file per key (model sha256, llama.cpp build, device, driver)."""
+    """Verdicts on disk, one JSON file per key (model sha256, llama.cpp build, device, driver), in
+    device-check/ of the data directory unless told."""
 
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
+    def __init__(self, directory: Path | None = None) -> None:
+        self.dir = directory if directory is not None else default_data_dir() / "device-check"
 
     @staticmethod
     def key(sha256: str, build: str, device: str, driver: str) -> dict:
@@ -214,7 +216,7 @@ def checked(runner: ModelRunner, cache: VerdictCache | None, fresh: bool = False
     return verdict
 
 
-def at_start(mode: str, runner: ModelRunner, cache_dir: Path) -> dict:
+def at_start(mode: str, runner: ModelRunner, cache_dir: Path | None = None) -> dict:
     """The engine's start: the check as --device-check says (off | warn | on), logged; raises
     ModelLoadError with the refusal where it differs and the mode is on. /health's report."""
     if mode == "off":

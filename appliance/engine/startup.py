@@ -86,7 +86,7 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
                           prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
     prompts = PromptBuilder(runner, info, cfg.template_kwargs(), cfg.reasoning_format)
     warm_up(runner, info)
-    info = _with_settings(info, device_check=device_check.at_start(cfg.device_check, runner, cfg.device_check_dir()))
+    info = _with_settings(info, device_check=device_check.at_start(cfg.device_check, runner))
     spec = speculation(cfg, runner)
     grid, reuse = prefill_grid(cfg, runner)
     info = _with_settings(info, speculation=_speculation_report(spec), prompt_cache_reuse=reuse)

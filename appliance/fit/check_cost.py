@@ -10,9 +10,9 @@ from .gguf_header import nbytes
 from .model import ModelFacts
 
 CHECK_TOKENS = 101                 # CHECK_TEXT in SmolLM2's vocabulary (device_check.py)
-# llama.cpp's CPU backend on a prompt, GFLOP/s per physical core: measured on the development
-# machine (2-core AMD EPYC VM, AVX2), the embedded model's check, where the CPU side took
-# docs/gpu.md's seconds; an AVX-512 server does more, so the estimate errs long
+# llama.cpp's CPU backend on a prompt, GFLOP/s per physical core: the development machine's
+# (2-core AMD EPYC VM, AVX2, idle) prefill of the embedded model, 203 tokens/s, is 27; an
+# AVX-512 server does more, a busy host less (docs/gpu.md, "The device check")
 GFLOPS_PER_CORE = 25.0
 
 
