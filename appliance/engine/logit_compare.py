@@ -82,12 +82,13 @@ def compare(device: np.ndarray, cpu: np.ndarray, targets: Sequence[int]) -> Logi
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How far a device may be from the CPU and still serve. The defaults are set from lavapipe
-    against the CPU build (docs/gpu.md, "The device check"), with room for a real GPU's fp16
-    accumulation; a corrupted tensor passes them by orders of magnitude."""
+    """How far a device may be from the CPU and still serve. Set from lavapipe against the CPU
+    build (docs/gpu.md, "The device check": the embedded model, argmax 94.7%, KL mean 0.0054, max
+    0.026, perplexity x1.001) with room for a real GPU's fp16 accumulation (about 10x on KL);
+    one zeroed tensor on the device gave argmax 48.9%, KL mean 1.16, perplexity x3.35."""
 
-    min_argmax_agree: float = 0.90
-    max_kl_mean: float = 0.02
+    min_argmax_agree: float = 0.80
+    max_kl_mean: float = 0.05
     max_kl: float = 0.5
     max_ppl_ratio: float = 1.10      # either way: max(a/b, b/a)
 
