@@ -86,14 +86,26 @@ def _hostcheck(args: argparse.Namespace) -> int:
     snap = collect()
     llama = _llama_build()
     advice = check(snap, model_bytes=model_bytes, llama=llama)
+    checks = _device_checks()
     if args.json:
-        print(json.dumps({**as_json(snap, advice, llama), **({"workers": workers} if args.rpc else {})}, indent=2))
+        print(json.dumps({**as_json(snap, advice, llama), "device_checks": [v.report("remembered") for v in checks],
+                          **({"workers": workers} if args.rpc else {})}, indent=2))
     else:
         print(render(snap, advice, llama), end="")
+        print("\n== device checks remembered (appliance check MODEL runs one) ==\n" + "".join(
+            f"{v.model_sha256[:12]}: {v.describe()}; {v.build}, driver {v.driver}\n" for v in checks)
+            if checks else "\n== device checks: none remembered (appliance check MODEL runs one) ==\n", end="")
         for ep, facts in workers.items():
             print(f"\n== RPC worker {ep} ==\n"
                   + facts.get("text", f"its facts are unavailable: {facts.get('error')}\n"), end="")
     return 0 if all("error" not in f for f in workers.values()) else 1
+
+
+def _device_checks() -> list:
+    """The device check's remembered verdicts (engine/device_check.py), newest first."""
+    from .engine.device_check import VerdictCache
+
+    return VerdictCache().all()
 
 
 def _llama_build():
@@ -137,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="check that a model of N bytes fits")
     host.set_defaults(func=_hostcheck)
     from .bench.commands import add_parsers  # argparse only; the measuring code loads when run
+    from .check_command import add_parser as add_check
     from .fit.command import add_parser as add_fit
     from .library.command import add_parsers as add_library
     from .quantize import add_parser as add_quantize
@@ -147,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     add_tune(sub)
     add_fit(sub)
+    add_check(sub)
     add_library(sub)
     add_quantize(sub)
     add_worker(sub)

@@ -18,6 +18,7 @@ from .chat_templates import BUILTIN, REASONING, REASONING_FORMATS, default_kwarg
 from .adapters import AdapterSettings
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .data_dir import default_data_dir
+from .device_settings import DeviceCheckSettings
 from .endpoints import parse_endpoints, parse_split
 from .flags import ENV_PREFIX, flag, listed, opt, values_of
 from .mcp.settings import ToolSettings
@@ -25,7 +26,7 @@ from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
 
 @dataclass(frozen=True)
-class EngineConfig(AdapterSettings):
+class EngineConfig(AdapterSettings, DeviceCheckSettings):
     """What the engine process needs to load a model and schedule requests (the LoRA flags: adapters.py)."""
 
     model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
@@ -188,9 +189,9 @@ class EngineConfig(AdapterSettings):
             parse_split(self.tensor_split)   # raises for bad shares
         _require(self.n_gpu_layers in ("auto", "all") or self.n_gpu_layers.isdigit(),
                  f"n_gpu_layers must be a number, all or auto, not {self.n_gpu_layers!r}")
-        # raise for a malformed --override-tensor, an unknown template name, an unreadable file, bad Jinja
-        self.tensor_overrides(), self.template_override(), self.template_kwargs()
-        listed(self.model_alias, "--model-alias"), listed(self.tags, "--tags"), self.check_adapters()  # an empty name, bad --lora
+        # raise for a malformed --override-tensor, an unknown template name, an unreadable file, bad Jinja, a bad mode
+        self.tensor_overrides(), self.template_override(), self.template_kwargs(), self.check_device_check()
+        listed(self.model_alias, "--model-alias"), listed(self.tags, "--tags"), self.check_adapters()
         _require(self.max_queue >= 0 and self.max_tokens_default >= 0 and self.n_threads >= 0 and self.n_threads_batch >= 0
                  and self.stream_interval_ms >= 0, "counts must not be negative")
 
@@ -225,7 +226,6 @@ class EngineConfig(AdapterSettings):
 
     def resolved_threads(self) -> tuple[int, int]:
         import psutil
-
         n = self.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         return n, self.n_threads_batch or n
 

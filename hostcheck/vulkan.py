@@ -27,6 +27,7 @@ class VulkanDevice:
     api_version: str         # "1.3.230"
     vendor_id: int
     device_local_bytes: int  # the device-local heaps, summed
+    driver_version: str = ""  # driverVersion, by Vulkan's packing (NVIDIA's own: 10.8.8 bits)
 
     @property
     def host_memory(self) -> bool:
@@ -108,4 +109,13 @@ def _device(lib: ctypes.CDLL, handle: int) -> VulkanDevice:
     lib.vkGetPhysicalDeviceMemoryProperties(handle, ctypes.byref(mem))
     heaps = [(mem.memoryHeaps[i].size, mem.memoryHeaps[i].flags) for i in range(min(mem.memoryHeapCount, 16))]
     return VulkanDevice(props.deviceName.decode(errors="replace"), TYPES.get(props.deviceType, "other"),
-                        version(props.apiVersion), props.vendorID, device_local(heaps))
+                        version(props.apiVersion), props.vendorID, device_local(heaps),
+                        driver_text(props.driverVersion, props.vendorID))
+
+
+def driver_text(v: int, vendor: int) -> str:
+    """driverVersion as its vendor writes it: NVIDIA packs 10.8.8.6 bits, Mesa and most others
+    Vulkan's version packing."""
+    if vendor == 0x10DE:
+        return f"{(v >> 22) & 0x3FF}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF}"
+    return version(v)

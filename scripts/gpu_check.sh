@@ -139,6 +139,20 @@ else
   echo "SKIP: no model or no llama.cpp with a GPU backend here"
 fi
 
+section "issue 72: the device check: this GPU's logits against llama.cpp's CPU backend (appliance check; serve's start)"
+if [ -f "$SMALL" ] && python3 -c "import llama_cpp, sys; llama_cpp.llama_backend_init(); sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)" 2>/dev/null; then
+  # agrees, a corrupted copy refused, a start measured then remembered (vulkan_checks.py's "device" rows)
+  within 120 python3 scripts/vulkan_checks.py --model "$SMALL" --out "$WORK/devcheck" --only device
+  echo "(exit $?)"; cp "$WORK/devcheck/vulkan-checks.json" "$OUT/device-check.json" 2>/dev/null
+else
+  echo "SKIP: no model or no llama.cpp with a GPU backend here"
+fi
+if [ -f "$SMALL" ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "-- the torch runner on the GPU against its CPU path"
+  GGML_VK_VISIBLE_DEVICES="" within 90 python3 -m appliance check "$SMALL" --engine torch
+  echo "(exit $?: 0 agrees, 1 differs)"
+fi
+
 section "issue 17: kernels against their references (compiled, not interpreted)"
 if python3 -c "import torch, triton, pytest, gguf, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   GGML_VK_VISIBLE_DEVICES="" within 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu tests/kernels

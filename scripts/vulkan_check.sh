@@ -100,9 +100,9 @@ printf 'apt %ss, headers %ss, llama-cpp-python build %ss, project install %ss\n'
 
 step "the tests marked vulkan, in $VENV"
 t=$(date +%s)
-# the tests marked vulkan (that module), and the Vulkan loader's probe (unmarked: it runs anywhere)
+# the tests marked vulkan (those modules: the device check's is issue 72's), and the Vulkan loader's probe (unmarked: it runs anywhere)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/engine/test_vulkan.py \
-  tests/hostcheck/test_vulkan.py > "$OUT/pytest-vulkan.log" 2>&1 && PYTEST_RC=0 || PYTEST_RC=$?
+  tests/engine/test_vulkan_device_check.py tests/hostcheck/test_vulkan.py > "$OUT/pytest-vulkan.log" 2>&1 && PYTEST_RC=0 || PYTEST_RC=$?
 tail -3 "$OUT/pytest-vulkan.log"
 grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/pytest-vulkan.log" | head -20 || true
 SECONDS_OF[tests]=$(( $(date +%s) - t ))

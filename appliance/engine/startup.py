@@ -1,6 +1,7 @@
 """Engine start-up: from a config to a loaded, warm engine whose parts are wired together.
 
     tuned plan -> runner -> warm-up -> prompt builder
+               -> device check: the GPU's logits against llama.cpp's CPU backend's (device_check.py)
                -> speculation: exactness check, measured costs, draft model -> policy
                -> prefill grid: chunk-invariance check -> prompt cache (slot, RAM and disk tiers)
                -> scheduler
@@ -30,7 +31,7 @@ from ..errors import ModelLoadError
 from ..fit.gguf_header import read_header
 from ..models import resolve
 from ..rope import ModelRope
-from . import plan as plan_mod
+from . import device_check, plan as plan_mod
 from .cache import kvfile
 from .cache.disk import WRITE_QUEUE_BYTES, DiskTier
 from .cache.invariance import CANDIDATES, ChunkInvariance, check_chunk_invariance, probe_prompt
@@ -85,6 +86,7 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
                           prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
     prompts = PromptBuilder(runner, info, cfg.template_kwargs(), cfg.reasoning_format)
     warm_up(runner, info)
+    info = _with_settings(info, device_check=device_check.at_start(cfg.device_check, runner))
     spec = speculation(cfg, runner)
     grid, reuse = prefill_grid(cfg, runner)
     info = _with_settings(info, speculation=_speculation_report(spec), prompt_cache_reuse=reuse)

@@ -188,6 +188,19 @@ def _model(args: argparse.Namespace) -> ModelFacts:
         raise BadInput(f"--model {args.model}: not a GGUF it can read: {e}") from None
 
 
+def _check_cost(m: ModelFacts, p) -> tuple[float, int, int] | None:
+    """(seconds, tokens, cores) of the device check's CPU side where a GPU holds layers, on
+    this host's physical cores (check_cost.py); None with no layer on a GPU."""
+    import psutil
+
+    from .check_cost import CHECK_TOKENS, check_seconds
+
+    if p.n_gpu_layers <= 0:
+        return None
+    cores = psutil.cpu_count(logical=False) or 1
+    return round(check_seconds(m, cores), 1), CHECK_TOKENS, cores
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         m = _model(args)
@@ -200,9 +213,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance fit: {e}", file=sys.stderr)
         return 2
     p = plan(m, req, devices)
+    cost = _check_cost(m, p)
     if args.json:
-        print(json.dumps({"model": m.name, "weight_bytes": m.weight_bytes, "context": how, **p.to_dict()},
-                         indent=2))
+        print(json.dumps({"model": m.name, "weight_bytes": m.weight_bytes, "context": how, **p.to_dict(),
+                          "device_check_s": cost[0] if cost else None}, indent=2))
     else:
-        print(render(m, p) + f"context: {how}\n", end="")
+        print(render(m, p) + f"context: {how}\n" + (f"device check at its first start: about {cost[0]:.0f} s "
+                                                      f"of CPU ({cost[1]} tokens on {cost[2]} cores)\n" if cost else ""),
+              end="")
     return 0 if p.fits else 1

@@ -392,3 +392,25 @@ def random_blocks(qtype: gguf.GGMLQuantizationType, n: int, k: int, seed: int = 
     for a in at:
         raw[..., a:a + 2] = rng.uniform(0.001, 0.05, raw.shape[:-1]).astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(n, -1)
+
+
+def corrupt_copy(src: os.PathLike[str] | str, dst: os.PathLike[str] | str, tensor: str) -> Path:
+    """A copy of the GGUF at `src` whose one tensor's bytes are corrupted, and nothing else: an
+    F32 or F16 tensor with every sign bit flipped (finite values, the weights negated), a
+    quantized one zeroed (an all-zero block is valid in every ggml type). The device check's
+    fault: the device loads the copy while the CPU reads the original."""
+    from appliance.fit.gguf_header import read_header
+
+    src, dst = Path(src), Path(dst)
+    _, infos = read_header(src)
+    info = next(t for t in infos if t.name == tensor)
+    data = bytearray(src.read_bytes())
+    span = np.frombuffer(memoryview(data)[info.offset:info.offset + info.nbytes], np.uint8).copy()
+    if info.ggml_type in ("F32", "F16"):
+        width = 4 if info.ggml_type == "F32" else 2
+        span[width - 1::width] ^= 0x80            # little-endian: the sign bit is in the last byte
+    else:
+        span[:] = 0
+    data[info.offset:info.offset + info.nbytes] = span.tobytes()
+    dst.write_bytes(bytes(data))
+    return dst

@@ -85,6 +85,9 @@ def test_health_reports_the_engine(server):
     assert h["kv_bytes"] > 0 and h["engine_pid"] > 0
     assert h["settings"]["n_batch"] == 512 and h["backend"] in ("llama.cpp", "torch")
     assert h["settings"]["thread_wait"] == "spin"
+    # the device check (issue 72): on by default; no layer on a GPU here, so skipped, saying why
+    check = h["settings"]["device_check"]
+    assert check["mode"] == "on" and check["verdict"] == "skipped" and check["why"], check
     # the start-up log says each thing once, for a person; the whole settings dict is /health's
     log = server.log()
     assert log.count("KV pool") == 1 and log.count(" loaded ") == 1 and "'n_batch'" not in log, log
