@@ -178,6 +178,20 @@ class ConversationStore:
             db.table("conversations").update(conv_id, {"updated_at": now})
             return _full(db, conv_id)
 
+    def upsert_message(self, conv_id: str, position: int, message: Mapping[str, Any]) -> None:
+        """Write `message` at `position`: replace the message there, or append it when `position`
+        is the number of messages (a chat job's reply, written as it grows); bumps updated_at.
+        InvalidRequest past the end. The one place a job writes a conversation's messages."""
+        with self._write() as db:
+            _row(db, conv_id)
+            count = db.table("messages").count_where("conversation_id = ?", [conv_id])
+            if not 0 <= position <= count:
+                raise InvalidRequest(f"message position {position} is past the end ({count})", param="position")
+            now = self._clock()
+            db.execute("DELETE FROM messages WHERE conversation_id = ? AND position = ?", [conv_id, position])
+            _put_messages(db, conv_id, position, [message], now, truncate=False)
+            db.table("conversations").update(conv_id, {"updated_at": now})
+
     def delete(self, conv_id: str) -> None:
         """Delete the conversation and its messages; NotFound if there is none."""
         with self._write() as db:
@@ -201,6 +215,18 @@ class ConversationStore:
             raise ConversationsUnavailable(f"the conversations database {self.path} failed: {e}") from None
         finally:
             conn.close()
+
+    def now(self) -> str:
+        """The store's clock (UTC ISO 8601, milliseconds), for a store kept beside this one."""
+        return self._clock()
+
+    def reading(self) -> contextlib.AbstractContextManager[sqlite_utils.Database]:
+        """One read transaction on the file, for a store kept beside this one (chat_jobs.py)."""
+        return self._read()
+
+    def writing(self) -> contextlib.AbstractContextManager[sqlite_utils.Database]:
+        """One `BEGIN IMMEDIATE` write transaction on the file, for a store kept beside this one."""
+        return self._write()
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite_utils.Database]:
@@ -265,8 +291,9 @@ def _message(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _put_messages(db: sqlite_utils.Database, conv_id: str, start: int,
-                  messages: Sequence[Mapping[str, Any]], now: str) -> None:
-    db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", [conv_id, start])
+                  messages: Sequence[Mapping[str, Any]], now: str, truncate: bool = True) -> None:
+    if truncate:
+        db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", [conv_id, start])
     rows = []
     for i, m in enumerate(messages):
         row = {k: m.get(k) for k in MESSAGE_FIELDS}
