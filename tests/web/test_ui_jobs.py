@@ -19,11 +19,14 @@ from .scripted_engine import ScriptedEngine, ScriptedPool, model, serve
 pytestmark = needs_browser
 STORY = "Write a long story about a lighthouse keeper."
 GROWING = "(document.querySelector('.msg.assistant .content')?.textContent || '').length > 20"
+# a good neighbour on a busy machine, and no start-up checks these tests do not need
+QUIET = ("--n-ctx", "2048", "--thread-wait", "passive", "--speculate", "off", "--prompt-cache", "off")
+SLOW_MS = 600_000    # a reply on a machine shared with other test runs
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("ui-jobs"), "--n-ctx", "2048", "--n-slots", "2") as srv:
+    with running_server(tmp_path_factory.mktemp("ui-jobs"), *QUIET, "--n-slots", "2") as srv:
         yield srv
 
 
@@ -50,28 +53,28 @@ def stored(url: str, conv_id: str) -> list[dict]:
 def test_a_tab_closed_mid_reply_finds_it_finished_when_reopened(server):
     with browser_page(server, "jobs-closed-tab") as page:
         page.goto(server.url + "/")
-        conv_id = long_reply(page, 160)
+        conv_id = long_reply(page, 96)
         assert job_of(server.url, conv_id)["state"] == "running"
-    # the tab is gone: the server goes on alone
-    deadline = time.monotonic() + 240
-    while job_of(server.url, conv_id)["state"] == "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
-    reply = stored(server.url, conv_id)[1]
-    assert reply["finish_reason"] in ("stop", "length") and reply["timings"]["predicted_n"] > 5
-    with browser_page(server, "jobs-reopened") as page:
+    # the tab is gone: the server goes on alone; a new one follows the reply to its end
+    time.sleep(1)
+    with browser_page(server, "jobs-reopened", timeout_ms=SLOW_MS) as page:
         page.goto(f"{server.url}/#{conv_id}")
         page.wait_for_selector(".turn.assistant .stats")
-        assert page.locator(".msg.assistant .content").inner_text().strip()[:30] == reply["content"].strip()[:30]
+        page.wait_for_selector("#send:not([disabled])")
+        reply = stored(server.url, conv_id)[1]
+        assert reply["finish_reason"] in ("stop", "length") and reply["timings"]["predicted_n"] > 5
+        assert job_of(server.url, conv_id)["state"] == "done"
+        shown = page.locator(".msg.assistant .content").inner_text().split()
+        assert shown[:5] == reply["content"].split()[:5] and len(shown) > 5
         assert not page.console, page.console
 
 
 def test_a_second_tab_follows_the_reply_mid_stream_and_stops_it(server):
-    with browser_page(server, "jobs-two-tabs") as page:
+    with browser_page(server, "jobs-two-tabs", timeout_ms=SLOW_MS) as page:
         page.goto(server.url + "/")
         conv_id = long_reply(page, 1500)
         other = page.context.new_page()
-        other.set_default_timeout(90_000)
+        other.set_default_timeout(SLOW_MS)
         other.goto(f"{server.url}/#{conv_id}")
         other.wait_for_function(GROWING)
         seen = len(other.locator(".msg.assistant .content").inner_text())
@@ -99,11 +102,11 @@ def _kill(srv) -> None:
 
 def test_a_server_killed_mid_reply_keeps_it_cut_off(tmp_path):
     db = str(tmp_path / "kept.db")
-    args = ("--n-ctx", "2048", "--n-slots", "1", "--conversations-db", db)
-    with running_server(tmp_path, *args) as srv, browser_page(srv, "jobs-killed") as page:
+    args = (*QUIET, "--n-slots", "1", "--conversations-db", db)
+    with running_server(tmp_path, *args) as srv, browser_page(srv, "jobs-killed", timeout_ms=SLOW_MS) as page:
         page.goto(srv.url + "/")
         conv_id = long_reply(page, 1500)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while len(stored(srv.url, conv_id)) < 2 or not stored(srv.url, conv_id)[1]["content"]:
             assert time.monotonic() < deadline     # the reply is written as it grows (each second)
             time.sleep(0.2)
