@@ -276,8 +276,8 @@ class ServerConfig(ToolSettings):
                           "recently used idle one (0 = as many as fit in memory)")
     idle_unload: float = opt(0.0, "seconds a model stays loaded after its last request when the request "
                              "gave no keep_alive (0 = until it must make room)")
-    conversations_db: str | None = opt(None, "SQLite file for the chat page's conversations "
-                                       "(default: conversations.db in the data directory)")
+    conversations_db: str | None = opt(None, "SQLite file for the chat page's conversations (default: conversations.db in the data directory)")
+    tool_steps: int = opt(8, "tool rounds a chat job may run in one turn; at the limit it ends, saying so, its last calls not run")
     host_report: str | None = opt(None, "show this saved 'appliance hostcheck --json' output on the "
                                   "host page instead of checking this host")
     log_level: str = opt("info", "logging level: debug, info, warning, error")
@@ -289,7 +289,7 @@ class ServerConfig(ToolSettings):
         _require(self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024")
         _require(self.max_connections >= 16, "max_connections must be at least 16")
         _require(self.request_timeout > 0 and self.send_timeout > 0, "request_timeout and send_timeout must be positive")
-        _require(self.max_loaded >= 0 and self.idle_unload >= 0, "max_loaded and idle_unload must not be negative")
+        _require(min(self.max_loaded, self.idle_unload, self.tool_steps) >= 0, "max_loaded, idle_unload, tool_steps must not be negative")
         self.check_tools()   # a malformed --mcp, --mcp-auto-approve, timeout or bound
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  "log_level must be one of debug, info, warning, error")

@@ -264,6 +264,24 @@ class ConversationStore:
             db.table("conversations").update(conv_id, {"current_leaf": leaf})
             return _full(db, conv_id)
 
+    def upsert_message(self, conv_id: str, position: int, message: Mapping[str, Any]) -> None:
+        """Write `message` at `position` of the path shown: replace the message there, or add it
+        under the path's last message when `position` is the path's length (a chat job's reply,
+        written as it grows); bumps updated_at. InvalidRequest past the end. The one place a job
+        writes a conversation's messages (a regenerated reply is first cut off the path with
+        `put_messages(conv_id, [], position)`, which keeps the old branch)."""
+        with self._write() as db:
+            conv = _row(db, conv_id)
+            shape = Shape.read(db, conv_id)
+            path = shape.path(conv["current_leaf"])
+            if not 0 <= position <= len(path):
+                raise InvalidRequest(f"message position {position} is past the end ({len(path)})", param="position")
+            if position == len(path):
+                self._append(db, conv_id, shape, path[-1] if path else None, [message])
+                return
+            db.table("messages").update(path[position], message_row(message))
+            db.table("conversations").update(conv_id, {"updated_at": self._clock()})
+
     def delete(self, conv_id: str) -> None:
         """Delete the conversation and its messages; NotFound if there is none."""
         with self._write() as db:
@@ -294,6 +312,18 @@ class ConversationStore:
             raise ConversationsUnavailable(f"the conversations database {self.path} failed: {e}") from None
         finally:
             conn.close()
+
+    def now(self) -> str:
+        """The store's clock (UTC ISO 8601, milliseconds), for a store kept beside this one."""
+        return self._clock()
+
+    def reading(self) -> contextlib.AbstractContextManager[sqlite_utils.Database]:
+        """One read transaction on the file, for a store kept beside this one (chat_jobs.py)."""
+        return self._read()
+
+    def writing(self) -> contextlib.AbstractContextManager[sqlite_utils.Database]:
+        """One `BEGIN IMMEDIATE` write transaction on the file, for a store kept beside this one."""
+        return self._write()
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite_utils.Database]:

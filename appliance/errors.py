@@ -66,6 +66,12 @@ class MethodNotAllowed(ApplianceError):
     status, type, code = 405, "invalid_request_error", "method_not_allowed"
 
 
+class Conflict(ApplianceError):
+    """The request clashes with the state of what it names (a second chat job for one conversation)."""
+
+    status, type, code = 409, "invalid_request_error", "conflict"
+
+
 class PayloadTooLarge(ApplianceError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
@@ -106,7 +112,7 @@ class ModelLoadError(ApplianceError):
 
 _BY_NAME = {cls.__name__: cls for cls in (
     ApplianceError, InvalidRequest, ContextOverflow, InvalidToken, Unauthorized, Forbidden, NotFound,
-    ModelNotFound, MethodNotAllowed, PayloadTooLarge, NotSupported, QueueFull,
+    ModelNotFound, MethodNotAllowed, Conflict, PayloadTooLarge, NotSupported, QueueFull,
     EngineUnavailable, EngineCrashed, EngineFailure, ModelLoadError)}
 
 

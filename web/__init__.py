@@ -68,6 +68,7 @@ def create_app(config: Config, pool: ModelPool, tools: ToolHub | None = None) ->
     from .api import bp as api_bp
     from .openai_chat import bp as openai_bp
     from .benchruns import bp as bench_bp
+    from .chat_jobs import bp as chat_jobs_bp
     from .conversations import bp as conversations_bp
     from .documents import bp as documents_bp
     from .embeddings import bp as embeddings_bp
@@ -82,7 +83,7 @@ def create_app(config: Config, pool: ModelPool, tools: ToolHub | None = None) ->
     from .ui import bp as ui_bp
 
     for bp in (api_bp, openai_bp, embeddings_bp, anthropic_bp, openai_responses_bp, ollama_bp, llamaserver_bp, slots_bp,
-               tokens_bp, lora_bp, conversations_bp, tools_bp, documents_bp, host_bp, bench_bp, ui_bp):
+               tokens_bp, lora_bp, conversations_bp, tools_bp, documents_bp, chat_jobs_bp, host_bp, bench_bp, ui_bp):
         app.register_blueprint(bp)
     app.before_request(_start_clock)
     app.before_request(_guard)

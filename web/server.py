@@ -18,7 +18,7 @@ from waitress import wasyncore
 
 from appliance.config import Config, ServerConfig
 
-from . import create_app, http_server
+from . import chat_jobs, create_app, http_server
 
 log = logging.getLogger("appliance.server")
 
@@ -52,6 +52,7 @@ def serve(config: Config) -> int:
     if len(specs) > 1:
         log.info("also served, loaded on request: %s", ", ".join(s.name for s in specs if s.name != default))
     app = create_app(config, pool, tools)
+    chat_jobs.sweep_at_start(app)   # the replies a stopped server left half-written: marked cut off
     try:
         socket_map, servers, dispatcher = _listen(app, srv_cfg)
     except (OSError, ValueError) as e:     # an address this host lacks, a port in use

@@ -200,8 +200,8 @@ class Submitted:
     accepted: Accepted
 
 
-def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> Submitted:
-    gone = client_gone()
+def _submit(engine: EngineClient, parsed: wire.ParsedRequest, gone: Callable[[], bool] | None) -> Submitted:
+    gone = gone or client_gone()
     if gone():  # it left while its request waited for a worker thread: do no work for it
         raise EngineUnavailable("client disconnected")
     batch = parsed.batch
@@ -212,18 +212,20 @@ def _submit(engine: EngineClient, parsed: wire.ParsedRequest) -> Submitted:
     return Submitted(parsed, stream, gone, state().fingerprint(engine), accepted)
 
 
-def parse_submit(body: dict[str, Any], chat: bool,
-                 adjust: Callable[[Request], Request] | None = None) -> Submitted:
+def parse_submit(body: dict[str, Any], chat: bool, adjust: Callable[[Request], Request] | None = None,
+                 gone: Callable[[], bool] | None = None) -> Submitted:
     """Validate an OpenAI body against the model's engine and submit it (every API's way in:
     the others translate their bodies to this one). `adjust` sets on the validated request
-    what another API asks that the OpenAI body cannot say (llama-server's n_probs, grammar)."""
+    what another API asks that the OpenAI body cannot say (llama-server's n_probs, grammar).
+    `gone` says when nobody wants the reply any more (default: the HTTP client hung up; a chat
+    job's: it was stopped), and it then aborts the request; it needs no request context."""
     parse = wire.parse_chat if chat else wire.parse_completion
     with model(body) as (name, engine):
         parsed = parse(_as_served(body, name), engine.new_id("chatcmpl" if chat else "cmpl"), _served(name, engine),
                        n_ctx(engine))
         fix = lambda r: with_global(adjust(r) if adjust is not None else r, engine)  # noqa: E731
         parsed = dataclasses.replace(parsed, request=fix(parsed.request), batch=tuple(map(fix, parsed.batch)))
-        return _submit(engine, parsed)
+        return _submit(engine, parsed, gone)
 
 
 def ceiling(max_tokens: int | None) -> Callable[[Request], Request] | None:

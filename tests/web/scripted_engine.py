@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from appliance.config import Config, EngineConfig, ServerConfig
+from appliance.engine.process import EngineState
 from appliance.engine.prompts import PromptBuilder
 from appliance.engine.sched.scheduler import Scheduler
 from appliance.engine.types import Done, Request, Tokenized
@@ -46,6 +47,7 @@ class ScriptedEngine:
 
     stats = None
     lora = None   # as EngineClient's before any POST /lora-adapters: the flags' scales
+    state = EngineState("ready", "", None, 0)   # as EngineClient's, for /health (the chat page polls it)
 
     def __init__(self, path: str | None, n_ctx: int = 2048, prompt_cache: str = "off",
                  director: Callable[[Request], str] | None = None, runner=None) -> None:
