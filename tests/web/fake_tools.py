@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+
+from appliance.mcp.hub import ServerStatus, ToolInfo, ToolResult
 
 from .agents import QWEN3_CODER
 
@@ -27,24 +28,6 @@ def director(request) -> str:
     return REPLY
 
 
-@dataclass(frozen=True)
-class ToolInfo:
-    name: str
-    server: str
-    description: str
-    input_schema: dict
-    auto_approve: bool = False
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    ok: bool
-    text: str
-    truncated: bool = False
-    error: str | None = None
-    seconds: float = 0.0
-
-
 NUMBERS = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
            "required": ["a", "b"]}
 
@@ -59,9 +42,14 @@ class FakeHub:
         self.release = threading.Event()
 
     def tools(self) -> list[ToolInfo]:
-        return [ToolInfo("add", "fake", "Add two numbers.", NUMBERS),
-                ToolInfo("hang", "fake", "Never answers.", {"type": "object", "properties": {}}),
-                ToolInfo("clock", "fake", "The time.", {"type": "object", "properties": {}}, auto_approve=True)]
+        empty = {"type": "object", "properties": {}}
+        return [ToolInfo("add", "fake", "Add two numbers.", NUMBERS, False, "add"),
+                ToolInfo("hang", "fake", "Never answers.", empty, False, "hang"),
+                ToolInfo("clock", "fake", "The time.", empty, True, "clock")]
+
+    def status(self) -> list[ServerStatus]:
+        """As the real hub's /api/tools reads it: one server, ready, with the tools above."""
+        return [ServerStatus("fake", "stdio", "ready", None, tuple(self.tools()))]
 
     def call(self, name: str, arguments: dict) -> ToolResult:
         self.calls.append((name, arguments))
@@ -71,8 +59,8 @@ class FakeHub:
         worker.start()
         worker.join(self.timeout_s)
         if worker.is_alive():
-            return ToolResult(False, "", error=f"timed out after {self.timeout_s:g} s", seconds=time.monotonic() - t0)
-        return ToolResult(True, out["text"], seconds=time.monotonic() - t0)
+            return ToolResult(False, "", False, f"timed out after {self.timeout_s:g} s", time.monotonic() - t0)
+        return ToolResult(True, out["text"], False, None, time.monotonic() - t0)
 
     def _run(self, name: str, arguments: dict) -> str:
         if name == "add":

@@ -165,7 +165,8 @@ PDF_TEXT, NOTE_TEXT = "The secret ingredient is cardamom.", "Remember to water t
 def test_the_page_attaches_a_pdf_and_a_text_file_sends_their_text_and_keeps_the_chips(server):
     with browser_page(server, "chat-documents") as page:
         sent = []
-        page.on("request", lambda r: r.url.endswith("/v1/chat/completions") and sent.append(r.post_data))
+        page.on("request", lambda r: r.method == "POST" and r.url.endswith("/jobs")   # the reply's job
+                and sent.append(json.dumps(json.loads(r.post_data)["request"])))
         page.goto(server.url + "/")
         page.wait_for_function("document.querySelector('#meter').textContent.includes('context')")
         greedy(page, 8)

@@ -40,8 +40,9 @@ def wait_labels(page, labels: list[str]) -> None:
 
 def test_edit_and_regenerate_keep_branches_and_the_page_moves_between_them(server):
     with browser_page(server, "chat-branches") as page:
-        sent = []     # what the page sends the model
-        page.on("request", lambda r: r.url.endswith("/v1/chat/completions") and sent.append(json.loads(r.post_data)))
+        sent = []     # what the page has the server send the model: each reply's job request
+        page.on("request", lambda r: r.method == "POST" and r.url.endswith("/jobs")
+                and sent.append(json.loads(r.post_data)["request"]))
         page.goto(server.url + "/")
         greedy(page, max_tokens=8)
         ask(page, "Name a colour.")
