@@ -4,6 +4,7 @@ whether speculation at the fixed shape gives serial decoding's tokens, and what 
 
     python scripts/fixed_shape_ab.py [--model M.gguf | --mtp-fixture] [--n-gpu-layers all] [--rows 5]
                                      [--tokens 64] [--json OUT.json]
+    python scripts/fixed_shape_ab.py --step-costs [--model M.gguf] [--repeats 15] [--rounds 3]
 
 In-process engines (engine/loop.py), one after another, each on the same requests:
 
@@ -90,6 +91,30 @@ def engine(model: str, args, **kw) -> EngineLoop:
                                    fixed_shape_rows=args.rows, **kw))
 
 
+def step_costs(model: str | None, args) -> int:
+    """--step-costs: a one-row step plain and at each fixed shape, alternated (spec/shape.py's
+    probe, `--repeats` pairs), over `--rounds` rounds, with the load average at each round."""
+    import os
+
+    from appliance.engine.runners import make_runner
+    from appliance.engine.spec.shape import measure_step_cost
+    from appliance.engine.startup import PROBE_TEXT
+    from appliance.models import resolve
+
+    ref = resolve(model)
+    runner = make_runner(EngineConfig(engine="llamacpp", model=model, n_ctx=args.n_ctx, n_slots=1, plan="off",
+                                      n_gpu_layers=args.n_gpu_layers), ref.path, ref.alias)
+    ids = runner.tokenize(PROBE_TEXT, add_special=False)[:48]
+    print("| round | load (1 min) | rows | plain step ms | fixed step ms | fixed / plain |\n|---|---|---|---|---|---|")
+    for rnd in range(args.rounds):
+        for rows in (2, 3, 5, 9):
+            c = measure_step_cost(runner, 0, ids, rows, repeats=args.repeats)
+            print(f"| {rnd + 1} | {os.getloadavg()[0]:.1f} | {rows} | {c.plain_s * 1e3:.2f} | {c.fixed_s * 1e3:.2f} | "
+                  f"{c.overhead:.2f} |", flush=True)
+    runner.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF to serve (default: the embedded model)")
@@ -99,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--step-costs", action="store_true", help="only time a step plain and at 2, 3, 5, 9 rows")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.step_costs:
+        return step_costs(args.model, args)
     model, mode = args.model, "lookup"
     if args.mtp_fixture:
         from tests.engine.gguf_mtp_fixture import write_tiny_mtp
