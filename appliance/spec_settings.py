@@ -25,7 +25,7 @@ class SpeculationSettings:
                                   "differ from serial decoding; every response says so in timings)")
     fixed_shape: str = opt("auto", "llama.cpp: decode every step and verify at one fixed shape of --fixed-shape-rows rows "
                            "(spare rows inert), so a verify computes as its steps; auto: where the plain verify is not "
-                           "exact, probe it at start and use it where it is exact and its spare rows cost at most 5% of "
+                           "exact, probe it at start and use it where it is exact and its spare rows cost at most 5 percent of "
                            "a step; on: use it wherever it is exact, whatever it costs (a check, a benchmark); off: never")
     fixed_shape_rows: int = opt(5, "rows of the fixed decode shape (a draft then has at most this many less one tokens)")
 

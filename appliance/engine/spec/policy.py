@@ -3,13 +3,9 @@ for, the default, whether the runner is exact (`Exactness`, measured by `probe.c
 and the measured costs the drafting arithmetic uses."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, replace
 
 from .cost import CostModel, DraftCost
-
-if TYPE_CHECKING:
-    from .shape import DecodeShape
 
 
 @dataclass(frozen=True)
@@ -21,6 +17,24 @@ class Exactness:
     argmax_differs: int
     positions: int
     why: str = ""      # not exact for a reason the probe cannot see (a shared KV pool's layout)
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """What /health's settings.speculation.decode_shape says: the shape chosen and why."""
+
+    mode: str = "plain"              # "plain" (one row a step) or "fixed" (every decode forward `rows` rows)
+    setting: str = "auto"            # --fixed-shape
+    rows: int = 0                    # the fixed shape probed (0: none was)
+    exact: bool | None = None        # its verify equalled its steps bit for bit (None: not probed)
+    max_abs_diff: float | None = None
+    overhead: float | None = None    # a fixed-shape step's time over a plain step's
+    plain_step_ms: float | None = None
+    fixed_step_ms: float | None = None
+    why: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from ..probe_memo import digest as _digest
 from ..runners.base import ModelRunner, Span
 from .cost import CostModel, fixed_shape_pays
-from .policy import Exactness
+from .policy import DecodeShape, Exactness
 from .probe import check_exact
 
 log = logging.getLogger("appliance.engine")
@@ -35,24 +35,6 @@ class StepCost:
     @property
     def overhead(self) -> float:
         return self.fixed_s / self.plain_s if self.plain_s > 0 else float("inf")
-
-
-@dataclass(frozen=True)
-class DecodeShape:
-    """What /health's settings.speculation.decode_shape says: the shape chosen and why."""
-
-    mode: str = "plain"              # "plain" (one row a step) or "fixed" (every decode forward `rows` rows)
-    setting: str = "auto"            # --fixed-shape
-    rows: int = 0                    # the fixed shape probed (0: none was)
-    exact: bool | None = None        # its verify equalled its steps bit for bit (None: not probed)
-    max_abs_diff: float | None = None
-    overhead: float | None = None    # a fixed-shape step's time over a plain step's
-    plain_step_ms: float | None = None
-    fixed_step_ms: float | None = None
-    why: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def measure_step_cost(runner: ModelRunner, slot: int, prompt: Sequence[int], rows: int,
