@@ -16,6 +16,7 @@ from typing import Any, Collection, Mapping
 
 from .chat_templates import BUILTIN, REASONING, REASONING_FORMATS, default_kwargs, load_template
 from .adapters import AdapterSettings
+from .spec_settings import SpeculationSettings
 from .compute_settings import THREAD_WAITS, LlamaCppSettings
 from .data_dir import default_data_dir
 from .device_settings import DeviceCheckSettings
@@ -26,8 +27,9 @@ from .rope import AUTO_N_CTX, DEFAULT_N_CTX, check_flags
 
 
 @dataclass(frozen=True)
-class EngineConfig(AdapterSettings, DeviceCheckSettings):
-    """What the engine process needs to load a model and schedule requests (the LoRA flags: adapters.py)."""
+class EngineConfig(SpeculationSettings, AdapterSettings, DeviceCheckSettings):
+    """What the engine process needs to load a model and schedule requests (the LoRA flags: adapters.py;
+    speculation's: spec_settings.py)."""
 
     model: str | None = opt(None, "GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     model_alias: str | None = opt(None, "model names, comma-separated: the first is its id, each reaches it (default: the file name without .gguf)")
@@ -112,16 +114,8 @@ class EngineConfig(AdapterSettings, DeviceCheckSettings):
     probe_cache: str | None = opt(None, "directory of start-up probe results a restart reads back (default: off)")
     plan: str | None = opt(None, "tuned plan written by `appliance tune` (default: plan.json in the data "
                            "directory, when present); 'off' to use the fixed defaults")
-    speculate: str = opt("auto", "speculative decoding: auto (on where the runner proves at start that a k-token verify equals "
-                         "k one-token steps bit for bit, else off; drafts from --draft-model, else the model's MTP head, else "
-                         "prompt lookup), lookup, draft or mtp (that kind, or refuse to start), off; a request's \"speculate\" wins")
-    draft_model: str | None = opt(None, "a smaller GGUF with the same vocabulary that drafts tokens greedily for "
-                                  "the served model to verify ('embedded': the embedded model)")
-    mtp_model: str | None = opt(None, "the model's MTP (next-n) head as a file of its own, mtp-*.gguf (default: the head in "
-                                "the model's GGUF, else the mtp-*.gguf beside it that llama-server would pick)")
     mmproj: str | None = opt(None, "vision projector GGUF (mmproj) loaded beside the model by llama.cpp's mtmd")
     mmproj_offload: bool = opt(True, "the projector on the GPU when there is one (--no-mmproj-offload: on the CPU)")
-    draft_engine: str | None = opt(None, "runner for --draft-model: llamacpp or torch (default: --engine)")
     embedding_model: str | None = opt(None, "an embedding GGUF served beside the chat models for /v1/embeddings "
                                       "and Ollama's /api/embed, named by its file name (a request naming no "
                                       "model gets it); 'chat': the chat models answer embeddings themselves, "
@@ -129,8 +123,6 @@ class EngineConfig(AdapterSettings, DeviceCheckSettings):
     pooling: str | None = opt(None, "the embedding model's pooling, none | mean | cls | last (llama-server's "
                               "--pooling; default: its GGUF's); none answers llama-server's /embeddings with a "
                               "vector per token, and OpenAI's and Ollama's with their mean")
-    speculate_inexact: bool = opt(False, "allow speculation on a runner that is not exact (the output may "
-                                  "differ from serial decoding; every response says so in timings)")
     max_queue: int = opt(64, "requests that may wait for a slot; past this the API answers 503")
     max_tokens_default: int = opt(0, "max_tokens when a request gives none (0 = up to the context limit)")
     max_choices: int = opt(4, "most choices (OpenAI's n) one request may ask for, each from one prefill of the "
@@ -168,9 +160,7 @@ class EngineConfig(AdapterSettings, DeviceCheckSettings):
         _require(self.engine == "torch" or (self.expert_cache, self.expert_compute) == ("auto", "auto"),
                  "--expert-cache and --expert-compute apply to the torch runner, --engine torch (llama.cpp: "
                  "--n-cpu-moe, --override-tensor)")
-        _require(self.speculate in ("auto", "lookup", "draft", "mtp", "off"), "speculate must be auto, lookup, draft, mtp or off")
-        _require(self.draft_engine in (None, "llamacpp", "torch"), "draft_engine must be llamacpp or torch")
-        _require(self.speculate != "draft" or self.draft_model is not None, "--speculate draft needs --draft-model")
+        self.check_speculation()
         _require(self.n_slots >= 1 and self.max_choices >= 1, "n_slots and max_choices must be at least 1")
         _require(self.n_ctx >= 0 or self.n_ctx == AUTO_N_CTX, "n_ctx must be 0 (the model's), auto or positive")
         check_flags(self)

@@ -152,6 +152,17 @@ if [ -f "$SMALL" ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is
   GGML_VK_VISIBLE_DEVICES="" within 90 python3 -m appliance check "$SMALL" --engine torch
   echo "(exit $?: 0 agrees, 1 differs)"
 fi
+section "issue 72: fixed-shape decode on Vulkan: the policy's choice, identity and tok/s (serial against lookup; random SmolLM2-135M-shaped Q4_1)"
+if [ -f "$SMALL" ] && python3 -c "import llama_cpp, sys; llama_cpp.llama_backend_init(); sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)" 2>/dev/null; then
+  # start-up probes (the fixed shape's exactness, its step against a plain one), then plain serial,
+  # fixed-shape serial and fixed-shape lookup on three requests of 64 tokens, all layers on the GPU
+  within 120 python3 scripts/fixed_shape_ab.py --model "$SMALL" --n-gpu-layers all --json "$OUT/fixed-shape-ab.json"
+  echo "(exit $?: 1 when an identity failed or the fixed shape was not exact)"
+  within 60 python3 scripts/fixed_shape_ab.py --mtp-fixture --n-gpu-layers all --tokens 40 --json "$OUT/fixed-shape-mtp.json"
+  echo "(exit $?: MTP on the tiny glm4moe, identity only)"
+else
+  echo "SKIP: no model or no llama.cpp with a GPU backend here"
+fi
 
 section "issue 17: kernels against their references (compiled, not interpreted)"
 if python3 -c "import torch, triton, pytest, gguf, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from .. import __version__
 from .runners.base import ModelRunner
@@ -64,6 +64,11 @@ def runner_libraries(runner: ModelRunner) -> list[str]:
 
     lib = getattr(getattr(L, "_lib", None), "_name", None)
     return [lib] if lib else []
+
+
+def digest(ids: Sequence[int]) -> str:
+    """A probe prompt's tokens, as a memo's key holds them."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
 # what a placement report holds that changes from one start to the next, not the arithmetic:

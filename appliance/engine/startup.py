@@ -16,7 +16,6 @@ also embeds (an `Embedder` over a second llama.cpp context on the same weights);
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -40,6 +39,7 @@ from .cache.ram import index_block
 from .embed import Embedder, EmbeddingContext
 from .grid import Grid
 from .probe_memo import ProbeMemo
+from .probe_memo import digest as _digest
 from .prompts import PromptBuilder
 from .runners import make_runner
 from .runners.base import ModelRunner, RunnerInfo, Span
@@ -47,6 +47,7 @@ from .sched.scheduler import Scheduler
 from .spec import CostModel, DraftCost, Exactness, Speculator, decide, probe
 from .spec.draft import SAMPLE, DraftModel, check_vocab
 from .spec.mtp import MtpDrafter
+from .spec.shape import fixed_shape
 from .types import Event
 
 log = logging.getLogger("appliance.engine")
@@ -185,11 +186,6 @@ def _embedder(ctx: EmbeddingContext, runner: ModelRunner, prompts: PromptBuilder
     return embedder
 
 
-def _digest(ids: Sequence[int]) -> str:
-    """A probe prompt's tokens, as its memo's key holds them."""
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
-
-
 def _with_settings(info: RunnerInfo, **more) -> RunnerInfo:
     return dataclasses.replace(info, settings={**info.settings, **more})
 
@@ -282,8 +278,11 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     if cfg.speculate == "mtp" and no_mtp is not None:
         raise ModelLoadError(f"--speculate mtp: {no_mtp}")
     ids = runner.tokenize(PROBE_TEXT, add_special=False)
-    exactness, cost, prompt = verify_probes(runner, ids, ProbeMemo(cfg.probe_cache, runner),
-                                            costs=cfg.speculate_inexact)
+    memo = ProbeMemo(cfg.probe_cache, runner)
+    exactness, cost, prompt = verify_probes(runner, ids, memo, costs=cfg.speculate_inexact)
+    shape, fixed, fixed_cost = fixed_shape(cfg.fixed_shape, cfg.fixed_shape_rows, runner, ids, memo, exactness)
+    if fixed is not None and fixed_cost is not None:   # the runner now decodes at that shape (spec/shape.py)
+        exactness, cost = fixed, fixed_cost
     if runner.info.kv_unified and exactness.exact:
         exactness = dataclasses.replace(exactness, exact=False, why=UNIFIED_WHY)
     drafter = None
@@ -296,7 +295,7 @@ def speculation(cfg: EngineConfig, runner: ModelRunner) -> Speculator:
     try:
         policy = decide(cfg.speculate, cfg.speculate_inexact, exactness, cost,
                         drafter.cost if drafter is not None else None,
-                        getattr(drafter, "mode", "draft"), no_mtp or "MTP drafting is not loaded")
+                        getattr(drafter, "mode", "draft"), no_mtp or "MTP drafting is not loaded", shape)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     log.info("speculation: %s (%s); verify cost by rows %s", policy.default, policy.reason, policy.cost.as_dict())

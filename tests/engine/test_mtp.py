@@ -36,8 +36,9 @@ PROMPTS = ("Hello there, how are you", "Write a poem about the sea",
 
 
 def engine(path, speculate_mode: str = "auto", **kw) -> EngineLoop:
+    kw.setdefault("kv_type", "q8_0")
     return EngineLoop(EngineConfig(engine="llamacpp", model=str(path), n_ctx=N_CTX, n_slots=3, plan="off",
-                                   cache_disk_bytes=0, kv_type="q8_0", speculate=speculate_mode, **kw))
+                                   cache_disk_bytes=0, speculate=speculate_mode, **kw))
 
 
 def chat(text: str, mode: str, temperature: float = 0.0, seed: int | None = None, cache: bool = True):
@@ -54,7 +55,8 @@ def drafting_free(loop: EngineLoop) -> EngineLoop:
     sp = loop.scheduler.spec
     loop.measured = sp.policy
     free = dataclasses.replace(sp.drafter.cost, unit=0.0)
-    sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)), draft=free, k_max=6)
+    sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)), draft=free,
+                                    k_max=min(6, sp.policy.k_max))   # a fixed shape's rows less one
     sp.drafter.cost = free
     sp.drafter.observe = lambda *a: None   # keep drafting free
     return loop
@@ -67,6 +69,36 @@ def mtp(tmp_path_factory):
     loop = drafting_free(engine(path))
     yield loop
     loop.close()
+
+
+@pytest.fixture(scope="module")
+def mtp_fixed(tmp_path_factory):
+    """The same model on llama.cpp's defaults (f16 KV, its default attention: a plain verify is
+    not exact), every step and verify at a fixed shape of 5 rows (--fixed-shape on)."""
+    path = tmp_path_factory.mktemp("mtp-fixed") / "tiny-mtp.gguf"
+    write_tiny_mtp(path, agree=True)
+    loop = drafting_free(engine(path, kv_type="f16", fixed_shape="on"))
+    yield loop
+    loop.close()
+
+
+def test_mtp_at_a_fixed_shape_equals_serial(mtp_fixed):
+    """Greedy and seeded, one stream, then three together: MTP drafts (at most 4 tokens, the
+    shape's rows less one) give serial decoding's tokens, where the plain verify would not."""
+    p = mtp_fixed.measured
+    assert p.exactness.exact and p.default == "mtp" and p.k_max == 4
+    shape = mtp_fixed.info.settings["speculation"]["decode_shape"]
+    assert shape["mode"] == "fixed" and shape["rows"] == 5 and shape["exact"]
+    on = []
+    for text in PROMPTS:
+        on += _same(mtp_fixed, [chat(text, "off", cache=False)], [chat(text, "mtp")])
+    on += _same(mtp_fixed, [chat(PROMPTS[1], "off", 0.8, seed=3, cache=False)], [chat(PROMPTS[1], "mtp", 0.8, seed=3)])
+    assert 0 < sum(d.timings.draft_n_accepted for _, d in on) < sum(d.timings.draft_n for _, d in on)
+    reqs = [(PROMPTS[0], 0.0, None), (PROMPTS[1], 0.8, 7), (PROMPTS[2], 0.0, None)]
+    alone = [run(mtp_fixed, [chat(t, "off", temp, seed, cache=False)])[0][0] for t, temp, seed in reqs]
+    together = run(mtp_fixed, [chat(t, "mtp", temp, seed, cache=False) for t, temp, seed in reqs])
+    assert [t for t, _ in together] == alone
+    assert mtp_fixed.scheduler.stats().max_decode_batch >= 2
 
 
 def test_llama_cpp_loads_the_next_n_block_and_mtp_is_the_default(mtp):

@@ -1,9 +1,10 @@
 """Speculation on the real embedded model, through the whole engine (chat template, scheduler,
 prompt cache): on every runner that proves itself exact, prompt lookup gives serial greedy
 decoding's tokens exactly, on every shipped bench prompt set and on generated prompts, alone
-and with several streams, with the prompt cache on and off. The exact runners here: torch, and
-llama.cpp with a q8_0 KV (flash attention's 8-bit kernel) on its default threads. llama.cpp's
-defaults are found inexact, and speculation is refused with the reason.
+and with several streams, with the prompt cache on and off. The exact runners here: torch,
+llama.cpp with a q8_0 KV (flash attention's 8-bit kernel) on its default threads, and llama.cpp's
+defaults at a fixed decode shape (--fixed-shape on). llama.cpp's plain defaults are found
+inexact, and speculation is refused with the reason.
 
 Never loosen these comparisons: an inexact verify changes the output, which is the bug."""
 from __future__ import annotations
@@ -50,6 +51,11 @@ EXACT = {
     # kernel takes one path at any depth, which editing-code and tool-calls (~900-1,000
     # tokens, two prefill chunks) already cross; torch runs lookup over long-document.
     "llamacpp-q8kv": ({"engine": "llamacpp", "kv_type": "q8_0"}, {**PER_SET, "long-document": 0}, 2),
+    # llama.cpp's defaults (f16 KV, its default attention), every step and verify at a fixed
+    # shape of 5 rows (runners/llamacpp_fixed.py), forced on: the policy declines it on this CPU,
+    # where 5 rows cost ~2.5 steps, but its exactness is what these tests prove; long-document
+    # skipped as above
+    "llamacpp-fixed": ({"engine": "llamacpp", "fixed_shape": "on"}, {**PER_SET, "long-document": 0}, 2),
 }
 
 
@@ -122,7 +128,7 @@ def generated(n: int = 4, seed: int = 0) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module", params=[pytest.param("torch", marks=needs_torch), "llamacpp-q8kv"])
+@pytest.fixture(scope="module", params=[pytest.param("torch", marks=needs_torch), "llamacpp-q8kv", "llamacpp-fixed"])
 def exact(request):
     cfg, per_set, streams = EXACT[request.param]
     cfg = dict(cfg)
@@ -141,6 +147,12 @@ def test_the_runner_proves_itself_exact_and_drafts_by_default(exact):
     assert p.exactness is not None and p.exactness.exact and p.exactness.max_abs_diff == 0.0
     assert p.allowed and p.default == "lookup" and p.label(p.default) == "lookup"
     assert p.cost.rows[0] == 1 and len(p.cost.rows) > 1
+    shape = exact[0].info.settings["speculation"]["decode_shape"]   # as /health says it
+    if getattr(exact[0].runner, "decode_rows", 0):    # forced on: the fixed shape's own check
+        assert shape["mode"] == "fixed" and shape["exact"] and shape["rows"] == 5 and p.k_max == 4 and p.pad == 4
+        assert shape["overhead"] > 0 and "fixed shape of 5 rows" in p.reason
+    else:                                   # exact as it is: nothing to probe
+        assert shape["mode"] == "plain" and shape["exact"] is None and shape["why"] == "the plain verify is exact"
 
 
 def equals_serial_on_shipped_sets(loop: EngineLoop, per_set: dict[str, int], mode: str,
@@ -224,16 +236,23 @@ def test_each_sampler_seeded_is_reproducible_and_the_same_with_lookup(exact, nam
 
 def test_llama_cpp_speculates_only_if_its_verify_is_found_exact():
     """On these machines (Q4_1, CPU, default attention, 2 threads) its k-row batch and its
-    one-row step give other logits: the check says so, and a request asking for lookup gets
-    the reason."""
+    one-row step give other logits: the check says so. The fixed shape that makes it exact is
+    probed (--fixed-shape auto) and declined where its spare rows cost more than 5% of a step
+    (this compute-bound CPU), with the measured cost in the reason and /health; a request asking
+    for lookup gets the reason."""
     loop = engine("llamacpp")
     try:
         p = loop.scheduler.spec.policy
         assert p.exactness is not None
-        if p.exactness.exact:  # another build or backend may be: then it drafts like torch
+        shape = loop.info.settings["speculation"]["decode_shape"]
+        if p.exactness.exact:  # another build or backend may be, or cheap spare rows: it drafts like torch
             assert p.allowed and p.default == "lookup"
+            assert shape["mode"] == "plain" or (shape["exact"] and shape["overhead"] <= speculate.MIN_GAIN)
             return
         assert not p.allowed and p.default == "off" and "differs from one-token steps" in p.reason
+        assert shape["mode"] == "plain" and shape["rows"] == 5 and shape["why"] in p.reason
+        if shape["exact"]:     # declined for its cost, which /health gives
+            assert shape["overhead"] > speculate.MIN_GAIN and shape["why"].startswith("declined")
         loop.submit(chat([{"role": "user", "content": "hi"}], mode="lookup"))
         (err,) = [e for e in loop.outbox if isinstance(e, Error)]
         assert "--speculate-inexact" in err.message

@@ -32,6 +32,7 @@ from ...fit.gguf_header import nbytes
 from ...models import file_fingerprint
 from ...rope import ModelRope, RopeScaling, served
 from . import llamacpp_mtp, mtp_source
+from .llamacpp_fixed import FixedShape
 from .llamacpp_lora import Adapters, one_set
 from .base import RunnerInfo, Span
 from .vision import Projector
@@ -101,7 +102,7 @@ class LogitsRows:
         return view.copy()
 
 
-class LlamaCppRunner(TextMethods):
+class LlamaCppRunner(FixedShape, TextMethods):
     def __init__(self, cfg: EngineConfig, model_path: Path, model_name: str) -> None:
         init_backend()
         s = cfg.llamacpp()
@@ -250,6 +251,7 @@ class LlamaCppRunner(TextMethods):
                          f"flash_attn={s.flash_attn}", f"n_threads={s.n_threads}",
                          f"n_threads_batch={s.n_threads_batch}", self.rope.identity(), self.placed.identity(),
                          *(["kv_unified"] if self.info.kv_unified else []),
+                         *([f"decode_rows={self.decode_rows}"] if self.decode_rows else []),
                          *([f"mmproj={self.projector.fingerprint}"] if self.projector else [])])
 
     # -- compute -------------------------------------------------------------------------
@@ -258,10 +260,13 @@ class LlamaCppRunner(TextMethods):
         self.adapters.apply(self.ctx, one_set(spans))
         if self.nextn is not None:
             self.hidden = []
-        singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1 and s.tokens[0] >= 0]
+        fixed = self._fixed_forward(spans, out)   # decode spans at the fixed shape (llamacpp_fixed.py), if on
+        singles = [i for i, s in enumerate(spans) if len(s.tokens) == 1 and s.tokens[0] >= 0 and i not in fixed]
         if singles:
             self._decode([spans[i] for i in singles], [out, singles])
         for i, s in enumerate(spans):
+            if i in fixed:
+                continue
             if self.projector is not None and min(s.tokens) < 0:   # image rows: vision.py
                 out[i] = self.projector.forward(self.ctx, s, self._decoded)
             elif len(s.tokens) > 1:

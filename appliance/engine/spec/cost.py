@@ -24,6 +24,22 @@ def expected_tokens(accept: float, k: int) -> float:
     return (1.0 - accept ** (k + 1)) / (1.0 - accept)
 
 
+def fixed_shape_pays(overhead: float, rows: int, prior: float = PRIOR_ACCEPT) -> tuple[bool, str]:
+    """Whether decoding at a fixed shape of `rows` rows pays (spec/shape.py), from the measured
+    `overhead`: a fixed-shape step's time over a plain step's. Every step pays it, drafted or not,
+    and a draft of up to rows - 1 tokens then costs nothing more. So a stream that never drafts
+    (free prose) may lose no more than the margin a draft must win by (MIN_GAIN), and one that
+    drafts at the prior acceptance must gain that margin. (True or False, and why.)"""
+    what = f"a fixed-shape step of {rows} rows costs {overhead:.2f} plain steps"
+    if overhead > MIN_GAIN:
+        return False, (f"declined: {what}: a stream without drafts would decode at {1 / overhead:.2f}x "
+                       f"(at most {MIN_GAIN - 1:.0%} slower is allowed)")
+    gain = expected_tokens(prior, rows - 1) / overhead
+    if gain <= MIN_GAIN:
+        return False, f"declined: {what}: a draft at acceptance {prior:.2f} would commit {gain:.2f}x"
+    return True, f"chosen: {what}; a draft at acceptance {prior:.2f} commits up to {gain:.2f}x"
+
+
 @dataclass
 class CostModel:
     """c(m): the cost of a forward of m decode rows, in one-row steps, interpolated between the

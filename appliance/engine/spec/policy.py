@@ -3,7 +3,7 @@ for, the default, whether the runner is exact (`Exactness`, measured by `probe.c
 and the measured costs the drafting arithmetic uses."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .cost import CostModel, DraftCost
 
@@ -20,6 +20,24 @@ class Exactness:
 
 
 @dataclass(frozen=True)
+class DecodeShape:
+    """What /health's settings.speculation.decode_shape says: the shape chosen and why."""
+
+    mode: str = "plain"              # "plain" (one row a step) or "fixed" (every decode forward `rows` rows)
+    setting: str = "auto"            # --fixed-shape
+    rows: int = 0                    # the fixed shape probed (0: none was)
+    exact: bool | None = None        # its verify equalled its steps bit for bit (None: not probed)
+    max_abs_diff: float | None = None
+    overhead: float | None = None    # a fixed-shape step's time over a plain step's
+    plain_step_ms: float | None = None
+    fixed_step_ms: float | None = None
+    why: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Policy:
     """What the engine decided at start: which requests draft, how, and on what measured costs."""
 
@@ -32,6 +50,9 @@ class Policy:
     k_max: int = 15
     draft: DraftCost | None = None  # the model drafter's costs (draft model or MTP head), when one is loaded
     no_mtp: str = "this server has no MTP head"   # why a request may not ask for "mtp"
+    shape: DecodeShape | None = None  # the decode shape chosen at start (spec/shape.py)
+    pad: int = 0                   # spare rows after a verify's last: a draft stops this far before the end
+
 
     @property
     def allowed(self) -> bool:
@@ -58,15 +79,29 @@ class Policy:
                 "exact": None if ex is None else ex.exact,
                 "exact_max_abs_diff": None if ex is None else ex.max_abs_diff,
                 "draft": None if self.draft is None else self.draft.as_dict(),
-                "mtp_refusal": None if "mtp" in self.modes else self.no_mtp}
+                "mtp_refusal": None if "mtp" in self.modes else self.no_mtp,
+                "decode_shape": None if self.shape is None else self.shape.as_dict()}
 
 
 def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel,
            draft: DraftCost | None = None, model_mode: str = "draft",
-           no_mtp: str = "this server has no MTP head") -> Policy:
+           no_mtp: str = "this server has no MTP head", shape: DecodeShape | None = None) -> Policy:
     """The policy for `--speculate mode` given what the start-up check measured (and the
     model drafter's costs when one is loaded: a draft model, or the MTP head when
-    `model_mode` is "mtp"; `no_mtp` says why there is no MTP head otherwise)."""
+    `model_mode` is "mtp"; `no_mtp` says why there is no MTP head otherwise). `shape`: the
+    decode shape decided at start; at a fixed shape of K rows, `exactness` is that shape's and
+    a draft has at most K - 1 tokens."""
+    policy = _decide(mode, inexact_ok, exactness, cost, draft, model_mode, no_mtp, shape)
+    if shape is None:
+        return policy
+    if shape.mode == "fixed":
+        return replace(policy, shape=shape, k_max=shape.rows - 1, pad=shape.rows - 1,
+                       reason=policy.reason + f" at a fixed shape of {shape.rows} rows ({shape.why})")
+    return replace(policy, shape=shape)   # where the verify is not exact, its reason gives the shape's
+
+
+def _decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostModel,
+            draft: DraftCost | None, model_mode: str, no_mtp: str, shape: DecodeShape | None) -> Policy:
     if mode == "off" or exactness is None:
         return Policy(reason="speculation is off (--speculate off)", cost=cost, no_mtp=no_mtp)
     modes = ("lookup", model_mode) if draft is not None else ("lookup",)
@@ -78,6 +113,7 @@ def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostM
     why = ((exactness.why or f"this runner's {exactness.positions}-row verify differs from one-token steps (max "
             f"|logit difference| {exactness.max_abs_diff:.3g}, argmax differs at "
             f"{exactness.argmax_differs} of {exactness.positions} rows)")
+           + (f"; {shape.why}" if shape is not None and shape.rows else "")
            + ", so drafted tokens could change the output; start with --speculate-inexact to allow it anyway")
     if inexact_ok:
         return Policy(mode if mode != "auto" else "off", modes, True, why.split(", so")[0], cost,

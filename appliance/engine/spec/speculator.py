@@ -149,7 +149,7 @@ class Speculator:
         draft, by the draft model)."""
         props, options = [], []
         for st, r in zip(states, room):
-            room_k = max(0, min(self.policy.k_max, r))
+            room_k = max(0, min(self.policy.k_max, r - self.policy.pad))   # pad: a fixed shape's spare rows
             prop = st.index.propose(room_k) if st is not None and room_k else ()
             props.append(prop)
             if st is None:

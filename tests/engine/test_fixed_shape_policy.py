@@ -1,0 +1,160 @@
+"""The fixed decode shape's decision (spec/shape.py, cost.fixed_shape_pays, policy.decide), on a
+runner double whose rows depend on the shape they are computed in, as llama.cpp's plain mode
+does: its one-row step and its k-row verify differ, and at a fixed shape they agree. The step
+costs are given to the probe (its memo), so the choice is tested at a cheap and a dear shape
+without timing anything. The real runner's exactness at the fixed shape is tested on llama.cpp
+by test_speculate_identity.py and test_mtp.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from appliance.engine import spec
+from appliance.engine.runners.base import Span
+from appliance.engine.spec.cost import fixed_shape_pays
+from appliance.engine.spec.shape import DecodeShape, StepCost, fixed_shape, positions
+
+ROWS = 5
+
+
+class ModelessRunner:
+    """A runner without the fixed-shape mode (the torch runner's case). Logits of a row: a function of its token and position, plus a term of the number of rows
+    it was computed among (a kernel chosen by shape). `fixed`: at a fixed shape those terms
+    agree (a correct fixed mode), or not (one that leaks the shape anyway)."""
+
+    def __init__(self, fixed_exact: bool = True) -> None:
+        self.info = SimpleNamespace(backend="double", n_ctx=4096)
+        self.decode_rows = 0
+        self.fixed_exact = fixed_exact
+        self.calls: list[int] = []
+
+    def forward(self, spans):
+        out = []
+        for s in spans:
+            n = len(s.tokens)
+            shape = n
+            if self.decode_rows and s.n_logits == n <= self.decode_rows:
+                shape = self.decode_rows + (0 if self.fixed_exact else n)
+            self.calls.append(shape)
+            rows = [np.sin(np.arange(8, dtype=np.float32) * (t + 1) + p) + 1e-3 * shape
+                    for t, p in zip(s.tokens, range(s.start_pos, s.start_pos + n))]
+            out.append(np.stack(rows[n - s.n_logits:]).astype(np.float32))
+        return out
+
+    def truncate(self, slot: int, n: int) -> None:
+        pass
+
+
+def memo(overhead: float):
+    """A probe memo that measures exactness and gives the step cost: a plain step 10 ms."""
+    def call(name, inputs, measure, kind):
+        if name == "fixed-step-cost":
+            return StepCost(0.010, 0.010 * overhead, 7)
+        return measure()
+    return call
+
+
+class ShapedRunner(ModelessRunner):
+    """... with the fixed-shape mode."""
+
+    def set_decode_rows(self, rows: int) -> None:
+        self.decode_rows = rows
+
+
+IDS = list(range(3, 1100))
+
+
+def plain_exactness():
+    from appliance.engine.spec.probe import check_exact
+    return check_exact(ShapedRunner(), 0, IDS[:252], k=8)
+
+
+def test_the_double_is_inexact_plain_and_exact_at_a_fixed_shape():
+    from appliance.engine.spec.probe import check_exact
+    plain = plain_exactness()
+    assert not plain.exact and plain.max_abs_diff > 0
+    r = ShapedRunner()
+    r.set_decode_rows(ROWS)
+    assert check_exact(r, 0, IDS[:100], k=ROWS - 1).exact
+    assert positions(ROWS) == (251, 1019)   # the verify's KV window 256 cells, its last step's 512
+
+
+def test_the_policy_declines_a_dear_fixed_shape_and_says_why():
+    """This CPU: 5 rows cost ~2.5 steps. Exact, but declined; speculation stays off with both
+    findings in the reason, and /health's decode_shape gives the measured cost."""
+    r = ShapedRunner()
+    plain = plain_exactness()
+    shape, ex, cost = fixed_shape("auto", ROWS, r, IDS, memo(2.5), plain)
+    assert ex is None and cost is None and r.decode_rows == 0          # left plain
+    assert shape.mode == "plain" and shape.exact and shape.overhead == 2.5 and shape.why.startswith("declined")
+    policy = spec.decide("auto", False, plain, spec.CostModel(), shape=shape)
+    assert not policy.allowed and "differs from one-token steps" in policy.reason and shape.why in policy.reason
+    report = policy.as_dict()["decode_shape"]
+    assert report["mode"] == "plain" and report["rows"] == ROWS and report["overhead"] == 2.5
+    assert report["plain_step_ms"] == 10.0 and report["fixed_step_ms"] == 25.0
+    with pytest.raises(ValueError, match="costs 2.50 plain steps"):   # --speculate lookup refuses, saying so
+        spec.decide("lookup", False, plain, spec.CostModel(), shape=shape)
+
+
+def test_the_policy_chooses_a_cheap_fixed_shape():
+    """A memory-bound device: the spare rows cost 2%. Chosen: the runner stays at the shape,
+    lookup drafts at most rows - 1 tokens, never closer to the context's end than its spare rows."""
+    r = ShapedRunner()
+    plain = plain_exactness()
+    shape, ex, cost = fixed_shape("auto", ROWS, r, IDS, memo(1.02), plain)
+    assert shape.mode == "fixed" and ex.exact and r.decode_rows == ROWS and shape.why.startswith("chosen")
+    assert cost(1) == cost(ROWS) == cost(3 * ROWS) == 1.0     # a draft adds no rows to a fixed-shape step
+    policy = spec.decide("auto", False, ex, cost, shape=shape)
+    assert policy.allowed and policy.default == "lookup" and policy.k_max == ROWS - 1 and policy.pad == ROWS - 1
+    assert f"at a fixed shape of {ROWS} rows" in policy.reason
+    assert policy.as_dict()["decode_shape"]["mode"] == "fixed"
+    sp = spec.Speculator(policy)
+    st = sp.start(list(range(50)) * 2, "lookup")
+    assert sp.propose([st], [100], [0]) == [tuple(range(ROWS - 1))]   # a long match, cut to 4 tokens
+    assert sp.propose([st], [ROWS], [0]) == [(0,)]                    # 5 of room less the 4 spare rows
+    assert sp.propose([st], [ROWS - 1], [0]) == [()]
+
+
+def test_forced_on_uses_a_dear_shape_that_is_exact_and_off_never_probes():
+    r = ShapedRunner()
+    plain = plain_exactness()
+    shape, ex, _ = fixed_shape("on", ROWS, r, IDS, memo(2.5), plain)
+    assert shape.mode == "fixed" and ex.exact and shape.why.startswith("--fixed-shape on, though")
+    r = ShapedRunner()
+    shape, ex, _ = fixed_shape("off", ROWS, r, IDS, memo(1.0), plain)
+    assert shape.mode == "plain" and shape.rows == 0 and ex is None and not r.calls
+
+
+def test_a_fixed_shape_that_is_not_exact_is_declined_with_its_difference():
+    r = ShapedRunner(fixed_exact=False)
+    plain = plain_exactness()
+    shape, ex, _ = fixed_shape("on", ROWS, r, IDS, memo(1.0), plain)
+    assert ex is None and r.decode_rows == 0 and shape.exact is False and "not exact either" in shape.why
+    assert shape.max_abs_diff > 0
+    policy = spec.decide("auto", False, plain, spec.CostModel(), shape=shape)
+    assert not policy.allowed and "not exact either" in policy.reason
+
+
+def test_an_exact_runner_or_one_without_the_mode_is_not_probed():
+    exact = spec.Exactness(True, 0.0, 0, 9)
+    r = ShapedRunner()
+    assert fixed_shape("auto", ROWS, r, IDS, memo(1.0), exact)[0].why == "the plain verify is exact" and not r.calls
+    shape, ex, _ = fixed_shape("auto", ROWS, ModelessRunner(), IDS, memo(1.0), plain_exactness())
+    assert "has no fixed-shape mode" in shape.why and ex is None
+    assert DecodeShape().as_dict()["mode"] == "plain"
+
+
+@pytest.mark.parametrize("overhead,pays", [(1.0, True), (1.05, True), (1.06, False), (1.68, False), (2.46, False)])
+def test_fixed_shape_pays_only_where_a_stream_without_drafts_loses_at_most_the_margin(overhead, pays):
+    ok, why = fixed_shape_pays(overhead, ROWS)
+    assert ok is pays and why.startswith("chosen" if pays else "declined")
+    assert f"{overhead:.2f} plain steps" in why
+    assert not fixed_shape_pays(1.0, 2, prior=0.04)[0]          # a draft that would hardly ever be accepted
+
+
+def test_spans_reach_the_double_as_asked():
+    r = ShapedRunner()
+    (rows,) = r.forward([Span(0, (1, 2, 3), 0, 3)])
+    assert rows.shape == (3, 8)
