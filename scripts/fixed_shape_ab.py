@@ -122,19 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-gpu-layers", default="auto")
     ap.add_argument("--rows", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--n-ctx", type=int, help="default 4096; 2048 for --mtp-fixture, its trained context")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--step-costs", action="store_true", help="only time a step plain and at 2, 3, 5, 9 rows")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     if args.step_costs:
+        args.n_ctx = args.n_ctx or 4096
         return step_costs(args.model, args)
     model, mode = args.model, "lookup"
     if args.mtp_fixture:
         from tests.engine.gguf_mtp_fixture import write_tiny_mtp
         model, mode = str(Path(tempfile.mkdtemp()) / "tiny-mtp.gguf"), "mtp"
         write_tiny_mtp(model, agree=True)
+    if args.n_ctx is None:
+        args.n_ctx = 2048 if args.mtp_fixture else 4096
     report: dict = {"model": model or "embedded", "mode": mode, "rows": args.rows, "tokens": args.tokens,
                     "n_gpu_layers": args.n_gpu_layers}
 
