@@ -49,7 +49,7 @@ def requests(n_ctx: int, tokens: int, mode: str) -> list:
     msgs = [[{"role": "user", "content": REPEAT}]]
     for name in ("tool-calls", "editing-code"):
         p = prompt_sets.load(name).prompts[0]
-        msgs.append(p.messages)
+        msgs.append(list(p.messages))
     out = []
     for m in msgs:
         body = {"messages": m, "max_tokens": tokens, "temperature": 0, "speculate": mode, "cache_prompt": False}
