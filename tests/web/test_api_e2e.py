@@ -276,7 +276,9 @@ def test_chat_page_is_served(server):
     page = requests.get(server.url + "/")
     assert page.status_code == 200 and "chat.js" in page.text
     js = requests.get(server.url + "/static/app/chat.js")
-    assert js.status_code == 200 and "/v1/chat/completions" in js.text and "timings" in js.text
+    assert js.status_code == 200 and "ChatJobs.run" in js.text and "timings" in js.text
+    jobs = requests.get(server.url + "/static/app/chat_jobs.js")   # the server generates the reply
+    assert jobs.status_code == 200 and "/jobs" in jobs.text and "/events" in jobs.text
 
 
 def test_a_final_assistant_message_is_continued(client, model):
