@@ -115,6 +115,7 @@ class Runner:
         self.log = EventLog()
         self.stopped = threading.Event()
         self.gate = tools.Gate()
+        self._set_lock = threading.Lock()
 
     # -- the routes' side ------------------------------------------------------------------
     def start(self, first: serving.Submitted) -> None:
@@ -235,8 +236,11 @@ class Runner:
         self.log.add(kind, json.dumps(members, ensure_ascii=False)[1:-1])
 
     def _set(self, **changes: Any) -> None:
-        try:
-            self.job = self.s.jobs.update(self.id, **changes)
-        except ApplianceError:   # its conversation was deleted, or the file failed: the events still tell
-            self.job = {**self.job, **changes}
-        self._event("state", job=self.job)
+        # the runner's thread and a route's (a decision) both set the job: one at a time, so the
+        # stored job and the order of the state events follow the order of the changes
+        with self._set_lock:
+            try:
+                self.job = self.s.jobs.update(self.id, **changes)
+            except ApplianceError:   # its conversation was deleted, or the file failed: the events still tell
+                self.job = {**self.job, **changes}
+            self._event("state", job=self.job)

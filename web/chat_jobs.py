@@ -215,6 +215,8 @@ def _live(job_id: str) -> Runner:
 
 @bp.post("/api/jobs/<job_id>/stop")
 def stop_job(job_id: str):
+    if request.content_length:   # it needs no body, but one it is given must be JSON like any other
+        serving.read_body()
     runner = _jobs().runner(job_id)
     if runner is not None:
         runner.stop()

@@ -207,12 +207,11 @@ def test_the_model_sha256_is_remembered_by_path_size_and_mtime(tiny, tmp_path):
 
 # -- the torch runner: its device against its CPU path (`appliance check --engine torch`) -------------
 
-def test_the_torch_runner_without_a_gpu_is_refused_clearly(tiny):
+def test_the_torch_runner_without_a_gpu_is_refused_clearly(tiny, monkeypatch):
     torch = pytest.importorskip("torch")
     from appliance.check_command import torch_verdict
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a CUDA or ROCm device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # as on a machine without one
     with pytest.raises(ModelLoadError, match="no CUDA or ROCm device here"):
         torch_verdict(EngineConfig(model=str(tiny[0]), engine="torch", n_ctx=256, n_slots=1, plan="off"))
 
