@@ -82,13 +82,16 @@ def test_the_double_is_inexact_plain_and_exact_at_a_fixed_shape():
 
 
 def test_the_policy_declines_a_dear_fixed_shape_and_says_why():
-    """This CPU: 5 rows cost ~2.5 steps. Exact, but declined; speculation stays off with both
-    findings in the reason, and /health's decode_shape gives the measured cost."""
+    """This CPU: 5 rows cost ~2.5 steps. Declined for that before its exactness is probed (the
+    probe would cost the start for nothing); speculation stays off with both findings in the
+    reason, and /health's decode_shape gives the measured cost."""
     r = ShapedRunner()
     plain = plain_exactness()
     shape, ex, cost = fixed_shape("auto", ROWS, r, IDS, memo(2.5), plain)
     assert ex is None and cost is None and r.decode_rows == 0          # left plain
-    assert shape.mode == "plain" and shape.exact and shape.overhead == 2.5 and shape.why.startswith("declined")
+    assert not r.calls                                                 # no exactness probe ran
+    assert shape.mode == "plain" and shape.exact is None and shape.overhead == 2.5 and shape.why.startswith("declined")
+    assert shape.why.endswith("(its exactness not probed)")
     policy = spec.decide("auto", False, plain, spec.CostModel(), shape=shape)
     assert not policy.allowed and "differs from one-token steps" in policy.reason and shape.why in policy.reason
     report = policy.as_dict()["decode_shape"]

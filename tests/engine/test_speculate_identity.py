@@ -251,8 +251,10 @@ def test_llama_cpp_speculates_only_if_its_verify_is_found_exact():
             return
         assert not p.allowed and p.default == "off" and "differs from one-token steps" in p.reason
         assert shape["mode"] == "plain" and shape["rows"] == 5 and shape["why"] in p.reason
-        if shape["exact"]:     # declined for its cost, which /health gives
+        if shape["exact"] is None:     # declined for its cost, which /health gives, before probing it
             assert shape["overhead"] > speculate.MIN_GAIN and shape["why"].startswith("declined")
+        else:                          # cheap enough, but not exact
+            assert not shape["exact"] and "not exact either" in shape["why"]
         loop.submit(chat([{"role": "user", "content": "hi"}], mode="lookup"))
         (err,) = [e for e in loop.outbox if isinstance(e, Error)]
         assert "--speculate-inexact" in err.message

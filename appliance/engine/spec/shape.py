@@ -81,6 +81,17 @@ def fixed_shape(setting: str, rows: int, runner: ModelRunner, ids: Sequence[int]
         runner.set_decode_rows(rows)
     except ValueError as e:
         return DecodeShape(setting=setting, rows=rows, why=str(e)), None, None
+    runner.set_decode_rows(0)
+    # the cost first: where the spare rows cost more than the margin, auto declines whatever the
+    # exactness, and its probe (prompts of ~250 and ~1,000 tokens) would cost the start for nothing
+    step = memo("fixed-step-cost", {"prompt": _digest(ids[:48]), "rows": rows},
+                lambda: measure_step_cost(runner, 0, ids[:48], rows), StepCost)
+    shape = DecodeShape("plain", setting, rows, None, None, round(step.overhead, 3),
+                        round(step.plain_s * 1e3, 3), round(step.fixed_s * 1e3, 3))
+    pays, why = fixed_shape_pays(step.overhead, rows)
+    if not pays and setting == "auto":
+        return _said(shape, why + " (its exactness not probed)"), None, None
+    runner.set_decode_rows(rows)
     exactness = None
     for at in positions(rows):
         n = max(1, min(at, runner.info.n_ctx - 2 * rows))
@@ -89,19 +100,12 @@ def fixed_shape(setting: str, rows: int, runner: ModelRunner, ids: Sequence[int]
         if not exactness.exact or n < at:
             break
     assert exactness is not None
-    runner.set_decode_rows(0)
-    step = memo("fixed-step-cost", {"prompt": _digest(ids[:48]), "rows": rows},
-                lambda: measure_step_cost(runner, 0, ids[:48], rows), StepCost)
-    shape = DecodeShape("plain", setting, rows, exactness.exact, exactness.max_abs_diff, round(step.overhead, 3),
-                        round(step.plain_s * 1e3, 3), round(step.fixed_s * 1e3, 3))
+    shape = replace(shape, exact=exactness.exact, max_abs_diff=exactness.max_abs_diff)
     if not exactness.exact:
+        runner.set_decode_rows(0)
         why = (f"a fixed shape of {rows} rows is not exact either (max |logit difference| "
                f"{exactness.max_abs_diff:.3g}, argmax differs at {exactness.argmax_differs} of {exactness.positions} rows)")
         return _said(shape, why), None, None
-    pays, why = fixed_shape_pays(step.overhead, rows)
-    if not pays and setting == "auto":
-        return _said(shape, why), None, None
-    runner.set_decode_rows(rows)
     chosen = replace(shape, mode="fixed", why=why if pays else f"--fixed-shape on, though {why.split(': ', 1)[-1]}")
     log.info("decode shape: fixed at %d rows (%s)", rows, chosen.why)
     # in the fixed shape a verify of up to rows - 1 drafted tokens costs what a step costs
