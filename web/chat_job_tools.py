@@ -2,12 +2,9 @@
 calls held for the person's decision (approve, approve always for this tool, deny) before the
 job runs them through the app's ToolHub.
 
-The hub is `app.extensions["appliance.tools"]` (None or absent: no MCP server configured). It
-is programmed against as this protocol; the MCP client layer provides it:
-
-    hub.tools() -> [ToolInfo: name, server, description, input_schema, auto_approve]
-    hub.call(name, arguments) -> ToolResult: ok, text (size-bounded), truncated, error, seconds
-                                 (never raises for a tool's own failure or timeout)
+The hub is the MCP layer's `ToolHub` (appliance/mcp/hub.py), in `app.extensions["appliance.tools"]`
+(None or absent: no MCP server configured): `tools()` lists what the model may be offered,
+`call(name, arguments)` runs one and never raises for a tool's own failure or timeout.
 
 Only a tool the conversation chose (settings "tools") and the hub lists is offered or run: a
 call the model makes to any other name is answered with an error and runs nothing.
@@ -16,34 +13,17 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from appliance.engine.types import ToolCall
 
-TOOLS_KEY = "appliance.tools"
+from .tools import KEY as TOOLS_KEY
+
+if TYPE_CHECKING:   # the MCP SDK is loaded only where a server is configured
+    from appliance.mcp.hub import ToolHub, ToolInfo
+
 DENIED = "denied by the user"
 DECISIONS = ("approve", "always", "deny")
-
-
-class ToolInfo(Protocol):
-    name: str
-    server: str
-    description: str
-    input_schema: dict
-    auto_approve: bool
-
-
-class ToolResult(Protocol):
-    ok: bool
-    text: str
-    truncated: bool
-    error: str | None
-    seconds: float
-
-
-class ToolHub(Protocol):
-    def tools(self) -> list[ToolInfo]: ...
-    def call(self, name: str, arguments: dict) -> ToolResult: ...
 
 
 def chosen(hub: ToolHub | None, settings: dict[str, Any]) -> dict[str, ToolInfo]:
