@@ -22,8 +22,9 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -32,77 +33,12 @@ import numpy as np
 from ..config import default_data_dir
 from ..errors import ModelLoadError
 from . import device_reference as ref
+from .device_partial import partial
+from .device_verdict import CHECK_TEXT, NO_GPU, TOLERANCE, DeviceVerdict, Target, check_ids
 from .logit_compare import LogitComparison, Tolerance, compare, departures
 from .runners.base import ModelRunner
 
 log = logging.getLogger("appliance.engine")
-
-# 64 to 128 tokens in the usual BPE vocabularies (SmolLM2's: 101); plain prose, no template
-CHECK_TEXT = ("The lighthouse stood on a low island of black rock, two miles from the harbour. Every "
-              "evening the keeper climbed the spiral stairs, trimmed the wick, wound the clockwork that "
-              "turned the lens, and wrote the weather in a book: wind from the west, rain after midnight, "
-              "a fishing boat late but safe. In winter the storms came one after another, and the keeper "
-              "counted the hours by the beam sweeping the water, once every ten seconds, all night long.")
-MIN_TOKENS, MAX_TOKENS = 64, 128
-TOLERANCE = Tolerance()
-NO_GPU = "no layer on a GPU"
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the check compares: the device holding layers and what of the model it holds."""
-
-    name: str              # llama.cpp's (Vulkan0, CUDA0, ROCm0) or torch's (cuda:0)
-    description: str       # llvmpipe (LLVM 15.0.6, 256 bits), NVIDIA H100 80GB HBM3
-    holds: str             # "31 of 31 layers and the output"
-    cpu_side_bytes: int    # what the CPU side needs beyond the page cache, estimated
-
-
-@dataclass(frozen=True)
-class DeviceVerdict:
-    verdict: str                           # agrees | differs | skipped
-    device: str = ""
-    driver: str = ""
-    build: str = ""
-    model_sha256: str = ""
-    checked: str = ""                      # what was compared, in words
-    comparison: dict = field(default_factory=dict)   # LogitComparison.as_dict()
-    differed: tuple[str, ...] = ()
-    tolerance: dict = field(default_factory=dict)
-    device_s: float = 0.0
-    cpu_s: float = 0.0
-    why: str = ""                          # skipped: why
-    cached: bool = False
-
-    def report(self, mode: str) -> dict:
-        """/health's settings.device_check."""
-        return {"mode": mode, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
-
-    def refusal(self) -> str:
-        """The start's refusal: the device, the build and what differed."""
-        return (f"the device check failed: {self.device} (driver {self.driver}; {self.build}) does not compute "
-                f"what llama.cpp's CPU backend computes on the same file ({self.checked}): "
-                f"{'; '.join(self.differed)}. Serve on the CPU (--n-gpu-layers 0), change the driver or the "
-                "llama.cpp build, or start anyway with --device-check warn")
-
-    def describe(self) -> str:
-        if self.verdict == "skipped":
-            return f"skipped: {self.why}"
-        c = self.comparison
-        return (f"{self.verdict} on {self.device} ({self.checked}{', remembered' if self.cached else ''}): "
-                f"argmax agreement {c['argmax_agree']:.1%}, max |logit difference| {c['max_abs_diff']:.3g}, "
-                f"KL mean {c['kl_mean']:.3g} max {c['kl_max']:.3g} nats, perplexity {c['ppl_device']:.4g} "
-                f"device / {c['ppl_cpu']:.4g} CPU; {self.device_s:.2f} s on the device, {self.cpu_s:.2f} s on the "
-                "CPU")
-
-
-def check_ids(runner: ModelRunner) -> list[int]:
-    """The check's tokens: CHECK_TEXT with the model's BOS, at most MAX_TOKENS and the context."""
-    ids = runner.tokenize(CHECK_TEXT, add_special=True)
-    while len(ids) < MIN_TOKENS:              # a vocabulary of long tokens: the text again
-        ids += runner.tokenize(" " + CHECK_TEXT, add_special=False)
-    return ids[:min(MAX_TOKENS, runner.info.n_ctx - 1)]
-
 
 def llamacpp_target(runner: ModelRunner) -> Target | None:
     """The GPU holding the llama.cpp runner's layers (None: no layer on a GPU)."""
@@ -115,7 +51,7 @@ def llamacpp_target(runner: ModelRunner) -> Target | None:
     output = any(placed.placement.where.get(t.name, "CPU") != "CPU" for t in placed.facts.tensors if t.role == "output")
     weights = sum(sum(u.weights.values()) for name, u in placed.placement.use.items() if name != "CPU")
     return Target(dev.name, dev.description, f"{on_gpu} of {n_layer} layers{' and the output' if output else ''}",
-                  weights + 64 * 2**20)
+                  weights + 64 * 2**20, dev.handle, dev.host_memory or dev.kind == "igpu")
 
 
 def run(runner: ModelRunner, target: Target, reference: Callable[[Sequence[int]], np.ndarray],
@@ -203,15 +139,16 @@ def checked(runner: ModelRunner, cache: VerdictCache | None, fresh: bool = False
     if found is not None:
         return found
     available = psutil.virtual_memory().available
-    if target.cpu_side_bytes > available:
-        return DeviceVerdict("skipped", f"{target.name} ({target.description})", driver, build, sha,
-                             why=f"the CPU side needs about {target.cpu_side_bytes / 2**30:.1f} GiB, "
-                                 f"{available / 2**30:.1f} GiB are available: not checked")
     s = getattr(runner, "llamacpp")
-    verdict = run(runner, target, lambda ids: ref.cpu_logits(reference_path or path, ids, n_threads=s.n_threads_batch,
-                                                             flash_attn=s.flash_attn, kv_type=runner.kv_type),
-                  build, driver, sha)
-    if cache is not None:
+    kw = {"n_threads": s.n_threads_batch, "flash_attn": s.flash_attn, "kv_type": runner.kv_type}
+    if target.cpu_side_bytes > available:       # the first and last layers, as a model of their own
+        whole = (f"the whole model's CPU side needs about {target.cpu_side_bytes / 2**30:.1f} GiB, "
+                 f"{available / 2**30:.1f} GiB are available")
+        verdict = partial(runner, target, (path, reference_path or path), (build, driver, sha), whole, available,
+                          cache.dir if cache is not None else Path(tempfile.gettempdir()), kw)
+    else:
+        verdict = run(runner, target, lambda ids: ref.cpu_logits(reference_path or path, ids, **kw), build, driver, sha)
+    if cache is not None and verdict.verdict != "skipped":     # skipped: tried again at the next start
         cache.put(key, verdict)
     return verdict
 

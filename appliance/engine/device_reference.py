@@ -37,19 +37,29 @@ def device_logits(runner: ModelRunner, ids: Sequence[int], slot: int = 0) -> np.
 def cpu_logits(path: Path, ids: Sequence[int], *, n_threads: int = 0, flash_attn: bool = False,
                kv_type: str = "f16") -> np.ndarray:
     """[T, V] logits of the text by llama.cpp's CPU backend alone on the GGUF at `path`."""
+    return file_logits(path, ids, None, n_threads=n_threads, flash_attn=flash_attn, kv_type=kv_type)
+
+
+def file_logits(path: Path, ids: Sequence[int], device: int | None, *, n_threads: int = 0,
+                flash_attn: bool = False, kv_type: str = "f16") -> np.ndarray:
+    """[T, V] logits of the text on the GGUF at `path`, loaded anew: every layer, the KV cache and
+    big batches on `device` (a ggml_backend_dev_t), or with None on llama.cpp's CPU backend alone."""
     import llama_cpp as L
 
     from .runners.placement import GGML_KV_TYPES
     from .runners.vocab import init_backend
 
     init_backend()
+    on_cpu = device is None
     mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    no_devices = (ctypes.c_void_p * 1)(None)          # NULL-terminated and empty: the CPU alone
-    mp.devices = ctypes.cast(no_devices, ctypes.c_void_p).value
+    mp.n_gpu_layers = 0 if on_cpu else 2**31 - 1
+    mp.split_mode, mp.main_gpu = L.LLAMA_SPLIT_MODE_NONE, 0
+    devices = (ctypes.c_void_p * 2)(device, None)     # NULL-terminated; empty: the CPU alone
+    mp.devices = ctypes.cast(devices, ctypes.c_void_p).value
     model = L.llama_model_load_from_file(str(path).encode(), mp)
     if not model:
-        raise ModelLoadError(f"{path}: llama.cpp's CPU backend could not load the file for the device check")
+        raise ModelLoadError(f"{path}: llama.cpp {'CPU backend ' if on_cpu else ''}could not load the file for the "
+                             "device check")
     n = len(ids)
     try:
         cp = L.llama_context_default_params()
@@ -58,10 +68,11 @@ def cpu_logits(path: Path, ids: Sequence[int], *, n_threads: int = 0, flash_attn
         cp.n_threads = cp.n_threads_batch = threads
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = cp.type_v = GGML_KV_TYPES[kv_type]
-        cp.offload_kqv, cp.op_offload, cp.no_perf = False, False, True
+        cp.offload_kqv = cp.op_offload = not on_cpu
+        cp.no_perf = True
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
-            raise ModelLoadError(f"{path}: llama.cpp's CPU backend could not create a context for the device check")
+            raise ModelLoadError(f"{path}: llama.cpp could not create a context for the device check")
         try:
             return _decode_all(L, ctx, model, ids)
         finally:
