@@ -4,8 +4,9 @@ and remembered for the next start.
 With the llama.cpp runner (the default) the model is loaded as `serve` would place it (every
 layer that fits on the GPU, or as --n-gpu-layers and the other placement flags say) and compared
 with llama.cpp's CPU backend on the same file. With `--engine torch` on a CUDA or ROCm device the
-torch runner there is compared with the torch runner on the CPU (its CPU path); without such a
-device it refuses, saying so. Exit status: 0 agrees, 1 differs, 2 bad input or nothing to check.
+torch runner there is compared with the torch runner on the CPU (its CPU path), as at every such
+start (device_check.checked_torch); without such a device it refuses, saying so. Exit status: 0
+agrees, 1 differs, 2 bad input or nothing to check.
 """
 from __future__ import annotations
 
@@ -72,38 +73,26 @@ def llamacpp_verdict(cfg: config.EngineConfig, reference: Path | None = None):
 
 def torch_verdict(cfg: config.EngineConfig, allow_cpu: bool = False):
     """The torch runner on its CUDA or ROCm device against the torch runner on the CPU (the same
-    code on its CPU path). `allow_cpu`: a CPU stands in for the device (tests; nothing to learn
-    on a machine)."""
+    code on its CPU path): the start's check (device_check.checked_torch), measured afresh and
+    remembered. `allow_cpu`: no refusal before loading where torch sees no GPU (tests, with the
+    CPU standing in for the device)."""
     import torch
 
-    from .engine import device_check as dc
-    from .engine.device_reference import device_logits, driver_version
+    from .engine.device_check import NO_GPU, VerdictCache, checked_torch
     from .engine.runners import make_runner
     from .errors import ModelLoadError
     from .models import resolve
 
-    if cfg.torch_device == "cpu" and not allow_cpu or (cfg.torch_device == "auto" and not torch.cuda.is_available()
-                                                      and not allow_cpu):
-        raise ModelLoadError("--engine torch: no CUDA or ROCm device here (torch.cuda.is_available() is false, "
-                             "or --torch-device cpu): the torch runner's CPU path has nothing to be compared with")
+    no_gpu = ModelLoadError("--engine torch: no CUDA or ROCm device here (torch.cuda.is_available() is false, or "
+                            "--torch-device cpu): the torch runner's CPU path has nothing to be compared with")
+    if not allow_cpu and (cfg.torch_device == "cpu" or not torch.cuda.is_available()):
+        raise no_gpu
     ref = resolve(cfg.model)
     dev = make_runner(cfg, ref.path, ref.alias)
     try:
-        name = dev.info.settings["device"]
-        desc = torch.cuda.get_device_name(torch.device(name)) if name.startswith("cuda") else "the CPU (standing in)"
-        target = dc.Target(name, desc, "every layer", 0)
-        backend = f"torch {torch.__version__}" + (f", HIP {torch.version.hip}" if torch.version.hip
-                                                  else f", CUDA {torch.version.cuda}" if torch.version.cuda else "")
-
-        def cpu_path(ids):
-            cpu = make_runner(dataclasses.replace(cfg, torch_device="cpu", torch_kernels="off", torch_graphs="off"),
-                              ref.path, ref.alias)
-            try:
-                return device_logits(cpu, ids)
-            finally:
-                cpu.close()
-
-        return dc.run(dev, target, cpu_path, backend, driver_version(name, desc), "", dc.TOLERANCE)
+        verdict = checked_torch(dev, cfg, VerdictCache(), fresh=True)
     finally:
         dev.close()
-
+    if verdict.verdict == "skipped" and verdict.why == NO_GPU:
+        raise no_gpu
+    return verdict

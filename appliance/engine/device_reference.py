@@ -7,9 +7,11 @@ nor its "op offload" of big batches reach the GPU) reading the file through its 
 (the page cache holds it once), and a context just big enough for the text.
 
 The key: the model file's sha256 (remembered by path, size and mtime, so a restart does not read
-70 GB again), llama.cpp's build (llama-cpp-python's version and the size and mtime of each of its
-native libraries: a rebuild is another build), the device's name and description, and the
-driver's version (the Vulkan loader's driverVersion, else the kernel module's version).
+70 GB again; for the torch runner's checkpoint directory, the sha256 of its files' listing),
+llama.cpp's build (llama-cpp-python's version and the size and mtime of each of its native
+libraries: a rebuild is another build; the torch runner's: device_check_torch.py), the device's
+name and description, and the driver's version (the Vulkan loader's driverVersion, else the
+kernel module's version).
 """
 from __future__ import annotations
 
@@ -133,7 +135,12 @@ def driver_version(name: str, description: str) -> str:
 
 
 def model_sha256(path: Path, memo_dir: Path | None) -> str:
-    """The file's sha256, remembered in `memo_dir` by its real path, size and mtime."""
+    """The file's sha256, remembered in `memo_dir` by its real path, size and mtime. A checkpoint
+    directory (the torch runner's): the sha256 of a listing of its files, each one's path within
+    it, size and mtime in name order: not of their contents, so a file rewritten with the same
+    size and mtime is the same model to it, and a copied directory (new mtimes) another."""
+    if path.is_dir():
+        return listing_sha256(path)
     st = path.stat()
     key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
     memo = memo_dir / "sha256.json" if memo_dir is not None else None
@@ -159,3 +166,12 @@ def model_sha256(path: Path, memo_dir: Path | None) -> str:
         except OSError:
             pass
     return digest
+
+
+def listing_sha256(directory: Path) -> str:
+    """The sha256 of a directory's files listed by relative path, size and mtime (ns), sorted."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in directory.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(directory).as_posix()}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()

@@ -50,6 +50,7 @@ class DeviceVerdict:
     cpu_s: float = 0.0
     why: str = ""                          # skipped: why
     cached: bool = False
+    engine: str = "llamacpp"               # whose CPU side: llamacpp (its CPU backend) | torch (its CPU path)
 
     def report(self, mode: str) -> dict:
         """/health's settings.device_check."""
@@ -57,10 +58,12 @@ class DeviceVerdict:
 
     def refusal(self) -> str:
         """The start's refusal: the device, the build and what differed."""
+        cpu, flag, build = (("the torch runner's CPU path", "--torch-device cpu", "torch") if self.engine == "torch"
+                            else ("llama.cpp's CPU backend", "--n-gpu-layers 0", "llama.cpp"))
         return (f"the device check failed: {self.device} (driver {self.driver}; {self.build}) does not compute "
-                f"what llama.cpp's CPU backend computes on the same file ({self.checked}): "
-                f"{'; '.join(self.differed)}. Serve on the CPU (--n-gpu-layers 0), change the driver or the "
-                "llama.cpp build, or start anyway with --device-check warn")
+                f"what {cpu} computes on the same file ({self.checked}): "
+                f"{'; '.join(self.differed)}. Serve on the CPU ({flag}), change the driver or the "
+                f"{build} build, or start anyway with --device-check warn")
 
     def describe(self) -> str:
         if self.verdict == "skipped":

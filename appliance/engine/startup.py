@@ -1,7 +1,8 @@
 """Engine start-up: from a config to a loaded, warm engine whose parts are wired together.
 
     tuned plan -> runner -> warm-up -> prompt builder
-               -> device check: the GPU's logits against llama.cpp's CPU backend's (device_check.py)
+               -> device check: the GPU's logits against the CPU's (llama.cpp's CPU backend or the
+                  torch runner's CPU path; device_check.py)
                -> speculation: exactness check, measured costs, draft model -> policy
                -> prefill grid: chunk-invariance check -> prompt cache (slot, RAM and disk tiers)
                -> scheduler
@@ -87,7 +88,7 @@ def start(cfg: EngineConfig, emit: Callable[[Event], None]) -> Engine:
                           prompt_cache=cfg.prompt_cache, plan=plan.as_dict())
     prompts = PromptBuilder(runner, info, cfg.template_kwargs(), cfg.reasoning_format)
     warm_up(runner, info)
-    info = _with_settings(info, device_check=device_check.at_start(cfg.device_check, runner))
+    info = _with_settings(info, device_check=device_check.at_start(cfg.device_check, runner, cfg=cfg))
     spec = speculation(cfg, runner)
     grid, reuse = prefill_grid(cfg, runner)
     info = _with_settings(info, speculation=_speculation_report(spec), prompt_cache_reuse=reuse)

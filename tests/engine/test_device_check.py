@@ -1,8 +1,8 @@
 """The device check (issue 72) on the CPU: the comparison's figures, the tolerance and what it
 names, the remembered verdicts and their key, the flag, and the check's whole path on llama.cpp
 with the CPU standing in for the device (a CPU-only machine has no other): the same file agrees,
-a copy with one tensor corrupted differs and the start is refused. The device itself:
-tests/engine/test_vulkan.py."""
+a copy with one tensor corrupted differs and the start is refused. The torch runner's:
+test_device_check_torch.py. The device itself: tests/engine/test_vulkan.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -203,24 +203,3 @@ def test_the_model_sha256_is_remembered_by_path_size_and_mtime(tiny, tmp_path):
     assert ref.model_sha256(good, tmp_path) == want
     memo = (tmp_path / "sha256.json").read_text()
     assert want in memo and ref.model_sha256(good, tmp_path) == want
-
-
-# -- the torch runner: its device against its CPU path (`appliance check --engine torch`) -------------
-
-def test_the_torch_runner_without_a_gpu_is_refused_clearly(tiny, monkeypatch):
-    torch = pytest.importorskip("torch")
-    from appliance.check_command import torch_verdict
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # as on a machine without one
-    with pytest.raises(ModelLoadError, match="no CUDA or ROCm device here"):
-        torch_verdict(EngineConfig(model=str(tiny[0]), engine="torch", n_ctx=256, n_slots=1, plan="off"))
-
-
-def test_the_torch_comparison_path_with_the_cpu_twice_agrees(tiny):
-    pytest.importorskip("torch")
-    from appliance.check_command import torch_verdict
-
-    v = torch_verdict(EngineConfig(model=str(tiny[0]), engine="torch", torch_device="cpu", n_ctx=256, n_slots=1,
-                                   plan="off"), allow_cpu=True)
-    assert v.verdict == "agrees" and v.comparison["argmax_agree"] == 1.0, v.describe()
-    assert v.device.startswith("cpu") and "torch" in v.build
