@@ -12,14 +12,17 @@ In-process engines (engine/loop.py), one after another, each on the same request
    the fixed shape's exactness, a fixed-shape step's time over a plain step's, chosen or why not).
 2. `--fixed-shape off`: plain serial decoding, the rate to beat.
 3. `--fixed-shape on` (forced): serial, then lookup (or, with --mtp-fixture, the MTP head) on the
-   same requests. Identity: the speculative tokens equal the fixed-shape serial tokens. The rate:
-   tokens after the first over the engine's decode time (`timings.predicted_ms`), per request.
+   same requests, then the speculative mode again with drafting and verifying priced as free
+   (tests/engine/test_mtp.py's `drafting_free`: at a dear shape the policy may decline to draft,
+   and an identity without accepted drafts proves nothing). Identity: both speculative runs'
+   tokens equal the fixed-shape serial tokens. The rate: tokens after the first over the engine's
+   decode time (`timings.predicted_ms`), per request, of the policy's run.
 
 The requests are a bench prompt set's (tool-calls and editing-code: text the model copies, so
 lookup has drafts) and one that repeats itself; greedy, `--tokens` each. With --mtp-fixture the
 model is tests/engine/gguf_mtp_fixture.py's tiny glm4moe (random weights, an agreeing head): it
-shows identity, not a rate worth quoting. Prints one line per engine and a markdown table;
-exit 1 where an identity failed.
+shows identity, not a rate worth quoting; its requests are test_mtp.py's prompts. Prints one line
+per engine and a markdown table; exit 1 where an identity failed or no draft was accepted.
 """
 from __future__ import annotations
 
@@ -39,17 +42,22 @@ from appliance.bench import prompt_sets  # noqa: E402
 from appliance.config import EngineConfig  # noqa: E402
 from appliance.engine.loop import EngineLoop  # noqa: E402
 from appliance.engine.types import Delta, Done, Error  # noqa: E402
+from tests.engine.test_mtp import drafting_free  # noqa: E402
 from web import wire  # noqa: E402
 
 REPEAT = ("Repeat this list exactly, then once more:\n"
           + "\n".join(f"- item {i}: path/to/file_{i}.py, value {i * 7 % 11}" for i in range(12)))
 
 
-def requests(n_ctx: int, tokens: int, mode: str) -> list:
-    msgs = [[{"role": "user", "content": REPEAT}]]
-    for name in ("tool-calls", "editing-code"):
-        p = prompt_sets.load(name).prompts[0]
-        msgs.append(list(p.messages))
+def requests(n_ctx: int, tokens: int, mode: str, texts: tuple[str, ...] = ()) -> list:
+    """The bench's requests, or with `texts` one user message each (the MTP fixture's: the prompts
+    tests/engine/test_mtp.py shows its head's drafts accepted on)."""
+    msgs = [[{"role": "user", "content": t}] for t in texts]
+    if not texts:
+        msgs.append([{"role": "user", "content": REPEAT}])
+        for name in ("tool-calls", "editing-code"):
+            p = prompt_sets.load(name).prompts[0]
+            msgs.append(list(p.messages))
     out = []
     for m in msgs:
         body = {"messages": m, "max_tokens": tokens, "temperature": 0, "speculate": mode, "cache_prompt": False}
@@ -131,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_costs:
         args.n_ctx = args.n_ctx or 4096
         return step_costs(args.model, args)
-    model, mode = args.model, "lookup"
+    model, mode, texts = args.model, "lookup", ()
     if args.mtp_fixture:
         from tests.engine.gguf_mtp_fixture import write_tiny_mtp
-        model, mode = str(Path(tempfile.mkdtemp()) / "tiny-mtp.gguf"), "mtp"
+        from tests.engine.test_mtp import PROMPTS
+        model, mode, texts = str(Path(tempfile.mkdtemp()) / "tiny-mtp.gguf"), "mtp", PROMPTS
         write_tiny_mtp(model, agree=True)
     if args.n_ctx is None:
         args.n_ctx = 2048 if args.mtp_fixture else 4096
@@ -149,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     loop.close()
 
     loop = engine(model, args, fixed_shape="off", speculate="off")
-    plain = run(loop, requests(args.n_ctx, args.tokens, "off"))
+    plain = run(loop, requests(args.n_ctx, args.tokens, "off", texts))
     loop.close()
     loop = engine(model, args, fixed_shape="on")
     shape = loop.info.settings["speculation"]["decode_shape"]
@@ -158,27 +167,34 @@ def main(argv: list[str] | None = None) -> int:
         report["forced"] = shape
         _write(args.json, report)
         return 1
-    serial = run(loop, requests(args.n_ctx, args.tokens, "off"))
-    drafted = run(loop, requests(args.n_ctx, args.tokens, mode))
+    serial = run(loop, requests(args.n_ctx, args.tokens, "off", texts))
+    drafted = run(loop, requests(args.n_ctx, args.tokens, mode, texts))
+    # the policy may decline to draft at a dear shape: identity on accepted drafts needs them priced free
+    free = run(drafting_free(loop), requests(args.n_ctx, args.tokens, mode, texts))
     loop.close()
-    same = [a[0] == b[0] for a, b in zip(serial, drafted)]
+    same = [a[0] == b[0] for a, b in zip(serial, drafted)] + [a[0] == b[0] for a, b in zip(serial, free)]
     report["forced"] = {
         "decode_shape": shape, "identical": same,
         "plain_serial_tok_s": round(rate(plain), 1), "fixed_serial_tok_s": round(rate(serial), 1),
         f"fixed_{mode}_tok_s": round(rate(drafted), 1),
         "tokens_per_step": [round(d.timings.tokens_per_step, 2) for _, d in drafted],
         "drafted": sum(d.timings.draft_n for _, d in drafted),
-        "accepted": sum(d.timings.draft_n_accepted for _, d in drafted)}
+        "accepted": sum(d.timings.draft_n_accepted for _, d in drafted),
+        "priced_free": {"drafted": sum(d.timings.draft_n for _, d in free),
+                        "accepted": sum(d.timings.draft_n_accepted for _, d in free)}}
     f = report["forced"]
     print("| device | policy (auto) | fixed step / plain step | identical | plain serial tok/s | fixed serial | "
-          f"fixed {mode} | tokens/step |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"fixed {mode} | tokens/step | drafted / accepted | priced free: drafted / accepted |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| n_gpu_layers={args.n_gpu_layers} | {report['auto']['decode_shape']['mode']} "
           f"({report['auto']['decode_shape']['why']}) | {shape['overhead']} | {sum(same)}/{len(same)} | "
           f"{f['plain_serial_tok_s']} | {f['fixed_serial_tok_s']} | {f[f'fixed_{mode}_tok_s']} | "
-          f"{', '.join(map(str, f['tokens_per_step']))} |")
+          f"{', '.join(map(str, f['tokens_per_step']))} | {f['drafted']} / {f['accepted']} | "
+          f"{f['priced_free']['drafted']} / {f['priced_free']['accepted']} |")
     _write(args.json, report)
-    return 0 if all(same) else 1
+    if not f["priced_free"]["accepted"]:
+        print("no draft was accepted even priced free: the identity says nothing about accepted drafts")
+    return 0 if all(same) and f["priced_free"]["accepted"] else 1
 
 
 def _write(path: str | None, report: dict) -> None:

@@ -51,14 +51,17 @@ def chat(text: str, mode: str, temperature: float = 0.0, seed: int | None = None
 
 def drafting_free(loop: EngineLoop) -> EngineLoop:
     """The engine with drafting and verifying priced as free, so that every step drafts up to 6
-    tokens; `measured` keeps what start-up decided."""
+    tokens; `measured` keeps what start-up decided. (scripts/fixed_shape_ab.py uses it too: an
+    identity on accepted drafts, not on a policy that declined to draft; lookup has no drafter.)"""
     sp = loop.scheduler.spec
     loop.measured = sp.policy
-    free = dataclasses.replace(sp.drafter.cost, unit=0.0)
-    sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)), draft=free,
+    sp.policy = dataclasses.replace(sp.policy, cost=speculate.CostModel((1, 16), (1.0, 1.0)),
                                     k_max=min(6, sp.policy.k_max))   # a fixed shape's rows less one
-    sp.drafter.cost = free
-    sp.drafter.observe = lambda *a: None   # keep drafting free
+    if sp.drafter is not None:
+        free = dataclasses.replace(sp.drafter.cost, unit=0.0)
+        sp.policy = dataclasses.replace(sp.policy, draft=free)
+        sp.drafter.cost = free
+        sp.drafter.observe = lambda *a: None   # keep drafting free
     return loop
 
 
