@@ -180,17 +180,19 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_step": [round(d.timings.tokens_per_step, 2) for _, d in drafted],
         "drafted": sum(d.timings.draft_n for _, d in drafted),
         "accepted": sum(d.timings.draft_n_accepted for _, d in drafted),
+        "serial_equals_plain": [a[0] == b[0] for a, b in zip(plain, serial)],
         "priced_free": {"drafted": sum(d.timings.draft_n for _, d in free),
                         "accepted": sum(d.timings.draft_n_accepted for _, d in free)}}
     f = report["forced"]
     print("| device | policy (auto) | fixed step / plain step | identical | plain serial tok/s | fixed serial | "
-          f"fixed {mode} | tokens/step | drafted / accepted | priced free: drafted / accepted |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"fixed {mode} | tokens/step | drafted / accepted | priced free: drafted / accepted | fixed serial = plain serial |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| n_gpu_layers={args.n_gpu_layers} | {report['auto']['decode_shape']['mode']} "
           f"({report['auto']['decode_shape']['why']}) | {shape['overhead']} | {sum(same)}/{len(same)} | "
           f"{f['plain_serial_tok_s']} | {f['fixed_serial_tok_s']} | {f[f'fixed_{mode}_tok_s']} | "
           f"{', '.join(map(str, f['tokens_per_step']))} | {f['drafted']} / {f['accepted']} | "
-          f"{f['priced_free']['drafted']} / {f['priced_free']['accepted']} |")
+          f"{f['priced_free']['drafted']} / {f['priced_free']['accepted']} | "
+          f"{sum(f['serial_equals_plain'])}/{len(f['serial_equals_plain'])} |")
     _write(args.json, report)
     if not f["priced_free"]["accepted"]:
         print("no draft was accepted even priced free: the identity says nothing about accepted drafts")

@@ -426,20 +426,28 @@ def check_device(out: Path, ctx: dict) -> list[Row]:
 
 def check_fixed_shape(out: Path, ctx: dict) -> list[Row]:
     """Issue 72: fixed-shape decode on Vulkan0 (scripts/fixed_shape_ab.py, in a child): what the
-    policy chooses, the fixed shape's step against a plain one, and lookup's identity and rate."""
-    report = out / "fixed-shape-ab.json"
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("fixed_shape_ab.py")), *MODEL,
-                          "--n-gpu-layers", "all", "--tokens", "24", "--json", str(report)],
-                         capture_output=True, text=True, timeout=1800)
-    if not report.exists():
-        return [Row("fixed shape", run.stderr[-300:], "scripts/fixed_shape_ab.py", "FAIL")]
-    r = json.loads(report.read_text())
-    auto, f = r["auto"]["decode_shape"], r.get("forced", {})
-    rates = ", ".join(f"{k} {v}" for k, v in f.items() if k.endswith("tok_s"))
-    return [Row("fixed shape (issue 72)", f"auto: {auto['mode']} ({auto['why']}); forced: identical "
-                f"{sum(f.get('identical', []))}/{len(f.get('identical', []))}; {rates}",
-                f"{MODEL_NAME}, all layers on Vulkan0, {r['rows']} rows, {r['tokens']} tokens a request, one at a time",
-                "ok" if run.returncode == 0 else "FINDING")]
+    policy chooses, the fixed shape's step against a plain one, lookup's identity and rate on the
+    model, and the MTP fixture's identity with drafts priced free (its head's drafts accepted)."""
+    rows = []
+    for name, args, what in (("fixed-shape-ab", [*MODEL, "--tokens", "24"], f"{MODEL_NAME}, lookup"),
+                             ("fixed-shape-mtp", ["--mtp-fixture", "--tokens", "40"], "the MTP fixture (random)")):
+        report = out / f"{name}.json"
+        run = subprocess.run([sys.executable, str(Path(__file__).with_name("fixed_shape_ab.py")), *args,
+                              "--n-gpu-layers", "all", "--json", str(report)], capture_output=True, text=True,
+                             timeout=3600)
+        if not report.exists():
+            rows.append(Row(f"fixed shape, {what}", run.stderr[-300:], "scripts/fixed_shape_ab.py", "FAIL"))
+            continue
+        r = json.loads(report.read_text())
+        auto, f = r["auto"]["decode_shape"], r.get("forced", {})
+        rates = ", ".join(f"{k} {v}" for k, v in f.items() if k.endswith("tok_s"))
+        free = f.get("priced_free", {})
+        rows.append(Row(f"fixed shape (issue 72), {what}", f"auto: {auto['mode']} ({auto['why']}); forced: identical "
+                        f"{sum(f.get('identical', []))}/{len(f.get('identical', []))}; {rates}; drafted / accepted "
+                        f"{f.get('drafted')} / {f.get('accepted')}, priced free {free.get('drafted')} / "
+                        f"{free.get('accepted')}", f"all layers on Vulkan0, {r['rows']} rows, {r['tokens']} tokens a "
+                        "request, one at a time", "ok" if run.returncode == 0 else "FINDING"))
+    return rows
 
 
 CHECKS = {"hostcheck": check_hostcheck, "fit": check_fit, "serve": check_serve, "moe": check_moe,
