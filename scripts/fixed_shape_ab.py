@@ -3,7 +3,7 @@
 whether speculation at the fixed shape gives serial decoding's tokens, and what it is worth.
 
     python scripts/fixed_shape_ab.py [--model M.gguf | --mtp-fixture] [--n-gpu-layers all] [--rows 5]
-                                     [--tokens 64] [--json OUT.json]
+                                     [--tokens 64] [--text MESSAGE ...] [--json OUT.json]
     python scripts/fixed_shape_ab.py --step-costs [--model M.gguf] [--repeats 15] [--rounds 3]
 
 In-process engines (engine/loop.py), one after another, each on the same requests:
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-gpu-layers", default="auto")
     ap.add_argument("--rows", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--text", action="append", default=[],
+                    help="a request's user message instead of the bench's (repeatable): short ones for a slow device")
     ap.add_argument("--n-ctx", type=int, help="default 4096; 2048 for --mtp-fixture, its trained context")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--step-costs", action="store_true", help="only time a step plain and at 2, 3, 5, 9 rows")
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_costs:
         args.n_ctx = args.n_ctx or 4096
         return step_costs(args.model, args)
-    model, mode, texts = args.model, "lookup", ()
+    model, mode, texts = args.model, "lookup", tuple(args.text)
     if args.mtp_fixture:
         from tests.engine.gguf_mtp_fixture import write_tiny_mtp
         from tests.engine.test_mtp import PROMPTS
