@@ -7,7 +7,9 @@ whose one tensor (blk.1.ffn_down.weight, on the device) has every sign bit flipp
 device, while the CPU side reads the original. It is honest: the device really computes with the
 corrupted bytes through its own shaders, exactly as a device whose copy or kernel went wrong
 would, and nothing on the device side knows; only the reference differs, as the CPU's would from
-a faulty GPU's. The start is refused, naming the device, the build and what differed.
+a faulty GPU's. The start is refused, naming the device, the build and what differed. The same
+for a model whose CPU side is made not to fit: its first and last layers, as a model of their
+own, on the device (device_partial.py).
 """
 from __future__ import annotations
 
@@ -70,3 +72,42 @@ def test_a_corrupted_tensor_on_the_device_is_caught_and_the_start_refused(models
         assert engine.info.settings["device_check"]["verdict"] == "differs"
     finally:
         engine.close()
+
+
+# -- a model whose CPU side does not fit: its first and last layers on the device (device_partial.py) --
+
+@pytest.fixture(scope="module")
+def six(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vkslice")
+    good = write_tiny(d / "tiny6.gguf", "llama", n_layer=6)
+    return good, corrupt_copy(good, d / "tiny6-corrupt.gguf", "blk.5.ffn_down.weight")
+
+
+def test_a_model_too_big_for_its_cpu_side_is_checked_by_its_slice_on_the_device(six, tmp_path, monkeypatch):
+    import dataclasses
+
+    from appliance.engine import device_check as dc
+    from appliance.engine import device_slice
+
+    good, bad = six
+    real_target, real_logits = dc.llamacpp_target, ref.file_logits
+    monkeypatch.setattr(dc, "llamacpp_target", lambda r: dataclasses.replace(real_target(r), cpu_side_bytes=2**50))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    engine = start(good)
+    try:
+        got = engine.info.settings["device_check"]
+    finally:
+        engine.close()
+    assert got["verdict"] == "agrees", got
+    assert got["checked"].startswith(f"layers 0, 1, 4, 5 of 6 and the output head, as a 4-layer model on {DEVICE.name}")
+    assert got["comparison"]["argmax_agree"] >= 0.9 and got["device_s"] > 0 and got["cpu_s"] > 0
+
+    def cpu_reads_the_original(path, ids, device, **kw):   # the device slices the corrupted copy
+        if device is None:
+            device_slice.write(good, path.with_name("good-slice.gguf"))
+            path = path.with_name("good-slice.gguf")
+        return real_logits(path, ids, device, **kw)
+
+    monkeypatch.setattr(ref, "file_logits", cpu_reads_the_original)
+    with pytest.raises(ModelLoadError, match=rf"the device check failed: {DEVICE.name} .*layers 0, 1, 4, 5 of 6"):
+        start(bad)
