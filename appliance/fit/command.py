@@ -188,17 +188,26 @@ def _model(args: argparse.Namespace) -> ModelFacts:
         raise BadInput(f"--model {args.model}: not a GGUF it can read: {e}") from None
 
 
-def _check_cost(m: ModelFacts, p) -> tuple[float, int, int] | None:
-    """(seconds, tokens, cores) of the device check's CPU side where a GPU holds layers, on
-    this host's physical cores (check_cost.py); None with no layer on a GPU."""
+def _check_cost(m: ModelFacts, p) -> tuple[float, int, int, str] | None:
+    """(seconds, tokens, cores, what) of the device check's CPU side where a GPU holds layers, on
+    this host's physical cores (check_cost.py): the whole model, or where its CPU side (what the
+    GPUs hold and 64 MiB) would not fit in the host's headroom, its first and last layers; None
+    with no layer on a GPU."""
     import psutil
 
-    from .check_cost import CHECK_TOKENS, check_seconds
+    from .check_cost import CHECK_TOKENS, check_seconds, slice_layers
 
     if p.n_gpu_layers <= 0:
         return None
     cores = psutil.cpu_count(logical=False) or 1
-    return round(check_seconds(m, cores), 1), CHECK_TOKENS, cores
+    cpu = p.use.get("CPU")
+    whole = sum(sum(u.weights.values()) for name, u in p.use.items() if name != "CPU") + 64 * 2**20
+    if cpu is not None and whole > cpu.headroom:
+        layers = slice_layers(m)
+        return (round(check_seconds(m, cores, layers=layers), 1), CHECK_TOKENS, cores,
+                f"layers {', '.join(map(str, sorted(layers)))} and the output head: the whole model's CPU side, "
+                f"{whole / 2**30:.1f} GiB, would not fit beside the plan")
+    return round(check_seconds(m, cores), 1), CHECK_TOKENS, cores, "the whole model"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,9 +225,10 @@ def run(args: argparse.Namespace) -> int:
     cost = _check_cost(m, p)
     if args.json:
         print(json.dumps({"model": m.name, "weight_bytes": m.weight_bytes, "context": how, **p.to_dict(),
-                          "device_check_s": cost[0] if cost else None}, indent=2))
+                          "device_check_s": cost[0] if cost else None,
+                          "device_check_covers": cost[3] if cost else None}, indent=2))
     else:
         print(render(m, p) + f"context: {how}\n" + (f"device check at its first start: about {cost[0]:.0f} s "
-                                                      f"of CPU ({cost[1]} tokens on {cost[2]} cores)\n" if cost else ""),
-              end="")
+                                                      f"of CPU ({cost[1]} tokens on {cost[2]} cores; {cost[3]})\n"
+                                                      if cost else ""), end="")
     return 0 if p.fits else 1
