@@ -39,7 +39,7 @@ from ..config import EngineConfig, default_data_dir
 from ..errors import ModelLoadError
 from . import device_check_torch as dct, device_reference as ref
 from .device_partial import partial
-from .device_verdict import CHECK_TEXT, NO_GPU, TOLERANCE, DeviceVerdict, Target, check_ids
+from .device_verdict import CHECK_TEXT, MARGIN, NO_GPU, TOLERANCE, DeviceVerdict, Target, check_ids
 from .logit_compare import LogitComparison, Tolerance, compare, departures
 from .runners.base import ModelRunner
 
@@ -57,7 +57,7 @@ def llamacpp_target(runner: ModelRunner) -> Target | None:
     output = any(placed.placement.where.get(t.name, "CPU") != "CPU" for t in placed.facts.tensors if t.role == "output")
     weights = sum(sum(u.weights.values()) for name, u in placed.placement.use.items() if name != "CPU")
     return Target(dev.name, dev.description, f"{on_gpu} of {n_layer} layers{' and the output' if output else ''}",
-                  weights + 64 * 2**20, dev.handle, dev.host_memory or dev.kind == "igpu")
+                  weights + MARGIN, dev.handle, dev.host_memory)
 
 
 def torch_target(runner: ModelRunner, cfg: EngineConfig) -> Target | None:

@@ -21,12 +21,11 @@ import gguf
 
 from ..errors import ModelLoadError
 from . import device_reference as ref, device_slice
-from .device_verdict import DeviceVerdict, Target, check_ids
+from .device_verdict import MARGIN, DeviceVerdict, Target, check_ids
 from .logit_compare import Tolerance, compare, departures
 from .runners import ggml_devices
 from .runners.base import ModelRunner
 
-MARGIN = 64 * 2**20          # a context and its buffers for about 100 tokens
 # A model of four layers predicts poorly (the embedded model's slice: perplexity 1.8e8), so its
 # logits are flatter and rounding moves them more than the whole model's. Measured on this CPU
 # (the embedded model's slice, the CPU backend against itself with flash attention on, or with

@@ -21,6 +21,7 @@ CHECK_TEXT = ("The lighthouse stood on a low island of black rock, two miles fro
 MIN_TOKENS, MAX_TOKENS = 64, 128
 TOLERANCE = Tolerance()
 NO_GPU = "no layer on a GPU"
+MARGIN = 64 * 2**20   # beyond a side's weights: a context and its buffers for about 100 tokens
 
 
 @dataclass(frozen=True)
