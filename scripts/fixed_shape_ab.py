@@ -5,6 +5,7 @@ whether speculation at the fixed shape gives serial decoding's tokens, and what 
     python scripts/fixed_shape_ab.py [--model M.gguf | --mtp-fixture] [--n-gpu-layers all] [--rows 5]
                                      [--tokens 64] [--text MESSAGE ...] [--json OUT.json]
     python scripts/fixed_shape_ab.py --step-costs [--model M.gguf] [--repeats 15] [--rounds 3]
+    python scripts/fixed_shape_ab.py --windows [--model M.gguf] [--n-ctx 4096]
 
 In-process engines (engine/loop.py), one after another, each on the same requests:
 
@@ -123,6 +124,37 @@ def step_costs(model: str | None, args) -> int:
     return 0
 
 
+def windows(model: str | None, args) -> int:
+    """--windows: at the fixed shape, a verify against its steps (spec/probe.py's check_exact)
+    where its last step fills a KV window of 256, 512, 1,024, ... cells to the last cell (the
+    nearest a draft comes to a window's edge, Policy.draft_room: must be exact), and where its
+    steps' padding crosses into the next window (what the draft rule avoids: shows whether this
+    device's kernels depend on the window). Exit 1 where a verify inside a window differs."""
+    from appliance.engine.runners import make_runner
+    from appliance.engine.spec.probe import check_exact
+    from appliance.engine.startup import PROBE_TEXT
+    from appliance.models import resolve
+
+    ref, k = resolve(model), args.rows
+    runner = make_runner(EngineConfig(engine="llamacpp", model=model, n_ctx=args.n_ctx, n_slots=1, plan="off",
+                                      n_gpu_layers=args.n_gpu_layers), ref.path, ref.alias)
+    ids = runner.tokenize(PROBE_TEXT, add_special=False)
+    ids = (ids * (args.n_ctx // len(ids) + 1))[:args.n_ctx]
+    runner.set_decode_rows(k)
+    print("| window | prompt | verify and its last step | max \|logit difference\| | argmax differs |\n|---|---|---|---|---|")
+    ok, w = True, runner.kv_window
+    while w + k <= args.n_ctx:
+        for n, where in ((w - 2 * k + 1, f"both in {w}"), (w - k, f"{w} / {w + runner.kv_window}")):
+            t0 = time.perf_counter()
+            ex = check_exact(runner, 0, ids[:n], k=k - 1)
+            ok &= ex.exact or "/" in where
+            print(f"| {w} | {n} | {where} | {ex.max_abs_diff:.3g} | {ex.argmax_differs} of {ex.positions} "
+                  f"[{time.perf_counter() - t0:.1f} s] |", flush=True)
+        w *= 2
+    runner.close()
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF to serve (default: the embedded model)")
@@ -137,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-costs", action="store_true", help="only time a step plain and at 2, 3, 5, 9 rows")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--windows", action="store_true", help="only check a verify inside and across KV windows")
     args = ap.parse_args(argv)
-    if args.step_costs:
+    if args.step_costs or args.windows:
         args.n_ctx = args.n_ctx or 4096
-        return step_costs(args.model, args)
+        return (windows if args.windows else step_costs)(args.model, args)
     model, mode, texts = args.model, "lookup", tuple(args.text)
     if args.mtp_fixture:
         from tests.engine.gguf_mtp_fixture import write_tiny_mtp

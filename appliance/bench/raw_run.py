@@ -51,7 +51,8 @@ def speculative_run(w: Any, seqs: list[list[int]], n_gen: int) -> tuple[list[flo
     t0, steps = time.perf_counter(), 0
     while min(len(o) for o in out) < n_gen:
         live = [s for s in range(len(seqs)) if len(out[s]) < n_gen]
-        drafts = spec.propose([states[s] for s in live], [n_gen - len(out[s]) - 1 for s in live], live)
+        drafts = spec.propose([states[s] for s in live], [n_gen - len(out[s]) - 1 for s in live], live,
+                              [len(seqs[s]) + len(out[s]) - 1 for s in live])
         rows = _verify(w, [(s, (out[s][-1], *d), len(seqs[s]) + len(out[s]) - 1) for s, d in zip(live, drafts)])
         for s, d, got in zip(live, drafts, rows):
             n = next((i for i in range(len(d)) if got[i] != d[i]), len(d))   # drafts the target agreed with

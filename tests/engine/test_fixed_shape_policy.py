@@ -6,6 +6,7 @@ without timing anything. The real runner's exactness at the fixed shape is teste
 by test_speculate_identity.py and test_mtp.py."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -78,7 +79,8 @@ def test_the_double_is_inexact_plain_and_exact_at_a_fixed_shape():
     r = ShapedRunner()
     r.set_decode_rows(ROWS)
     assert check_exact(r, 0, IDS[:100], k=ROWS - 1).exact
-    assert positions(ROWS) == (251, 1019)   # the verify's KV window 256 cells, its last step's 512
+    # the verify's last step fills its KV window (256 cells, then 1,024) to the last cell
+    assert positions(ROWS) == (247, 1015) and 247 + 2 * ROWS - 1 == 256
 
 
 def test_the_policy_declines_a_dear_fixed_shape_and_says_why():
@@ -161,3 +163,69 @@ def test_spans_reach_the_double_as_asked():
     r = ShapedRunner()
     (rows,) = r.forward([Span(0, (1, 2, 3), 0, 3)])
     assert rows.shape == (3, 8)
+
+
+class WindowedRunner(ShapedRunner):
+    """... whose fixed-shape rows also depend on llama.cpp's KV window: the cells a forward fills
+    (its spare rows included) rounded up to 256, as lavapipe's kernels do from 1,024 cells. Its
+    greedy choice steps through a cycle of 8 tokens by 2 in windows of an odd count of 256
+    cells and by 1 in the others, so a row computed in another window than its step's is seen."""
+
+    kv_window = 256
+
+    def forward(self, spans):
+        out = []
+        for s in spans:
+            n = len(s.tokens)
+            used = s.start_pos + max(n, self.decode_rows)
+            odd = (-(-used // 256)) % 2
+            rows = np.zeros((n, 8), np.float32)
+            for i, t in enumerate(s.tokens):
+                rows[i, (t + 1) % 8] = 1.0
+                rows[i, (t + 2) % 8] = 0.5 + 0.75 * odd
+            out.append(rows[n - s.n_logits:])
+        return out
+
+
+def decode(runner, policy, prompt, n_gen, speculate: bool) -> tuple[list[int], int]:
+    """Greedy tokens after `prompt` as the scheduler makes them (a step, or a verify of a lookup
+    draft starting where the step would), and the drafted tokens accepted."""
+    sp = spec.Speculator(policy)
+    st = sp.start(prompt, "lookup") if speculate else None
+    (out,) = runner.forward([Span(0, tuple(prompt), 0, 1)])
+    toks = [int(out[-1].argmax())]
+    while len(toks) < n_gen:
+        start = len(prompt) + len(toks) - 1
+        draft = sp.propose([st], [n_gen - len(toks) - 1], [0], [start])[0] if st is not None else ()
+        (rows,) = runner.forward([Span(0, (toks[-1], *draft), start, 1 + len(draft))])
+        got = [int(r.argmax()) for r in rows]
+        n = next((i for i in range(len(draft)) if got[i] != draft[i]), len(draft))
+        new = got[:n + 1][:n_gen - len(toks)]
+        if st is not None:
+            sp.verified(st, len(new), new)
+            st.index.extend(new)
+        toks += new
+    return toks, sp.stats().draft_accepted
+
+
+def test_a_draft_stops_at_the_kv_windows_edge_so_every_row_is_computed_in_its_steps_window():
+    """A fixed-shape forward at p fills cells to p + rows: a verify at p is computed in the
+    window of p + rows and the step at p + j in that of p + j + rows. Drafts stop where those
+    differ, so on a runner whose rows depend on the window the output equals the steps' across
+    the edges at 256, 512 and 768 cells; without the rule it does not."""
+    r = WindowedRunner()
+    shape, ex, cost = fixed_shape("auto", ROWS, r, IDS, memo(1.0), plain_exactness())
+    assert shape.mode == "fixed" and shape.window == 256 and ex.exact        # probed at 247 and 1,015
+    policy = spec.decide("auto", False, ex, cost, shape=shape)
+    assert policy.window == 256
+    assert [policy.draft_room(100, at) for at in (246, 247, 248, 251, 252, 507)] == [4, 4, 3, 0, 4, 0]
+    assert spec.Policy(k_max=4).draft_room(100, 251) == 4                     # a plain policy: no window
+    with pytest.raises(ValueError, match="needs their positions"):
+        sp = spec.Speculator(policy)
+        sp.propose([sp.start([1, 2, 3] * 9, "lookup")], [10], [0])
+    prompt = [i % 8 for i in range(200)]
+    serial, _ = decode(r, policy, prompt, 600, speculate=False)
+    spec_toks, accepted = decode(r, policy, prompt, 600, speculate=True)
+    assert accepted > 300 and spec_toks == serial
+    unruled, accepted = decode(r, replace(policy, window=0), prompt, 600, speculate=True)
+    assert accepted > 300 and unruled != serial

@@ -16,19 +16,27 @@ batch that asks for fewer output rows computes its last layer's FFN on those row
   on all K rows), and those cells are removed right after (`llama_memory_seq_rm`). A real row
   never sees them: the causal mask hides every later position from a row, exactly as a verify's
   drafted rows are hidden from its first. They cost compute, never output.
-- What still varies, and why it is exact: the KV window n_kv (the used cells padded to 256) can
-  differ between a verify and the step at one of its positions; the extra cells are masked,
-  softmax gives them exact zeros, and tinyBLAS and vec_dot accumulate per output element over
-  the whole key range, so adding zero products leaves every sum as it was. The row's index in
+- The KV window: attention runs over n_kv cells, the used cells padded to 256
+  (`llama_kv_cache::get_n_kv`), and a fixed-shape forward at position p fills cells up to
+  p + K, its spare rows included. So a verify at p has the window of p + K and the step at
+  p + j that of p + j + K: they differ where a 256-cell edge lies between. The masked cells
+  add exact zeros, and on this CPU tinyBLAS and vec_dot sum each output element over the whole
+  key range, so the sums do not change; lavapipe's kernels do change with the window from
+  1,024 cells (stop 77 measured a 0.0109 logit difference there). So a draft stops where its
+  steps' windows would leave the verify's (`Policy.draft_room`, `kv_window`): every row sees
+  the window it sees at a step, and on any backend a row's kernels are the same. The start-up
+  probe checks a verify whose last step fills its window to the last cell. The row's index in
   the batch does not matter: each output element is one dot product over the inner dimension.
-  The start-up probe crosses a 256-cell boundary to check this on the loaded build.
 - Several streams: one llama_decode carries the fixed-shape spans of up to
   min(n_batch, n_ubatch) // K streams, each K rows; with a KV stream per slot llama.cpp's equal
-  split keeps them in one micro-batch, and attention is computed per stream at K query rows, so a
-  stream's rows are those it gets alone (the identity tests decode two streams together). Spans
-  cut short at the context's end (fewer than K positions left) run in calls of their own, so
-  they never split another stream's batch; the speculator drafts only where a verify's rows and
-  every step among them get K rows (`Policy.pad`).
+  split keeps them in one micro-batch, and attention is computed per stream at K query rows. The
+  window is the widest of the streams in the call, so a stream's rows are those it gets alone
+  where the kernels do not depend on the window (this CPU: the identity tests decode two streams
+  together); where they do (lavapipe from 1,024 cells) streams decoded together may differ from
+  one decoded alone, with speculation or without, as any batching does. Spans cut short at the
+  context's end (fewer than K positions left) run in calls of their own, so they never split
+  another stream's batch; the speculator drafts only where a verify's rows and every step among
+  them get K rows (`Policy.pad`).
 - Not here: a KV pool the slots share (--kv-unified): cells there depend on the other slots,
   and the padding would take the pool's cells; the mode is not offered there.
 """
@@ -40,11 +48,14 @@ import llama_cpp as L
 
 from .base import Span
 
+KV_WINDOW = 256   # llama.cpp pads its KV window to this many cells (max(n_pad, 256) in get_n_kv)
+
 
 class FixedShape:
     """A mixin of LlamaCppRunner: `set_decode_rows(K)` turns the fixed shape on (0: plain)."""
 
     decode_rows: int = 0
+    kv_window: int = KV_WINDOW
 
     def set_decode_rows(self, rows: int) -> None:
         """Decode-family spans (every row's logits wanted, at most `rows` tokens) run at `rows`

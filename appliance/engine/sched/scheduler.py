@@ -329,7 +329,8 @@ class Scheduler:
             pool, growing = self.pool, sum(not a.reserved for a in decoding)
             self._evict_until(lambda: pool.free(self.slots, self._idle_cells) >= growing)
             rooms = pool.grant(decoding, rooms, pool.free(self.slots, self._idle_cells))
-        drafts = self.spec.propose([a.spec for a in decoding], rooms, [a.slot for a in decoding]) if decoding else []
+        drafts = self.spec.propose([a.spec for a in decoding], rooms, [a.slot for a in decoding],
+                                   [a.n_past for a in decoding]) if decoding else []
         prefilling = sorted((a for a in self.slots if a is not None and a.prefilling and a.lora == lora),
                             key=lambda a: a.t_submit)
         return plan_step(decoding, drafts, prefilling, self.grid, self.cfg.step_token_budget)

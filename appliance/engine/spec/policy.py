@@ -32,6 +32,7 @@ class DecodeShape:
     plain_step_ms: float | None = None
     fixed_step_ms: float | None = None
     why: str = ""
+    window: int = 0                  # the runner's KV window granule a verify must not cross (0: none)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -52,7 +53,22 @@ class Policy:
     no_mtp: str = "this server has no MTP head"   # why a request may not ask for "mtp"
     shape: DecodeShape | None = None  # the decode shape chosen at start (spec/shape.py)
     pad: int = 0                   # spare rows after a verify's last: a draft stops this far before the end
+    window: int = 0                # a fixed shape's KV window granule: a verify's rows stay in one window
 
+    def draft_room(self, room: int, start: int) -> int:
+        """How many drafted tokens a verify starting at position `start` may carry: at most
+        k_max and `room` (its max_tokens and context left) less the spare rows, and, at a
+        fixed shape on a runner whose KV window grows in granules (llama.cpp's 256 cells),
+        no more than keep every step at its rows in the verify's window. A fixed-shape
+        forward at `start` fills cells up to start + rows (its spare rows included), so the
+        verify's window is that rounded up to the granule, and the step at start + j's is
+        start + j + rows rounded up: the draft stops where those would differ (a backend's
+        kernels may split a longer window's reduction otherwise: lavapipe from 1,024 cells)."""
+        k = min(self.k_max, room - self.pad)
+        if self.window and self.shape is not None and self.shape.mode == "fixed":
+            used = start + self.shape.rows
+            k = min(k, -(-used // self.window) * self.window - used)
+        return max(0, k)
 
     @property
     def allowed(self) -> bool:
@@ -95,7 +111,7 @@ def decide(mode: str, inexact_ok: bool, exactness: Exactness | None, cost: CostM
     if shape is None:
         return policy
     if shape.mode == "fixed":
-        return replace(policy, shape=shape, k_max=shape.rows - 1, pad=shape.rows - 1,
+        return replace(policy, shape=shape, k_max=shape.rows - 1, pad=shape.rows - 1, window=shape.window,
                        reason=policy.reason + f" at a fixed shape of {shape.rows} rows ({shape.why})")
     return replace(policy, shape=shape)   # where the verify is not exact, its reason gives the shape's
 

@@ -2,7 +2,7 @@
 k-row verify differs from its one-row steps (llama.cpp's plain mode), a fixed shape of K rows
 for every decode-family forward (runners/llamacpp_fixed.py) may make it exact by construction.
 The probes prove that (the same bit-for-bit comparison as `probe.check_exact`, both sides at the
-fixed shape, across a 256-cell boundary of llama.cpp's KV window) and measure what a
+fixed shape, up to the last cell of llama.cpp's KV window) and measure what a
 fixed-shape step costs against a plain one, side by side; `cost.fixed_shape_pays` decides."""
 from __future__ import annotations
 
@@ -59,10 +59,11 @@ def measure_step_cost(runner: ModelRunner, slot: int, prompt: Sequence[int], row
     return StepCost(float(np.median(times[0][1:])), float(np.median(times[rows][1:])), repeats)
 
 
-def positions(rows: int) -> tuple[int, ...]:
-    """Prompt lengths for the fixed-shape check: its verify's KV window is 256 cells and its last
-    step's 512 (llama.cpp pads the window to 256 cells), then the same at 1,024."""
-    return (256 - rows, 1024 - rows)
+def positions(rows: int, window: int = 256) -> tuple[int, ...]:
+    """Prompt lengths for the fixed-shape check: the last step among the verify's rows fills its
+    KV window to the last cell (the verify a draft may make nearest a window's edge,
+    `Policy.draft_room`), at one window and at four (lavapipe's kernels change there)."""
+    return tuple(w - 2 * rows + 1 for w in (window, 4 * window))
 
 
 def fixed_shape(setting: str, rows: int, runner: ModelRunner, ids: Sequence[int], memo: Callable,
@@ -93,14 +94,15 @@ def fixed_shape(setting: str, rows: int, runner: ModelRunner, ids: Sequence[int]
         return _said(shape, why + " (its exactness not probed)"), None, None
     runner.set_decode_rows(rows)
     exactness = None
-    for at in positions(rows):
+    window = getattr(runner, "kv_window", 0)
+    for at in positions(rows, window or 256):
         n = max(1, min(at, runner.info.n_ctx - 2 * rows))
         exactness = memo("verify-exactness-fixed", {"prompt": _digest(ids[:n]), "rows": rows},
                          lambda: check_exact(runner, 0, ids[:n], k=rows - 1), Exactness)
         if not exactness.exact or n < at:
             break
     assert exactness is not None
-    shape = replace(shape, exact=exactness.exact, max_abs_diff=exactness.max_abs_diff)
+    shape = replace(shape, exact=exactness.exact, max_abs_diff=exactness.max_abs_diff, window=window)
     if not exactness.exact:
         runner.set_decode_rows(0)
         why = (f"a fixed shape of {rows} rows is not exact either (max |logit difference| "

@@ -109,16 +109,21 @@ class Speculator:
         return self.policy.label(st.mode) if st is not None else "off"
 
     def propose(self, states: Sequence[Drafting | None], room: Sequence[int],
-                slots: Sequence[int]) -> list[tuple[int, ...]]:
+                slots: Sequence[int], starts: Sequence[int] | None = None) -> list[tuple[int, ...]]:
         """The draft for each decode stream of a step (empty for none), also left in its state.
         Lookup proposals come from each stream's context first (a lookup draft goes only as far
         as its proposal); options and lengths by `plan_options` on the measured costs; then the
         draft model decodes the drafts of its streams together. `room[i]` is how many drafted
         tokens stream i can still use (its max_tokens and context left, less one); `slots[i]`
-        its slot, for the draft model."""
+        its slot, for the draft model; `starts[i]` the position its verify starts at (where
+        the policy keeps a verify inside one KV window, `Policy.draft_room`)."""
         if all(st is None for st in states):  # the usual step of a server that is not drafting
             return [()] * len(states)
-        props, options = self._options(states, room)
+        if starts is None:
+            if self.policy.window:
+                raise ValueError("a policy that keeps verifies in one KV window needs their positions")
+            starts = [0] * len(states)
+        props, options = self._options(states, room, starts)
         drafter = self.drafter
         if drafter is not None and hasattr(drafter, "streams"):   # the MTP head keeps these streams' rows
             drafter.streams([s for st, s in zip(states, slots) if st is not None and st.mode == self.model_mode])
@@ -144,12 +149,13 @@ class Speculator:
                     st.lookup_acc.idle()
         return out
 
-    def _options(self, states: Sequence[Drafting | None], room: Sequence[int]) -> tuple[list, list]:
+    def _options(self, states: Sequence[Drafting | None], room: Sequence[int],
+                 starts: Sequence[int]) -> tuple[list, list]:
         """Each stream's lookup proposal and the drafts it could take: (acceptance, longest
         draft, by the draft model)."""
         props, options = [], []
-        for st, r in zip(states, room):
-            room_k = max(0, min(self.policy.k_max, r - self.policy.pad))   # pad: a fixed shape's spare rows
+        for st, r, at in zip(states, room, starts):
+            room_k = self.policy.draft_room(r, at)
             prop = st.index.propose(room_k) if st is not None and room_k else ()
             props.append(prop)
             if st is None:
