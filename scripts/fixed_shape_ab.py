@@ -5,7 +5,7 @@ whether speculation at the fixed shape gives serial decoding's tokens, and what 
     python scripts/fixed_shape_ab.py [--model M.gguf | --mtp-fixture] [--n-gpu-layers all] [--rows 5]
                                      [--tokens 64] [--text MESSAGE ...] [--json OUT.json]
     python scripts/fixed_shape_ab.py --step-costs [--model M.gguf] [--repeats 15] [--rounds 3]
-    python scripts/fixed_shape_ab.py --windows [--model M.gguf] [--n-ctx 4096]
+    python scripts/fixed_shape_ab.py --windows [--model M.gguf] [--n-ctx 4096] [--json OUT.json]
 
 In-process engines (engine/loop.py), one after another, each on the same requests:
 
@@ -142,16 +142,20 @@ def windows(model: str | None, args) -> int:
     ids = (ids * (args.n_ctx // len(ids) + 1))[:args.n_ctx]
     runner.set_decode_rows(k)
     print("| window | prompt | verify and its last step | max \|logit difference\| | argmax differs |\n|---|---|---|---|---|")
-    ok, w = True, runner.kv_window
+    ok, w, found = True, runner.kv_window, []
     while w + k <= args.n_ctx:
-        for n, where in ((w - 2 * k + 1, f"both in {w}"), (w - k, f"{w} / {w + runner.kv_window}")):
+        for n, across in ((w - 2 * k + 1, False), (w - k, True)):
             t0 = time.perf_counter()
             ex = check_exact(runner, 0, ids[:n], k=k - 1)
-            ok &= ex.exact or "/" in where
+            ok &= ex.exact or across
+            found.append({"window": w, "prompt": n, "across": across, "max_abs_diff": ex.max_abs_diff,
+                          "argmax_differs": ex.argmax_differs, "seconds": round(time.perf_counter() - t0, 1)})
+            where = f"{w} / {w + runner.kv_window}" if across else f"both in {w}"
             print(f"| {w} | {n} | {where} | {ex.max_abs_diff:.3g} | {ex.argmax_differs} of {ex.positions} "
-                  f"[{time.perf_counter() - t0:.1f} s] |", flush=True)
+                  f"[{found[-1]['seconds']} s] |", flush=True)
         w *= 2
     runner.close()
+    _write(args.json, {"rows": k, "n_gpu_layers": args.n_gpu_layers, "windows": found})
     return 0 if ok else 1
 
 

@@ -98,4 +98,23 @@ def check_fixed_shape(out: Path, ctx: dict) -> list[Row]:
                         f"{f.get('drafted')} / {f.get('accepted')}, priced free {free.get('drafted')} / "
                         f"{free.get('accepted')}", f"all layers on Vulkan0, {r['rows']} rows, {r['tokens']} tokens a "
                         "request, one at a time", "ok" if run.returncode == 0 else "FINDING"))
-    return rows
+    return rows + [windows_row(out)]
+
+
+def windows_row(out: Path) -> Row:
+    """A fixed-shape verify against its steps inside each KV window of 256, 512 and 1,024 cells
+    (exact, or the draft rule Policy.draft_room does not hold here: FAIL) and across its edge
+    (what the rule avoids: whether this device's kernels depend on the window)."""
+    report = out / "fixed-shape-windows.json"
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("fixed_shape_ab.py")), "--windows",
+                          *TARGET.args, "--n-gpu-layers", "all", "--n-ctx", "1100", "--json", str(report)],
+                         capture_output=True, text=True, timeout=3600)
+    if not report.exists():
+        return Row("fixed shape, KV windows", run.stderr[-300:], "scripts/fixed_shape_ab.py --windows", "FAIL")
+    found = json.loads(report.read_text())["windows"]
+    said = {a: ", ".join(f"{w['window']}: {w['max_abs_diff']:.3g}" for w in found if w["across"] == a)
+            for a in (False, True)}
+    return Row("fixed shape (issue 72), a verify and its steps' KV windows",
+               f"inside a window (max |logit diff|) {said[False]}; across its edge {said[True]}",
+               f"{TARGET.name}, all layers on Vulkan0, 5 rows, 4 drafted tokens, the verify's last step on the "
+               "window's last cell / one cell further", "ok" if run.returncode == 0 else "FAIL")
