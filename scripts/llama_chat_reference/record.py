@@ -136,9 +136,8 @@ class ChatRef:
 def dated(text: str) -> str:
     """Today's date as the placeholders of cases.py (a template's strftime_now)."""
     now = datetime.now()
-    for date, placeholder in {now.strftime("%d %b %Y"): cases.DATE_STRING, now.strftime("%b %d %Y"): cases.DATETIME,
-                              now.strftime("%Y-%m-%d"): cases.ISO_DATE}.items():
-        text = text.replace(date, placeholder)
+    for fmt, placeholder in cases.DATES.items():
+        text = text.replace(now.strftime(fmt), placeholder)
     return text
 
 

@@ -41,8 +41,7 @@ def render(binary: str, name: str, messages: list, tools: list | None, reasoning
 
 def main(binary: str) -> None:
     now = datetime.now()
-    dates = {now.strftime("%d %b %Y"): cases.DATE_STRING, now.strftime("%b %d %Y"): cases.DATETIME,
-             now.strftime("%Y-%m-%d"): cases.ISO_DATE}
+    dates = {now.strftime(fmt): placeholder for fmt, placeholder in cases.DATES.items()}
     out: dict[str, dict[str, str | None]] = {}
     for name in cases.ALL_TEMPLATES:
         out[name] = {}

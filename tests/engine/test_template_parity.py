@@ -77,9 +77,9 @@ def ours(builder: PromptBuilder, case: str) -> str | None:
 
 def today(text: str | None) -> str | None:
     now = datetime.now()
-    return None if text is None else \
-        text.replace(cases.DATE_STRING, now.strftime("%d %b %Y")).replace(cases.DATETIME, now.strftime("%b %d %Y")) \
-            .replace(cases.ISO_DATE, now.strftime("%Y-%m-%d"))
+    for fmt, placeholder in cases.DATES.items():
+        text = None if text is None else text.replace(placeholder, now.strftime(fmt))
+    return text
 
 
 EXPECTED = cases.expected()

@@ -5,7 +5,8 @@ llama.cpp of llama-cpp-python 0.3.36's sdist), which holds them as the models' r
 publish them. `llama_server.json` is what llama.cpp's own code (common_chat_templates_init and
 common_chat_templates_apply, as llama-server calls them) made of each case, written by
 scripts/llama_template_render/expected.py; today's date in it is DATE_STRING / DATETIME, and
-ISO_DATE where a template asks strftime_now("%Y-%m-%d") (Mistral Small 3.2).
+ISO_DATE or LONG_DATE where a template asks strftime_now itself (`DATES`: Mistral Small 3.2,
+Granite 3.3).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ EXPECTED = HERE / "llama_server.json"
 # what llama-server puts in a template's context for today (common_chat_extra_context)
 DATE_STRING, DATETIME = "{date_string}", "{datetime}"
 ISO_DATE = "{iso_date}"   # a template's own strftime_now("%Y-%m-%d")
+LONG_DATE = "{long_date}"   # a template's own strftime_now("%B %d, %Y") (Granite 3.3)
+# the strftime format of each: a rendering holds today's date in it, the placeholder in the file
+DATES = {"%d %b %Y": DATE_STRING, "%b %d %Y": DATETIME, "%Y-%m-%d": ISO_DATE, "%B %d, %Y": LONG_DATE}
 # SmolLM2's vocabulary, which the tiny GGUF fixtures carry: the bos_token and eos_token a template sees
 BOS, EOS = "<|im_start|>", "<|im_end|>"
 
@@ -55,7 +59,7 @@ def template(name: str) -> str:
 
 
 def expected() -> dict[str, dict[str, str]]:
-    """template -> case -> llama-server's rendering (DATE_STRING and DATETIME for today)."""
+    """template -> case -> llama-server's rendering (`DATES`' placeholders for today)."""
     return json.loads(EXPECTED.read_text())
 
 
