@@ -141,7 +141,7 @@ def windows(model: str | None, args) -> int:
     ids = runner.tokenize(PROBE_TEXT, add_special=False)
     ids = (ids * (args.n_ctx // len(ids) + 1))[:args.n_ctx]
     runner.set_decode_rows(k)
-    print("| window | prompt | verify and its last step | max \|logit difference\| | argmax differs |\n|---|---|---|---|---|")
+    print("| window | prompt | verify and its last step | max \\|logit difference\\| | argmax differs |\n|---|---|---|---|---|")
     ok, w, found = True, runner.kv_window, []
     while w + k <= args.n_ctx:
         for n, across in ((w - 2 * k + 1, False), (w - k, True)):

@@ -162,7 +162,8 @@ if [ -f "$SMALL" ] && python3 -c "import llama_cpp, sys; llama_cpp.llama_backend
   echo "(exit $?: MTP on the tiny glm4moe, identity only)"
   # a verify inside each KV window (256 ... 4,096 cells; must be exact) and across its edge (what a
   # draft avoids, Policy.draft_room: shows whether this GPU's kernels depend on the window)
-  within 60 python3 scripts/fixed_shape_ab.py --windows --model "$SMALL" --n-gpu-layers all --n-ctx 4608
+  within 60 python3 scripts/fixed_shape_ab.py --windows --model "$SMALL" --n-gpu-layers all --n-ctx 4608 \
+    --json "$OUT/fixed-shape-windows.json"
   echo "(exit $?: 1 when a verify inside a window differed)"
 else
   echo "SKIP: no model or no llama.cpp with a GPU backend here"
